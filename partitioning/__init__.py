@@ -1,0 +1,6 @@
+"""Meshes, logical-axis rules and the Partitioner: the only package that knows about meshes."""
+from partitioning.mesh import AXES, make_mesh, resolve_axis_sizes
+from partitioning.partitioner import Partitioner
+from partitioning.rules import RULE_SETS, RuleSet, get_rule_set
+
+__all__ = ["AXES", "make_mesh", "resolve_axis_sizes", "Partitioner", "RULE_SETS", "RuleSet", "get_rule_set"]

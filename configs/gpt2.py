@@ -1,0 +1,37 @@
+"""GPT-2 model presets (ml_collections). Sizes follow the GPT-2 paper / HF configs.
+
+`tiny` is the quickstart model: 4 layers, 256 wide, 4 heads (even counts, so it also splits
+over tensor and pipeline axes) over the builtin corpus's 8192-id tokenizer.
+"""
+import ml_collections
+
+_SIZES = {
+    #        layers heads embed  vocab  max_len
+    "tiny": (4, 4, 256, 8192, 256),
+    "small": (12, 12, 768, 50257, 1024),
+    "medium": (24, 16, 1024, 50257, 1024),
+    "large": (36, 20, 1280, 50257, 1024),
+    "xl": (48, 25, 1600, 50257, 1024),
+}
+
+SIZES = tuple(_SIZES)
+
+
+def get_config(size: str) -> ml_collections.ConfigDict:
+    """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl')."""
+    if size not in _SIZES:
+        raise ValueError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES}.")
+    num_layers, num_heads, embed_dim, vocab_size, max_len = _SIZES[size]
+    return ml_collections.ConfigDict(dict(
+        family="gpt2",
+        vocab_size=vocab_size,
+        max_len=max_len,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        embed_dim=embed_dim,
+        mlp_dim=4 * embed_dim,
+        dropout_rate=0.1,
+        attention_dropout_rate=0.1,
+        layer_norm_eps=1e-5,
+        init_std=0.02,
+    ))

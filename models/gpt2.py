@@ -1,0 +1,151 @@
+"""GPT-2 (Radford et al. 2019) in Flax Linen: learned positions, pre-LN blocks, GELU(tanh) MLP,
+tied input/output embeddings, dropout on embeddings, attention and residual branches.
+
+Parameter tree (scan_layers=True stacks the blocks on a leading 'layers' axis under `blocks`;
+scan_layers=False names them `block_0`, `block_1`, ...):
+
+    wte/embedding [padded_vocab, embed]   wpe/embedding [max_len, embed]
+    blocks/{ln_1, attn/{query,key,value,out}_{kernel,bias}, ln_2, mlp/{fc,proj}_{kernel,bias}}
+    ln_f/{scale, bias}
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import layers
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+    """Hyper-parameters of one GPT-2; plain values only, so it round-trips through JSON."""
+
+    vocab_size: int = 50257
+    max_len: int = 1024
+    num_layers: int = 12
+    num_heads: int = 12
+    embed_dim: int = 768
+    mlp_dim: int = 3072
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+    vocab_pad_multiple: int = 128
+    scan_layers: bool = True
+    remat_policy: str = "none"
+    attention: str = "auto"
+    dtype: str = "float32"
+    family: str = "gpt2"
+
+    def __post_init__(self):
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
+                "choose a head count that divides the width."
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is unknown; choose one of {sorted(DTYPES)}.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """vocab_size rounded up to a multiple of vocab_pad_multiple (rows past vocab_size are padding)."""
+        m = self.vocab_pad_multiple
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def compute_dtype(self):
+        return DTYPES[self.dtype]
+
+
+class Block(nn.Module):
+    """x + attn(ln_1(x)), then x + mlp(ln_2(x)), with residual dropout."""
+
+    config: GPT2Config
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None):
+        c = self.config
+        dtype = c.compute_dtype
+        out_std = layers.scaled_residual_std(c.init_std, c.num_layers)
+        dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
+        h = layers.LayerNorm(c.layer_norm_eps, dtype=dtype, name="ln_1")(x)
+        h = layers.SelfAttention(c.num_heads, c.head_dim, c.init_std, out_std, c.attention,
+                                 c.attention_dropout_rate, dtype=dtype, name="attn")(
+            h, segment_ids, self.deterministic)
+        x = x + dropout(h)
+        h = layers.LayerNorm(c.layer_norm_eps, dtype=dtype, name="ln_2")(x)
+        h = layers.MLP(c.mlp_dim, c.init_std, out_std, dtype=dtype, name="mlp")(h)
+        x = x + dropout(h)
+        return nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED), None
+
+
+class GPT2(nn.Module):
+    """Decoder-only language model. `__call__` returns fp32 logits over the padded vocabulary,
+    with padding ids masked so they never take probability mass."""
+
+    config: GPT2Config
+
+    def setup(self):
+        c = self.config
+        dtype = c.compute_dtype
+        self.wte = layers.Embed(c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), c.init_std, dtype=dtype)
+        self.wpe = layers.Embed(c.max_len, c.embed_dim, ("position", "embed"), c.init_std, dtype=dtype)
+        self.ln_f = layers.LayerNorm(c.layer_norm_eps, dtype=dtype)
+
+    def stack(self, deterministic: bool) -> nn.Module:
+        c = self.config
+        block = layers.remat(Block, c.remat_policy)
+        if not c.scan_layers:
+            blocks = [block(c, deterministic, name=f"block_{i}") for i in range(c.num_layers)]
+            return functools.partial(_apply_in_turn, blocks)
+        return nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,),
+            length=c.num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )(c, deterministic, name="blocks")
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None, deterministic: bool = True,
+                 return_hidden: bool = False):
+        """tokens [batch, length] -> logits [batch, length, padded_vocab] (fp32).
+
+        positions default to 0..length-1; packed rows pass per-document positions and
+        segment_ids (0 = padding). With return_hidden, returns (final hidden states, the tied
+        embedding table) instead, for a loss that never materialises the logits.
+        """
+        c = self.config
+        if tokens.shape[1] > c.max_len:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds the model's max_len {c.max_len}.")
+        if positions is None:
+            positions = jnp.arange(tokens.shape[1])[None, :]
+        x = self.wte(tokens) + self.wpe(positions)
+        x = nn.Dropout(c.dropout_rate, deterministic=deterministic)(x)
+        x = nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED)
+        x, _ = self.stack(deterministic)(x, segment_ids)
+        x = self.ln_f(x)
+        if return_hidden:
+            return x, self.wte.embedding
+        logits = self.wte.attend(x)
+        logits = jnp.where(jnp.arange(c.padded_vocab_size) < c.vocab_size, logits, jnp.finfo(jnp.float32).min)
+        return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
+
+
+def _apply_in_turn(blocks, x, segment_ids):
+    for block in blocks:
+        x, _ = block(x, segment_ids)
+    return x, None

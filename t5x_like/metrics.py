@@ -1,0 +1,110 @@
+"""FLOPs and MFU accounting, metric writers (metrics.jsonl, TensorBoard) and the console line."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Mapping
+
+
+# Dense bf16 peak TFLOP/s per device, by a substring of jax's device_kind (lower case).
+PEAK_TFLOPS = (
+    ("h200", 989.0), ("h100", 989.0), ("a100", 312.0),
+    ("tpu v5p", 459.0), ("tpu v5 lite", 197.0), ("tpu v5e", 197.0), ("tpu v4", 275.0),
+)
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    """Dense bf16 peak of one device, or None when the kind is not in PEAK_TFLOPS."""
+    kind = device_kind.lower()
+    return next((peak for name, peak in PEAK_TFLOPS if name in kind), None)
+
+
+def flops_per_token(num_params: int, num_layers: int, embed_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6·N for the matmuls with every parameter (forward + backward)
+    plus causal attention, 6·L·T·d (the 12·L·T·d of full attention, halved by the mask)."""
+    return 6.0 * num_params + 6.0 * num_layers * seq_len * embed_dim
+
+
+class MetricsWriter:
+    """Writes rows to MODEL_DIR/metrics.jsonl and TensorBoard; a no-op on non-primary hosts."""
+
+    def __init__(self, model_dir: str, *, enabled: bool = True):
+        self.enabled = enabled
+        self._jsonl = None
+        self._tb = None
+        if enabled:
+            from tensorboardX import SummaryWriter
+
+            os.makedirs(model_dir, exist_ok=True)
+            self._jsonl = open(os.path.join(model_dir, "metrics.jsonl"), "a", encoding="utf-8")
+            self._tb = SummaryWriter(os.path.join(model_dir, "tensorboard"))
+
+    def write(self, step: int, row: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step), **{k: _plain(v) for k, v in row.items()}}
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        for name, value in row.items():
+            if name != "step" and isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                self._tb.add_scalar(name, value, int(step))
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._tb.close()
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
+
+
+class Throughput:
+    """Step-time, tokens/s, TFLOP/s per device and MFU over the steps between two log points."""
+
+    def __init__(self, *, tokens_per_step: int, flops_per_step: float, num_devices: int, peak: float | None):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_step = flops_per_step
+        self.num_devices = num_devices
+        self.peak = peak
+        self._start = time.perf_counter()
+        self._steps = 0
+
+    def step_done(self) -> None:
+        self._steps += 1
+
+    def reset(self) -> None:
+        self._start, self._steps = time.perf_counter(), 0
+
+    def measure(self) -> dict[str, float | None]:
+        """Averages since the last measure(); call after the last step's result is on the host."""
+        elapsed = time.perf_counter() - self._start
+        step_time = elapsed / max(self._steps, 1)
+        tflops = self.flops_per_step / step_time / self.num_devices / 1e12
+        self.reset()
+        return {
+            "step_time": step_time,
+            "tokens_per_sec": self.tokens_per_step / step_time,
+            "tflops_per_device": tflops,
+            "mfu": tflops / self.peak if self.peak else None,
+        }
+
+
+def console_line(step: int, total: int, row: Mapping[str, Any], step_time: float) -> str:
+    """'step 120/2000 (6.0%) loss 4.210 | lr 3.0e-04 | 12,345 tok/s | ETA 0:03:10'."""
+    eta = int((total - step) * step_time)
+    parts = [f"step {step}/{total} ({100.0 * step / total:.1f}%)", f"loss {row['loss']:.4f}",
+             f"grad_norm {row['grad_norm']:.3f}", f"lr {row['learning_rate']:.2e}",
+             f"{row['tokens_per_sec']:,.0f} tok/s", f"{row['step_time'] * 1000:.0f} ms/step"]
+    if row.get("mfu") is not None:
+        parts.append(f"MFU {100 * row['mfu']:.1f}%")
+    parts.append(f"ETA {eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}")
+    return " | ".join(parts)
+
+

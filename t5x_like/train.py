@@ -1,0 +1,350 @@
+"""`python -m t5x_like.train --gin_file=gpt2.gin --gin.MODEL_DIR="'/runs/gpt2'"`.
+
+Parses absl flags and gin, then runs `train()`: build mesh, model, state and data, loop over
+steps, log, evaluate and checkpoint. The machinery lives in trainer / checkpoints / metrics /
+partitioning; this file only wires it together.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import signal
+import sys
+from typing import Any, Callable
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+import configs
+import models
+from partitioning import Partitioner, make_mesh
+from t5x_like import checkpoints, metrics, optim, trainer
+
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
+INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "Gin file(s); bare names resolve in gin/.")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; also written as --gin.NAME=VALUE.")
+flags.DEFINE_multi_string("gin_search_paths", [], "Extra directories to resolve gin files and includes in.")
+flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
+flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+
+gin.external_configurable(make_mesh, module="partitioning")
+gin.external_configurable(optim.make_optimizer, module="optim")
+gin.external_configurable(trainer.LossScaleConfig, module="trainer")
+
+
+@gin.configurable
+def model_config(preset: str = gin.REQUIRED, *, dtype: str = "bfloat16", attention: str = "auto",
+                 remat_policy: str = "none", scan_layers: bool = True, overrides: dict | None = None):
+    """A model config: the named preset (configs/), then the run's choices and overrides."""
+    values = dict(configs.get_model_config(preset).to_dict())
+    values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers)
+    values.update(overrides or {})
+    return models.config_from_dict(values)
+
+
+def default_data_source(*args, **kwargs):
+    from t5x_like import data
+
+    return data.make_source(*args, **kwargs)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    step: int
+    stopped_by_signal: int | None = None
+    eval_loss: float | None = None
+
+
+@gin.configurable(denylist=["data_source"])
+def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRED, rules: str = "fsdp_tensor",
+          optimizer: optim.Optimizer = gin.REQUIRED, train_steps: int = gin.REQUIRED,
+          batch_size: int = gin.REQUIRED, seq_len: int = gin.REQUIRED, seed: int = 0,
+          grad_accum_steps: int = 1, z_loss: float = 0.0,
+          loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
+          on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
+          eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
+          log_every: int = 10, pipeline_microbatches: int = 1,
+          data_source: Callable = default_data_source) -> TrainResult:
+    """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
+    check_required(locals())
+    if mesh.shape["stage"] > 1 or pipeline_microbatches > 1:
+        raise ValueError("PIPELINE_PARALLEL > 1 / NUM_MICROBATCHES > 1 need pipeline parallelism, which this "
+                         "version does not include yet; set PIPELINE_PARALLEL=1 and NUM_MICROBATCHES=1.")
+    if on_nonfinite not in ("stop", "skip"):
+        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
+    partitioner = Partitioner(mesh, rules)
+    check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
+    primary = jax.process_index() == 0
+    if primary:
+        os.makedirs(model_dir, exist_ok=True)
+        with open(os.path.join(model_dir, "config.gin"), "w") as f:
+            f.write(gin.config_str())
+    ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
+    resume_step = ckpt.latest_step()
+    stored = checkpoints.read_model_info(model_dir if resume_step is not None else restore_from) \
+        if (resume_step is not None or restore_from) else None
+    config = resolve_model_config(model, mesh.shape["tensor"], stored)
+    source = open_source(data_source, "train", batch_size, seq_len, seed, config)
+
+    step_config = trainer.StepConfig(
+        grad_accum_steps=grad_accum_steps, z_loss=z_loss,
+        loss_scale=loss_scale if config.dtype == "float16" else None,
+        skip_nonfinite=on_nonfinite == "skip")
+    module = models.build_model(config)
+    with partitioner.activate():
+        state, shardings, num_params = create_state(
+            module, optimizer, partitioner, seed, seq_len, step_config, config)
+        if resume_step is not None:
+            state, data_state = restore_state(ckpt, resume_step, state, shardings)
+            source.set_state(data_state)
+            logging.info("resumed from %s at step %d", ckpt.directory, resume_step)
+        elif restore_from:
+            state = state.replace(params=checkpoints.restore_params(
+                restore_from, checkpoints.with_shardings(state.params, shardings.params)))
+            logging.info("initialised parameters from %s (params only)", restore_from)
+        batch_sharding = partitioner.batch_sharding()
+        step_fn = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
+                          in_shardings=(shardings, batch_sharding), out_shardings=(shardings, partitioner.replicated),
+                          donate_argnums=0)
+        eval_fn = jax.jit(trainer.make_eval_step(module), in_shardings=(shardings.params, batch_sharding),
+                          out_shardings=partitioner.replicated)
+        model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path}
+        writer = metrics.MetricsWriter(model_dir, enabled=primary)
+        throughput = metrics.Throughput(
+            tokens_per_step=batch_size * seq_len,
+            flops_per_step=metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len)
+            * batch_size * seq_len,
+            num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
+        stop = StopSignal()
+        step = int(state.step)
+        pending = None
+        result = TrainResult(step)
+        try:
+            while step < train_steps and not stop.signum:
+                batch = global_batch(next(source), batch_sharding)
+                state, step_metrics = step_fn(state, batch)
+                step += 1
+                if pending:
+                    report(*pending, writer, throughput, train_steps, log_every, on_nonfinite)
+                pending = (step, step_metrics)
+                throughput.step_done()
+                if step % checkpoint_every == 0:
+                    ckpt.save(step, params=state.params, train_state=train_state_item(state),
+                              data_state=source.get_state(), model=model_info)
+                if eval_every and step % eval_every == 0:
+                    result.eval_loss = evaluate(eval_fn, state.params, data_source, batch_size, seq_len, seed,
+                                                eval_steps, batch_sharding, writer, step)
+            if pending:
+                report(*pending, writer, throughput, train_steps, 1, on_nonfinite)
+            if stop.signum:
+                logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
+            if ckpt.latest_step() != step:
+                ckpt.save(step, params=state.params, train_state=train_state_item(state),
+                          data_state=source.get_state(), model=model_info)
+            if eval_every and step % eval_every and step >= train_steps:
+                result.eval_loss = evaluate(eval_fn, state.params, data_source, batch_size, seq_len, seed,
+                                            eval_steps, batch_sharding, writer, step)
+        finally:
+            ckpt.wait()
+            ckpt.close()
+            writer.close()
+            stop.restore()
+    result.step, result.stopped_by_signal = step, stop.signum
+    return result
+
+
+def check_required(arguments: dict[str, Any]) -> None:
+    """Raise naming the gin macro (or binding) that a required argument was left at."""
+    missing = [name for name, value in arguments.items() if value is gin.REQUIRED]
+    if not missing:
+        return
+    hints = []
+    for name in missing:
+        try:
+            bound = str(gin.query_parameter(f"train.{name}"))
+        except ValueError:
+            bound = ""
+        macro = bound[1:] if bound.startswith("%") and not bound.startswith("%gin.") else None
+        hints.append(f"{macro} (pass --gin.{macro}=...)" if macro else f"train.{name}")
+    raise ValueError(f"required settings are missing: {', '.join(hints)}. Strings need inner quotes, "
+                     "e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\".")
+
+
+def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
+    if batch_size % grad_accum_steps:
+        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
+    micro = batch_size // grad_accum_steps
+    if micro % batch_shards:
+        raise ValueError(
+            f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
+            f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
+            f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
+    if batch_size % jax.process_count():
+        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
+
+
+def resolve_model_config(config, tensor: int, stored: dict | None):
+    """Pad the vocabulary to 128 x tensor, unless a checkpoint fixes the padded size already."""
+    config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
+    if stored is None:
+        return config
+    saved = models.config_from_dict(stored["config"])
+    shape_fields = ("family", "vocab_size", "num_layers", "num_heads", "embed_dim", "mlp_dim", "max_len")
+    differ = {f: (getattr(saved, f), getattr(config, f)) for f in shape_fields
+              if getattr(saved, f) != getattr(config, f)}
+    if differ:
+        raise ValueError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
+                         "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
+    if saved.padded_vocab_size % tensor == 0:
+        config = dataclasses.replace(config, vocab_pad_multiple=saved.vocab_pad_multiple)
+    return config
+
+
+def open_source(data_source: Callable, split: str, batch_size: int, seq_len: int, seed: int, config):
+    source = data_source(split, batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
+                         shard_index=jax.process_index(), shard_count=jax.process_count())
+    if source.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
+            f"{config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
+            "(model_config.overrides={'vocab_size': ...}) or the model's own tokenizer.")
+    if seq_len > config.max_len:
+        raise ValueError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
+    return source
+
+
+def create_state(module, optimizer, partitioner, seed, seq_len, step_config, config):
+    """A sharded fresh state (initialised in place, no host holds the whole model) and its shardings."""
+    init = lambda rng: trainer.init_train_state(  # noqa: E731
+        module, optimizer.tx, rng, jnp.zeros((1, seq_len), jnp.int32), step_config.loss_scale)
+    rng = jax.random.PRNGKey(seed)
+    abstract = jax.eval_shape(init, rng)
+    specs = nn.get_partition_spec(abstract)
+    partitioner.check_divisible(abstract.params, specs.params)
+    partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")
+    if jax.process_index() == 0:
+        logging.info("parameter layout:\n%s", partitioner.describe(abstract.params, specs.params))
+    shardings = partitioner.shardings(specs).replace(opt_state=partitioner.shardings(specs.opt_state, "opt_state"))
+    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+    num_params = count_params(state.params, config)
+    logging.info("model: %s, %s parameters", config.family, f"{num_params:,}")
+    return state, shardings, num_params
+
+
+def count_params(params, config) -> int:
+    """Parameters excluding the padding rows of the vocabulary (comparable with HF's counts)."""
+    total = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    return total - (config.padded_vocab_size - config.vocab_size) * config.embed_dim
+
+
+def train_state_item(state: trainer.TrainState) -> dict:
+    return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng, "loss_scale": state.loss_scale}
+
+
+def restore_state(ckpt, step, state, shardings):
+    target = checkpoints.with_shardings(train_state_item(state), train_state_item(shardings))
+    params, rest, data_state = ckpt.restore(step, params=checkpoints.with_shardings(state.params, shardings.params),
+                                            train_state=target)
+    return state.replace(params=params, **rest), data_state
+
+
+def global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+    """This host's rows -> global arrays laid out over the data-parallel devices."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
+
+
+def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinite) -> None:
+    """Check one step's metrics on the host; every `log_every` steps, write and print them."""
+    values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+    if not math.isfinite(values["loss"]):
+        if on_nonfinite == "stop":
+            raise FloatingPointError(
+                f"step {step}: loss is {values['loss']}; stopping. Lower LEARNING_RATE, use bfloat16/float32, "
+                "or set train.on_nonfinite='skip' to skip such steps.")
+    if values["skipped"]:
+        logging.warning("step %d: non-finite gradients, update skipped%s", step,
+                        f" (loss scale now {values['loss_scale'] / 2:g} or lower)" if "loss_scale" in values else "")
+    if step % log_every and step != total:
+        return
+    row = {k: v for k, v in values.items() if k != "tokens"}
+    row.update(throughput.measure())
+    writer.write(step, row)
+    logging.info(metrics.console_line(step, total, row, row["step_time"]))
+
+
+def evaluate(eval_fn, params, data_source, batch_size, seq_len, seed, eval_steps, sharding, writer, step) -> float:
+    """Validation loss over `eval_steps` batches from the start of the validation split."""
+    source = data_source("validation", batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
+                         shard_index=jax.process_index(), shard_count=jax.process_count())
+    nll = weight = 0.0
+    for _ in range(eval_steps):
+        out = jax.device_get(eval_fn(params, global_batch(next(source), sharding)))
+        nll, weight = nll + float(out["nll_sum"]), weight + float(out["weight_sum"])
+    loss = nll / max(weight, 1.0)
+    writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0))})
+    logging.info("step %d: validation loss %.4f, perplexity %.2f", step, loss, math.exp(min(loss, 80.0)))
+    return loss
+
+
+class StopSignal:
+    """Records SIGTERM / SIGINT so the loop can checkpoint and stop between steps."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, _frame):
+        self.signum = signum
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, with --gin.NAME=VALUE rewritten to --gin_bindings=NAME=VALUE."""
+    rewritten = [re.sub(r"^--gin\.([^=]+)=(.*)$", r"--gin_bindings=\1=\2", a, flags=re.S) for a in argv]
+    return FLAGS(rewritten)
+
+
+def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
+    """Load gin files (bare names resolve in gin/), then apply bindings, rejecting unknown macros."""
+    for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
+        gin.add_config_file_search_path(path)
+    if not files:
+        raise app.UsageError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
+    gin.parse_config_files_and_bindings(files, None)
+    for binding in bindings:
+        name = binding.split("=", 1)[0].strip()
+        if re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            try:
+                gin.query_parameter(f"%{name}")
+            except ValueError:
+                raise app.UsageError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
+                                     "(gin/base.gin lists the macros).") from None
+    gin.parse_config(bindings)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from t5x_like import distributed
+
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+    result = train()
+    if result.stopped_by_signal:
+        sys.exit(128 + result.stopped_by_signal)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)
