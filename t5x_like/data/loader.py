@@ -1,0 +1,220 @@
+"""Deterministic, resumable, host-sharded batches from token files, built on grain's index-based datasets.
+
+Every row is a pure function of its global index, so a host reads only its own rows and a resumed run
+continues from a step number with no replay:
+
+    rows of a token file split -> shuffle (seeded, reshuffled every epoch; train only) -> repeat forever
+      -> mix blended files by weight -> batch(rows per host) -> every shard_count-th batch from shard_index
+      -> inputs / targets / weights (+ segment_ids / positions when packing)
+
+Global batch k is the concatenation of host batches k of hosts 0..shard_count-1, i.e. exactly batch k of
+a single host reading batch_size * shard_count rows.
+
+Rows are SEQ_LEN+1 tokens: `inputs = row[:-1]`, `targets = row[1:]`. Without packing a row is a window of
+the concatenated documents (windows overlap by one token), every target counts. With packing a row holds
+whole documents back to back (a document longer than a row is cut into row-sized pieces), padded at the
+end; `segment_ids` number the documents 1, 2, ... (0 = padding), `positions` restart at 0 for each, and a
+target counts only when it is in the same document as its input.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import grain
+import numpy as np
+
+from t5x_like.data.token_file import TokenFile
+
+SPLITS = ("train", "validation", "test")
+
+
+class BatchSource(Protocol):
+    """What the trainer iterates: dicts of numpy arrays holding this host's rows of one global batch."""
+
+    vocab_size: int
+    eod_id: int
+    tokenizer_path: str | None
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
+
+    def __next__(self) -> dict[str, np.ndarray]: ...
+
+    def get_state(self) -> dict:
+        """JSON-serialisable position; `set_state` of it continues with the next batch."""
+
+    def set_state(self, state: dict) -> None: ...
+
+    def reset(self) -> None:
+        """Back to the first batch (used before every evaluation pass over the validation split)."""
+
+
+class GrainBatchSource:
+    """A `BatchSource` over a grain dataset whose iterator state is a JSON-serialisable dict."""
+
+    def __init__(self, dataset: grain.IterDataset, *, vocab_size: int, eod_id: int, tokenizer_path: str | None):
+        self.vocab_size = vocab_size
+        self.eod_id = eod_id
+        self.tokenizer_path = tokenizer_path
+        self._iterator = iter(dataset)
+        self._initial_state = self._iterator.get_state()
+
+    def __iter__(self) -> GrainBatchSource:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._iterator)
+
+    def get_state(self) -> dict:
+        return self._iterator.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self._iterator.set_state(state)
+
+    def reset(self) -> None:
+        self.set_state(self._initial_state)
+
+
+def split_documents(data_split: str, num_documents: int, split: str, name: str) -> tuple[int, int]:
+    """The [first, last) documents of `split` under Megatron-style ratios like "949,50,1" (contiguous)."""
+    try:
+        ratios = np.array([float(r) for r in data_split.split(",")])
+    except ValueError:
+        ratios = np.array([])
+    if len(ratios) != 3 or (ratios < 0).any() or ratios.sum() <= 0:
+        raise ValueError(f"DATA_SPLIT={data_split!r}: expected three non-negative ratios train,validation,test "
+                         "like '949,50,1'")
+    bounds = np.round(np.concatenate([[0], np.cumsum(ratios) / ratios.sum()]) * num_documents).astype(int)
+    index = SPLITS.index(split)
+    first, last = int(bounds[index]), int(bounds[index + 1])
+    if first == last:
+        raise ValueError(f"{name}: DATA_SPLIT={data_split!r} leaves the {split} split none of its "
+                         f"{num_documents} documents; give it a larger ratio")
+    return first, last
+
+
+class Windows:
+    """grain data source: row i is tokens[start + i*T : start + i*T + T + 1] of the concatenated documents."""
+
+    def __init__(self, tokens: np.ndarray, start: int, end: int, seq_len: int):
+        self._tokens, self._start, self._seq_len = tokens, start, seq_len
+        self._len = max(0, (end - start - 1) // seq_len)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        begin = self._start + i * self._seq_len
+        return {"tokens": self._tokens[begin:begin + self._seq_len + 1].astype(np.int32)}
+
+
+class PackedRows:
+    """grain data source: row i holds whole documents (pieces of longer ones), planned greedily in order."""
+
+    def __init__(self, tokens: np.ndarray, document_offsets: np.ndarray, seq_len: int):
+        self._tokens, self._row_len = tokens, seq_len + 1
+        self._bounds = _piece_bounds(np.asarray(document_offsets, np.int64), self._row_len)
+        self._rows = _next_fit_rows(self._bounds, self._row_len)
+
+    def __len__(self) -> int:
+        return len(self._rows) - 1
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        pieces = self._bounds[self._rows[i]:self._rows[i + 1] + 1]
+        begin, end = int(pieces[0]), int(pieces[-1])
+        lengths = np.diff(pieces)
+        tokens = np.zeros(self._row_len, np.int32)
+        tokens[:end - begin] = self._tokens[begin:end]
+        segments = np.zeros(self._row_len, np.int32)
+        segments[:end - begin] = np.repeat(np.arange(1, len(lengths) + 1, dtype=np.int32), lengths)
+        positions = np.zeros(self._row_len, np.int32)
+        positions[:end - begin] = np.arange(end - begin) - np.repeat(pieces[:-1] - begin, lengths)
+        return {"tokens": tokens, "segments": segments, "positions": positions}
+
+
+def _piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
+    """Document offsets with extra cuts every `row_len` tokens inside documents longer than a row."""
+    lengths = np.diff(offsets)
+    pieces = np.maximum(1, -(-lengths // row_len))
+    starts = np.repeat(offsets[:-1], pieces)
+    within = np.arange(len(starts)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    return np.append(starts + within * row_len, offsets[-1])
+
+
+def _next_fit_rows(bounds: np.ndarray, row_len: int) -> np.ndarray:
+    """Indices into `bounds` where rows start: each row takes pieces while they fit in `row_len` tokens."""
+    last_fitting = np.searchsorted(bounds, bounds + row_len, side="right") - 1
+    jump = last_fitting.tolist()
+    rows, piece, end = [], 0, len(bounds) - 1
+    while piece < end:
+        rows.append(piece)
+        piece = jump[piece]
+    rows.append(end)
+    return np.array(rows, np.int64)
+
+
+class _LogEpochs:
+    """map_with_index function that logs when a repeated dataset starts another pass over its rows."""
+
+    def __init__(self, name: str, num_rows: int):
+        self._name, self._num_rows, self._epoch = name, num_rows, 0
+
+    def __call__(self, index: int, row):
+        epoch = index // self._num_rows
+        if epoch > self._epoch:
+            self._epoch = epoch
+            logging.info("data: %s: epoch %d begins (%d rows per epoch)", self._name, epoch, self._num_rows)
+        return row
+
+
+def token_file_rows(file: TokenFile, split: str, *, data_split: str, seq_len: int, packing: bool,
+                    seed: int) -> grain.MapDataset:
+    """Endless rows of one file's split: shuffled per epoch when training, in order otherwise."""
+    name = f"{file.prefix} ({split})"
+    first, last = split_documents(data_split, file.num_documents, split, file.prefix)
+    if packing:
+        source = PackedRows(file.tokens, file.offsets[first:last + 1], seq_len)
+    else:
+        source = Windows(file.tokens, int(file.offsets[first]), int(file.offsets[last]), seq_len)
+    if len(source) == 0:
+        raise ValueError(f"{name}: {file.offsets[last] - file.offsets[first]} tokens, fewer than one row of "
+                         f"SEQ_LEN+1 = {seq_len + 1}; lower SEQ_LEN or give the split more documents")
+    rows = grain.MapDataset.source(source)
+    if split == "train":
+        rows = rows.shuffle(seed=seed)
+    return rows.repeat().map_with_index(_LogEpochs(name, len(source)))
+
+
+def blend(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None) -> grain.MapDataset:
+    if weights is not None and len(weights) != len(datasets):
+        raise ValueError(f"blend_weights={list(weights)}: {len(weights)} weights for {len(datasets)} data paths")
+    if weights is not None and (min(weights) < 0 or sum(weights) <= 0):
+        raise ValueError(f"blend_weights={list(weights)}: weights must be non-negative with a positive sum")
+    return datasets[0] if len(datasets) == 1 else grain.MapDataset.mix(list(datasets), weights)
+
+
+def host_batches(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int,
+                 packing: bool, worker_count: int) -> grain.IterDataset:
+    """This host's slice of every global batch, as training arrays."""
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard_index={shard_index} is not in [0, shard_count={shard_count})")
+    batches = rows.batch(batch_size, drop_remainder=True)[shard_index::shard_count]
+    batches = batches.map(packed_arrays if packing else window_arrays)
+    dataset = batches.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
+    if worker_count > 0:
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return dataset
+
+
+def window_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    tokens = rows["tokens"]
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+            "weights": np.ones(tokens[:, 1:].shape, np.float32)}
+
+
+def packed_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    tokens, segments = rows["tokens"], rows["segments"]
+    same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, :-1] > 0)
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": same_document.astype(np.float32),
+            "segment_ids": segments[:, :-1], "positions": rows["positions"][:, :-1]}

@@ -1,0 +1,79 @@
+"""`make_source`: the one entry point the trainer and eval tools call for batches."""
+from __future__ import annotations
+
+from t5x_like.data import builtin, loader
+from t5x_like.data.loader import BatchSource, GrainBatchSource
+from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
+from t5x_like.data.tokenizer import load_tokenizer
+
+
+def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
+                data_path: str | list[str] | None = None,
+                blend_weights: list[float] | None = None,
+                tokenizer: str | None = None,
+                data_split: str = "949,50,1",
+                packing: bool = False,
+                tfds_name: str | None = None,
+                tfds_data_dir: str | None = None,
+                text_key: str = "text",
+                worker_count: int = 0) -> BatchSource:
+    """Batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of it).
+
+    Data, in order of precedence:
+      - `tfds_name`: a TFDS dataset prepared as array_record under `tfds_data_dir`; its split of the same
+        name, documents from feature `text_key`, tokenized on the fly with `tokenizer` (required);
+      - `data_path`: token-file prefix(es) (ours or Megatron/NeoX), split into train/validation/test by
+        document with `data_split`, several blended by `blend_weights`; `tokenizer`, when given, must be
+        the one the files were made with (it is required for Megatron files, which carry no metadata);
+      - neither: the builtin corpus (Python's documentation, tokenized with its own 8192-id BPE).
+    `packing` packs whole documents per row with segment_ids/positions; `worker_count` > 0 prepares
+    batches in that many processes.
+    """
+    if split not in loader.SPLITS:
+        raise ValueError(f"split={split!r}: expected one of {loader.SPLITS}")
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
+    if tfds_name is not None:
+        from t5x_like.data import tfds_source  # tensorflow_datasets is heavy: import only when used
+        return tfds_source.make_tfds_source(
+            tfds_name, split, data_dir=tfds_data_dir, tokenizer=tokenizer, text_key=text_key,
+            batch_size=batch_size, seq_len=seq_len, seed=seed, shard_index=shard_index,
+            shard_count=shard_count, packing=packing, worker_count=worker_count)
+    if data_path is None:
+        data_path, tokenizer = builtin.builtin_corpus()
+    prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
+    files = [open_token_file(p) for p in prefixes]
+    vocab_size, eod_id, tokenizer_path = _vocabulary(files, tokenizer)
+    rows = [loader.token_file_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing, seed=seed)
+            for f in files]
+    batches = loader.host_batches(loader.blend(rows, blend_weights), batch_size=batch_size,
+                                  shard_index=shard_index, shard_count=shard_count, packing=packing,
+                                  worker_count=worker_count)
+    return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path)
+
+
+def _vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
+    """(vocab_size, eod_id, tokenizer path) for the files, checking they were made with that tokenizer."""
+    if tokenizer is None:
+        return _vocabulary_from_metadata(files)
+    loaded = load_tokenizer(tokenizer)
+    for f in files:
+        made_with = (f.metadata or {}).get("tokenizer")
+        if made_with is not None and made_with["sha256"] != loaded.sha256:
+            raise TokenFileError(
+                f"{f.prefix}.json: tokenized with {made_with['path']} (sha256 {made_with['sha256'][:12]}…), "
+                f"but TOKENIZER={tokenizer} is a different vocabulary (sha256 {loaded.sha256[:12]}…); set "
+                "TOKENIZER to the file's tokenizer or re-run preprocess with this one")
+    return loaded.vocab_size, loaded.eod_id, tokenizer
+
+
+def _vocabulary_from_metadata(files: list[TokenFile]) -> tuple[int, int, str]:
+    for f in files:
+        if f.metadata is None:
+            raise TokenFileError(f"{f.prefix}: no {f.prefix}.json metadata (a Megatron/NeoX file?); set "
+                                 "TOKENIZER (make_source.tokenizer) to the tokenizer it was made with")
+    made_with = [f.metadata["tokenizer"] for f in files]
+    if len({t["sha256"] for t in made_with}) > 1:
+        raise TokenFileError(f"{', '.join(f.prefix for f in files)}: made with different tokenizers "
+                             f"({', '.join(t['path'] for t in made_with)}); blend only files of one tokenizer")
+    return made_with[0]["vocab_size"], made_with[0]["eod_id"], made_with[0]["path"]

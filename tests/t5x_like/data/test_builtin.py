@@ -1,0 +1,80 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from t5x_like.data import BUILTIN_VOCAB_SIZE, load_tokenizer, make_source, open_token_file
+from t5x_like.data import builtin
+
+
+@pytest.fixture(scope="module")
+def builtin_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("T5X_LIKE_CACHE", str(cache))
+        builtin.builtin_corpus()
+        yield cache
+
+
+def test_documents_are_deterministic_and_a_few_megabytes():
+    first, second = builtin.builtin_documents(), builtin.builtin_documents()
+    assert first == second
+    assert 1_000_000 < sum(map(len, first)) < 10_000_000
+    assert any("asyncio.base_events" in d for d in first)
+
+
+def test_tokenizer_has_the_fixed_vocabulary_and_eod(builtin_cache, monkeypatch):
+    monkeypatch.setenv("T5X_LIKE_CACHE", str(builtin_cache))
+    prefix, tokenizer_path = builtin.builtin_corpus()
+    tokenizer = load_tokenizer(tokenizer_path)
+    assert tokenizer.vocab_size == BUILTIN_VOCAB_SIZE == 8192
+    assert tokenizer.eod_id == 0
+    tokens = open_token_file(prefix)
+    assert tokens.metadata["tokenizer"]["sha256"] == tokenizer.sha256
+    assert tokens.num_documents > 500 and tokens.num_tokens > 300_000
+    assert int(tokens.tokens.max()) < BUILTIN_VOCAB_SIZE
+    assert all(tokens.document(i)[-1] == tokenizer.eod_id for i in range(0, tokens.num_documents, 97))
+    text = "Return the value of the named attribute of object."
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_second_use_loads_from_cache(builtin_cache, monkeypatch):
+    monkeypatch.setenv("T5X_LIKE_CACHE", str(builtin_cache))
+    before = os.stat(builtin.cache_dir() / "corpus.bin").st_mtime_ns
+    monkeypatch.setattr(builtin, "builtin_documents", lambda: pytest.fail("rebuilt a cached corpus"))
+    builtin.builtin_corpus()
+    assert os.stat(builtin.cache_dir() / "corpus.bin").st_mtime_ns == before
+
+
+def test_concurrent_builders_agree_and_leave_no_temporaries(tmp_path, monkeypatch):
+    monkeypatch.setenv("T5X_LIKE_CACHE", str(tmp_path))
+    monkeypatch.setattr(builtin, "BUILTIN_VOCAB_SIZE", 300)
+    monkeypatch.setattr(builtin, "builtin_documents", lambda: [f"document {i} about python" for i in range(50)])
+    final = builtin.cache_dir()
+    builtin._build(final)
+    winner = (final / "corpus.bin").read_bytes()
+    builtin._build(final)  # a process that lost the race: its rename fails, it keeps the winner's files
+    assert (final / "corpus.bin").read_bytes() == winner
+    assert [p.name for p in tmp_path.iterdir()] == [final.name]
+
+
+def test_make_source_without_data_path_serves_the_builtin_corpus(builtin_cache, monkeypatch):
+    monkeypatch.setenv("T5X_LIKE_CACHE", str(builtin_cache))
+    source = make_source("train", batch_size=4, seq_len=32, seed=0, shard_index=0, shard_count=1)
+    assert source.vocab_size == 8192 and source.eod_id == 0
+    assert Path(source.tokenizer_path).is_file()
+    batch = next(source)
+    assert batch["inputs"].shape == batch["targets"].shape == (4, 32)
+    assert batch["inputs"].dtype == np.int32 and batch["weights"].dtype == np.float32
+    np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+
+
+def test_builtin_train_and_validation_hold_different_documents(builtin_cache, monkeypatch):
+    monkeypatch.setenv("T5X_LIKE_CACHE", str(builtin_cache))
+    kwargs = dict(batch_size=2, seq_len=64, seed=0, shard_index=0, shard_count=1, packing=True)
+    train = make_source("train", **kwargs)
+    validation = make_source("validation", **kwargs)
+    train_rows = {tuple(r) for _ in range(20) for r in next(train)["inputs"]}
+    validation_rows = {tuple(r) for _ in range(20) for r in next(validation)["inputs"]}
+    assert train_rows and validation_rows and not train_rows & validation_rows
