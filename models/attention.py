@@ -3,13 +3,23 @@
 `dot_product_attention` takes BTNH tensors (batch, length, heads, head_dim), as
 `jax.nn.dot_product_attention` does. Key/value may carry fewer heads than the query
 (grouped-query / multi-query attention); query heads are split evenly over them.
+
+The model never holds a mesh: for 'pallas' this module reads the ambient one
+(`jax.sharding.get_abstract_mesh()`, entered by the trainer with `jax.set_mesh`) and the active
+Flax logical-axis rules, and runs the kernel per shard inside `jax.shard_map`.
 """
 from __future__ import annotations
 
+import math
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+from models.kernels.flash_attention import flash_attention
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
 
 
 def attention_mask(
@@ -66,13 +76,72 @@ def cudnn_attention(query, key, value, *, causal, segment_ids):
     )
 
 
+def mesh_axes(logical: str, mesh, divides: int) -> tuple[str, ...]:
+    """The automatic mesh axes the active rules map `logical` to, if their product divides `divides`."""
+    spec = nn.logical_to_mesh_axes((logical,))
+    names = spec[0] if spec is not None else None
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    names = tuple(a for a in names if a in mesh.auto_axes and mesh.shape[a] > 1)
+    return names if divides % math.prod(mesh.shape[a] for a in names) == 0 else ()
+
+
+def pallas_attention(query, key, value, *, causal, segment_ids):
+    """Pallas flash attention; under a mesh, per shard inside shard_map (batch and heads split).
+
+    Batch goes over the axes 'activation_batch' maps to and heads over those of 'activation_heads'
+    (each dropped when it does not divide the size). K/V heads that do not split over the head
+    axes are repeated up to the query's heads first, so every shard holds its own group.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or all(mesh.shape[a] == 1 for a in mesh.auto_axes):
+        return flash_attention(query, key, value, segment_ids, causal=causal)
+    batch_axes = mesh_axes("activation_batch", mesh, query.shape[0])
+    head_axes = mesh_axes("activation_heads", mesh, query.shape[2])
+    if head_axes and key.shape[2] % math.prod(mesh.shape[a] for a in head_axes):
+        group = query.shape[2] // key.shape[2]
+        key, value = (jnp.repeat(x, group, axis=2) for x in (key, value))
+    heads_spec = P(batch_axes or None, None, head_axes or None, None)
+    args, specs = [query, key, value], [heads_spec] * 3
+    if segment_ids is not None:
+        args.append(segment_ids)
+        specs.append(P(batch_axes or None, None))
+
+    def per_shard(q, k, v, segments=None):
+        return flash_attention(q, k, v, segments, causal=causal)
+
+    return jax.shard_map(
+        per_shard, mesh=mesh, in_specs=tuple(specs), out_specs=heads_spec,
+        axis_names=frozenset(mesh.auto_axes), check_vma=False,
+    )(*args)
+
+
+# What 'auto' runs, per (platform, dtype). Every row records the measurement behind it.
+#
+# cpu, any dtype -> 'xla'. Measured on the 2-core CPU build machine (interpret mode is an emulator):
+#   scripts/benchmark_attention.py --lengths 256 --head-dims 64 --batch 1 --heads 4 --repeats 3
+#   (table in docs/benchmarks.md): xla is orders of magnitude faster than interpreted Pallas.
+# gpu, bf16/fp16 -> 'cudnn'; gpu, fp32 -> 'xla' (cuDNN flash attention has no fp32 path).
+#   NOT YET MEASURED in this repository (no GPU was available): the choice rests on cuDNN's
+#   published H100 figures (~500-620 TFLOP/s forward, head dim 128). Our Pallas/Triton kernel lowers
+#   for GPU but has no timing yet; run scripts/benchmark_attention.py on a GPU before changing this.
+# tpu, any dtype -> 'xla'. NOT YET MEASURED (no TPU was available); the Pallas kernel lowers for
+#   Mosaic TPU but stays opt-in ('pallas') until scripts/benchmark_attention.py shows it faster.
+AUTO_CHOICES = {
+    ("cpu", "any"): "xla",
+    ("gpu", "bfloat16"): "cudnn",
+    ("gpu", "float16"): "cudnn",
+    ("gpu", "any"): "xla",
+    ("tpu", "any"): "xla",
+}
+
+
 def choose_implementation(query: jax.Array, *, dropout_rate: float) -> str:
-    """'auto': the fused kernel where the platform has one and the inputs allow it, else 'xla'."""
+    """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'."""
     if dropout_rate > 0.0:
         return "xla"
-    if jax.default_backend() == "gpu" and query.dtype in (jnp.bfloat16, jnp.float16):
-        return "cudnn"
-    return "xla"
+    platform = jax.default_backend()
+    dtype = jnp.dtype(query.dtype).name
+    return AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
 
 
 def dot_product_attention(
@@ -88,8 +157,8 @@ def dot_product_attention(
 ) -> jax.Array:
     """Multi-head attention over BTNH inputs; returns BTNH with the query's heads.
 
-    implementation: 'auto' | 'xla' | 'cudnn'. Attention dropout (dropout_rate > 0) runs only
-    in 'xla'; 'auto' picks it then.
+    implementation: 'auto' | 'xla' | 'cudnn' | 'pallas'. Attention dropout (dropout_rate > 0)
+    runs only in 'xla'; 'auto' picks it then. 'pallas' runs interpreted (slow, exact) on CPU.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -107,4 +176,6 @@ def dot_product_attention(
             query, key, value, causal=causal, segment_ids=segment_ids,
             dropout_rate=dropout_rate, dropout_rng=dropout_rng,
         )
+    if implementation == "pallas":
+        return pallas_attention(query, key, value, causal=causal, segment_ids=segment_ids)
     return cudnn_attention(query, key, value, causal=causal, segment_ids=segment_ids)

@@ -1,0 +1,120 @@
+"""The Pallas flash-attention kernel (interpreted on CPU) against the plain-jnp reference.
+
+Tolerances (inputs ~N(0, 1), loss sum(sin(out)) so gradients are O(1)):
+  float32: max |kernel - reference| <= 1e-4 for the output and every gradient;
+  bfloat16: inputs rounded to bf16 for both sides, reference in float32;
+            max error <= 3e-2 on the output, <= 6e-2 on the gradients.
+assert_allclose fails on any NaN the reference does not have, and every result is checked finite.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.attention import xla_attention
+from models.kernels.flash_attention import flash_attention
+
+TOLERANCE = {jnp.float32: (1e-4, 1e-4), jnp.bfloat16: (3e-2, 6e-2)}
+
+
+def random_inputs(seed, batch, q_len, kv_len, heads, kv_heads, head_dim, dtype):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (batch, q_len, heads, head_dim), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (batch, kv_len, kv_heads, head_dim), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (batch, kv_len, kv_heads, head_dim), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+def packed_segments(seed, batch, length):
+    """Sorted document ids 1..3 per row, then a tail of padding (0) in every row."""
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.integers(1, 4, size=(batch, length)), axis=1)
+    for row in ids:
+        row[length - rng.integers(1, length // 4 + 2):] = 0
+    return jnp.asarray(ids, jnp.int32)
+
+
+def value_and_grads(attention, q, k, v):
+    """Output and d(sum sin(out))/d(q, k, v), all in float32."""
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(attention(q, k, v).astype(jnp.float32)))
+
+    out = jax.jit(attention)(q, k, v)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    return [x.astype(jnp.float32) for x in (out, *grads)]
+
+
+def assert_matches_reference(q, k, v, segment_ids, *, causal, block_q, block_k, scale=None):
+    kernel = lambda q, k, v: flash_attention(
+        q, k, v, segment_ids, causal=causal, scale=scale, block_q=block_q, block_k=block_k
+    )
+    q_scale = 1.0 if scale is None else scale * q.shape[-1] ** 0.5
+    reference = lambda q, k, v: xla_attention(
+        (q.astype(jnp.float32) * q_scale), k.astype(jnp.float32), v.astype(jnp.float32),
+        causal=causal, segment_ids=segment_ids,
+    )
+    out_tol, grad_tol = TOLERANCE[q.dtype.type]
+    got = value_and_grads(kernel, q, k, v)
+    want = value_and_grads(reference, q, k, v)
+    for name, g, w, tol in zip(("out", "dq", "dk", "dv"), got, want, (out_tol,) + (grad_tol,) * 3):
+        assert np.isfinite(np.asarray(g)).all(), f"{name} has non-finite values"
+        np.testing.assert_allclose(g, w, atol=tol, rtol=0, err_msg=name)
+    return got
+
+
+@pytest.mark.parametrize(
+    "batch, length, heads, kv_heads, head_dim, causal, segments, block_q, block_k",
+    [
+        (2, 64, 4, 4, 64, True, False, 16, 32),  # multi-head, several query and key blocks
+        (1, 50, 4, 1, 64, True, True, 16, 16),  # multi-query, packed, length padded to 64
+        (2, 40, 4, 2, 128, False, True, 32, 16),  # grouped-query, bidirectional, head dim 128
+    ],
+)
+def test_float32_matches_reference(batch, length, heads, kv_heads, head_dim, causal, segments,
+                                   block_q, block_k):
+    seed = batch * 1000 + length
+    q, k, v = random_inputs(seed, batch, length, length, heads, kv_heads, head_dim, jnp.float32)
+    segment_ids = packed_segments(seed, batch, length) if segments else None
+    assert_matches_reference(q, k, v, segment_ids, causal=causal, block_q=block_q, block_k=block_k)
+
+
+def test_bfloat16_grouped_packed_matches_reference():
+    q, k, v = random_inputs(7, 2, 48, 48, 4, 2, 64, jnp.bfloat16)
+    assert_matches_reference(q, k, v, packed_segments(7, 2, 48), causal=True, block_q=16, block_k=16)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_unequal_lengths_align_bottom_right(causal):
+    """24 queries over 40 keys: causal rows see keys up to i + 16 (as jnp.tril(k=16))."""
+    q, k, v = random_inputs(3, 1, 24, 40, 2, 2, 64, jnp.float32)
+    assert_matches_reference(q, k, v, None, causal=causal, block_q=16, block_k=16)
+
+
+def test_custom_softmax_scale():
+    q, k, v = random_inputs(11, 1, 32, 32, 2, 2, 64, jnp.float32)
+    assert_matches_reference(q, k, v, None, causal=True, block_q=16, block_k=16, scale=0.05)
+
+
+def test_fully_masked_rows_give_zero_output_and_gradient():
+    """A row of all-padding segment ids, and the padding tail of another: zeros, never NaN."""
+    q, k, v = random_inputs(5, 2, 32, 32, 2, 1, 64, jnp.float32)
+    segment_ids = jnp.zeros((2, 32), jnp.int32).at[1, :20].set(1)
+    out, dq, dk, dv = assert_matches_reference(q, k, v, segment_ids, causal=True, block_q=16, block_k=16)
+    np.testing.assert_array_equal(out[0], 0.0)
+    np.testing.assert_array_equal(out[1, 20:], 0.0)
+    np.testing.assert_array_equal(dq[0], 0.0)
+    np.testing.assert_array_equal(dk[0], 0.0)
+    np.testing.assert_array_equal(dv[1, 20:], 0.0)
+
+
+def test_rejects_heads_that_do_not_group():
+    q, k, v = random_inputs(0, 1, 16, 16, 3, 2, 64, jnp.float32)
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        flash_attention(q, k, v)
+
+
+def test_rejects_segment_ids_of_the_wrong_shape():
+    q, k, v = random_inputs(0, 1, 16, 16, 2, 2, 64, jnp.float32)
+    with pytest.raises(ValueError, match=r"\[batch, length\]"):
+        flash_attention(q, k, v, jnp.ones((1, 8), jnp.int32))
