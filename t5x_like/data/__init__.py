@@ -2,11 +2,23 @@
 
     source = make_source('train', batch_size=8, seq_len=1024, seed=0, shard_index=0, shard_count=1)
     batch = next(source)   # {'inputs', 'targets', 'weights'} (+ 'segment_ids', 'positions' when packing)
-"""
-from t5x_like.data.builtin import BUILTIN_VOCAB_SIZE
-from t5x_like.data.loader import BatchSource
-from t5x_like.data.sources import make_source
-from t5x_like.data.token_file import open_token_file
-from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["BUILTIN_VOCAB_SIZE", "BatchSource", "Tokenizer", "load_tokenizer", "make_source", "open_token_file"]
+Names are imported on first use, so the preprocessing CLI and its worker processes start without grain.
+"""
+import importlib
+
+_EXPORTS = {
+    "BUILTIN_VOCAB_SIZE": "t5x_like.data.builtin",
+    "BatchSource": "t5x_like.data.loader",
+    "make_source": "t5x_like.data.sources",
+    "open_token_file": "t5x_like.data.token_file",
+    "Tokenizer": "t5x_like.data.tokenizer",
+    "load_tokenizer": "t5x_like.data.tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import glob
 import gzip
+import io
 import json
 import os
 import re
@@ -95,7 +96,8 @@ def open_binary(path: str) -> BinaryIO:
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.endswith(".zst"):
-        return zstandard.open(path, "rb")
+        decompressor = zstandard.ZstdDecompressor(max_window_size=1 << 31)  # files made with zstd --long
+        return io.BufferedReader(decompressor.stream_reader(open(path, "rb"), read_across_frames=True))
     return open(path, "rb")
 
 
@@ -142,9 +144,9 @@ def _read_jsonl(path: str, keys: Sequence[str], errors: str) -> Iterator[str]:
 
 def _json_line(line: str, path: str, number: int):
     try:
-        return json.loads(line)
+        return json.loads(line.rstrip("\r\n"))
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{number}: invalid JSON ({e.msg}, column {e.colno}); "
+        raise InputError(f"{path}:{number}: invalid JSON at column {e.colno} ({e.msg}); "
                          "fix or remove the line") from None
 
 
@@ -245,8 +247,9 @@ def _wikiextractor_doc(lines: Iterator[tuple[int, str]], path: str, start: int) 
 def _read_wikitext(path: str, keys: Sequence[str], errors: str) -> Iterator[str]:
     article: list[str] = []
     for _, line in _lines(path, errors):
-        if _WIKITEXT_TITLE.match(line.rstrip("\n")) and "".join(article).strip():
-            yield "".join(article)
+        if _WIKITEXT_TITLE.match(line.rstrip("\n")):
+            if "".join(article).strip():
+                yield "".join(article)
             article = []
         article.append(line)
     if "".join(article).strip():

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import grain
 import numpy as np
+from absl import flags
 
 from t5x_like.data.token_file import TokenFile
 
@@ -74,6 +75,10 @@ class GrainBatchSource:
 
     def reset(self) -> None:
         self.set_state(self._initial_state)
+
+    def close(self) -> None:
+        """Stops loader worker processes now rather than at garbage collection."""
+        self._iterator.close()
 
 
 def split_documents(data_split: str, num_documents: int, split: str, name: str) -> tuple[int, int]:
@@ -203,8 +208,15 @@ def host_batches(rows: grain.MapDataset, *, batch_size: int, shard_index: int, s
     batches = batches.map(packed_arrays if packing else window_arrays)
     dataset = batches.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
     if worker_count > 0:
+        ensure_absl_flags_parsed()
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return dataset
+
+
+def ensure_absl_flags_parsed() -> None:
+    """grain's worker processes read absl flags; outside an absl app (tests, notebooks) none were parsed."""
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
 
 
 def window_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ def shared_data() -> Path:
     return SHARED_DATA.resolve()
 
 
-def write_token_file(prefix, documents, vocab_size=1000, tokenizer=None):
+def _write_token_file(prefix, documents, vocab_size=1000, tokenizer=None):
     """A token file holding `documents` (lists of ids) with metadata for a fake or given tokenizer."""
     made_with = tokenizer or {"path": "fake", "sha256": "0" * 64, "vocab_size": vocab_size, "eod_id": 0}
     lengths = np.array([len(d) for d in documents])
@@ -25,6 +25,12 @@ def write_token_file(prefix, documents, vocab_size=1000, tokenizer=None):
     with TokenFileWriter(prefix, token_dtype(made_with["vocab_size"]), {"tokenizer": made_with}) as writer:
         writer.write(ids, lengths)
     return str(prefix)
+
+
+@pytest.fixture(scope="session")
+def write_token_file():
+    """write_token_file(prefix, documents, vocab_size=1000, tokenizer=None) -> prefix."""
+    return _write_token_file
 
 
 @pytest.fixture
@@ -36,4 +42,4 @@ def numbered_documents():
 
 @pytest.fixture
 def numbered_file(tmp_path, numbered_documents):
-    return write_token_file(tmp_path / "numbered", numbered_documents, vocab_size=1 << 20)
+    return _write_token_file(tmp_path / "numbered", numbered_documents, vocab_size=1 << 20)

@@ -1,0 +1,130 @@
+"""Tokenize a corpus once into a token file (P.bin + P.idx + P.json) that training reads many times.
+
+    python -m t5x_like.data.preprocess --input=pile/train/*.jsonl.zst --output_prefix=data/pile \\
+        --tokenizer=/data/gpt-neox-20b-tokenizer/20B_tokenizer.json --workers=16
+
+Inputs are files, directories (searched recursively) and globs, comma-separated; `.gz` / `.zst` are read
+transparently; formats are those of `t5x_like.data.formats`. The corpus is streamed: memory stays bounded
+whatever its size. Documents are tokenized in `--workers` processes (one tokenizer thread each) while this
+process reads and writes; output order is input order. Writing is atomic: an interrupted or failed run
+leaves no token file that opens as complete.
+"""
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import tqdm
+from absl import app, flags
+
+from t5x_like.data import formats
+from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
+from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+
+FLAGS = flags.FLAGS
+CHUNK_CHARS = 1 << 20  # characters of text per task sent to a worker
+CHUNK_DOCUMENTS = 4096
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
+    """Consecutive documents grouped into lists of about CHUNK_CHARS characters."""
+    chunk, size = [], 0
+    for document in documents:
+        chunk.append(document)
+        size += len(document)
+        if size >= CHUNK_CHARS or len(chunk) >= CHUNK_DOCUMENTS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _init_worker(tokenizer_path: str) -> None:
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: --workers decides the cores
+    _worker_tokenizer = load_tokenizer(tokenizer_path)
+
+
+def _encode_chunk(texts: list[str], append_eod: bool, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    ids, lengths = _worker_tokenizer.encode_documents(texts, append_eod)
+    return ids.astype(dtype), lengths
+
+
+def encode_in_workers(documents: Iterable[str], tokenizer_path: str, append_eod: bool, dtype: np.dtype,
+                      workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, lengths) per chunk of documents, in order, with at most 2 chunks per worker in flight."""
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path,)) as pool:
+        pending: collections.deque = collections.deque()
+        for chunk in chunks(documents):
+            pending.append(pool.apply_async(_encode_chunk, (chunk, append_eod, dtype)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *, fmt: str = "auto",
+               json_keys: Sequence[str] = ("text",), append_eod: bool = True, workers: int = 1,
+               decode_errors: str = "strict", progress: bool = False) -> dict:
+    """Tokenizes `inputs` into the token file `output_prefix`; returns its metadata plus timing."""
+    if workers < 1:
+        raise ValueError(f"--workers={workers}: must be at least 1")
+    paths = formats.expand_inputs(inputs)
+    tokenizer = load_tokenizer(tokenizer_path)
+    dtype = token_dtype(tokenizer.vocab_size)
+    metadata = {"tokenizer": {"path": tokenizer_path, "sha256": tokenizer.sha256,
+                              "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id},
+                "append_eod": append_eod, "sources": paths}
+    documents = formats.read_documents(paths, fmt, json_keys, decode_errors)
+    start = time.perf_counter()
+    with TokenFileWriter(output_prefix, dtype, metadata) as writer, \
+            tqdm.tqdm(unit=" docs", disable=not progress, smoothing=0.1) as bar:
+        for ids, lengths in encode_in_workers(documents, tokenizer_path, append_eod, dtype, workers):
+            writer.write(ids, lengths)
+            bar.update(len(lengths))
+            bar.set_postfix_str(f"{writer.num_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s",
+                                refresh=False)
+    seconds = time.perf_counter() - start
+    return {"num_documents": writer.num_documents, "num_tokens": writer.num_tokens, "seconds": seconds,
+            "dtype": dtype.name, "files": len(paths)}
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    try:
+        summary = preprocess(FLAGS.input, FLAGS.output_prefix, FLAGS.tokenizer, fmt=FLAGS.format,
+                             json_keys=FLAGS.json_keys, append_eod=FLAGS.append_eod, workers=FLAGS.workers,
+                             decode_errors=FLAGS.decode_errors, progress=True)
+    except (formats.InputError, TokenFileError) as e:
+        sys.exit(f"error: {e}")
+    seconds = summary["seconds"]
+    print(f"{FLAGS.output_prefix}.bin/.idx/.json: {summary['num_documents']:,} documents, "
+          f"{summary['num_tokens']:,} tokens ({summary['dtype']}) from {summary['files']} files in "
+          f"{seconds:.1f}s: {summary['num_documents'] / seconds:,.0f} documents/s, "
+          f"{summary['num_tokens'] / seconds:,.0f} tokens/s")
+
+
+def define_flags() -> None:
+    flags.DEFINE_list("input", None, "Files, directories or globs (comma-separated).", required=True)
+    flags.DEFINE_string("output_prefix", None, "Writes PREFIX.bin, PREFIX.idx, PREFIX.json.", required=True)
+    flags.DEFINE_string("tokenizer", None, "GPT-2 BPE dir, tokenizer.json or sentencepiece .model.",
+                        required=True)
+    flags.DEFINE_enum("format", "auto", formats.FORMATS, "Input format; auto decides from file names.")
+    flags.DEFINE_list("json_keys", ["text"], "JSON keys whose values (joined by a blank line) form a document.")
+    flags.DEFINE_bool("append_eod", True, "Append the tokenizer's end-of-document id to every document.")
+    flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2) - 1), "Tokenizer processes.")
+    flags.DEFINE_enum("decode_errors", "strict", ["strict", "replace"],
+                      "Bytes that are not UTF-8: stop with an error naming file:line, or replace with U+FFFD.")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
