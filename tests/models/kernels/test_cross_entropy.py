@@ -1,0 +1,104 @@
+"""chunked_cross_entropy against optax on the unpadded vocabulary, forward and backward.
+
+Tolerances (gradient ones are multiplied by max(1, largest |gradient|)):
+  float32: relative 1e-5 on the sums, abs 1e-5 on gradients (reference at HIGHEST matmul precision);
+  bfloat16 hidden/embedding vs a float32 reference on the same rounded values: relative 1e-2 on the
+  sums, abs 1e-2 on gradients (they come back in bfloat16, one ulp = 2^-8 relative).
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from models.kernels.cross_entropy import chunked_cross_entropy
+
+VOCAB, PADDED_VOCAB, EMBED = 50, 64, 32
+
+
+def problem(seed, batch, length, dtype=jnp.float32):
+    kh, ke, kt, kw = jax.random.split(jax.random.key(seed), 4)
+    hidden = jax.random.normal(kh, (batch, length, EMBED)).astype(dtype)
+    embedding = jax.random.normal(ke, (PADDED_VOCAB, EMBED)).astype(dtype)
+    embedding = embedding.at[VOCAB:].set(30.0)  # padding rows with huge logits: must take no mass
+    targets = jax.random.randint(kt, (batch, length), 0, VOCAB)
+    weights = (jax.random.uniform(kw, (batch, length)) > 0.2).astype(jnp.float32)
+    return hidden, embedding, targets, weights
+
+
+def reference(hidden, embedding, targets, weights, z_loss):
+    logits = jnp.einsum("bte,ve->btv", hidden.astype(jnp.float32),
+                        embedding[:VOCAB].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return jnp.sum(weights * nll), z_loss * jnp.sum(weights * lse**2)
+
+
+def fused(z_loss, chunk_size):
+    return lambda h, e, t, w: chunked_cross_entropy(h, e, t, w, vocab_size=VOCAB, z_loss=z_loss,
+                                                    chunk_size=chunk_size)
+
+
+def sums_and_grads(loss_fn, hidden, embedding, targets, weights):
+    def total(h, e, w):
+        loss, z = loss_fn(h, e, targets, w)
+        return loss + 0.5 * z, (loss, z)  # distinct cotangents on the two outputs
+
+    (_, sums), grads = jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True))(
+        hidden, embedding, weights)
+    return sums, [g.astype(jnp.float32) for g in grads]
+
+
+def assert_matches(got, want, sum_rtol, grad_atol):
+    (got_sums, got_grads), (want_sums, want_grads) = got, want
+    for g, w in zip(got_sums, want_sums):
+        np.testing.assert_allclose(g, w, rtol=sum_rtol, atol=1e-6)
+    for name, g, w in zip(("hidden", "embedding", "weights"), got_grads, want_grads):
+        assert np.isfinite(np.asarray(g)).all(), name
+        np.testing.assert_allclose(g, w, atol=grad_atol * max(1.0, float(jnp.max(jnp.abs(w)))),
+                                   rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("z_loss, length, chunk_size", [(0.0, 24, 8), (1e-4, 21, 8), (0.1, 16, 64)])
+def test_float32_equals_optax(z_loss, length, chunk_size):
+    hidden, embedding, targets, weights = problem(length, 3, length)
+    got = sums_and_grads(fused(z_loss, chunk_size), hidden, embedding, targets, weights)
+    want = sums_and_grads(lambda h, e, t, w: reference(h, e, t, w, z_loss), hidden, embedding,
+                          targets, weights)
+    assert_matches(got, want, sum_rtol=1e-5, grad_atol=1e-5)
+    z_loss_sum = float(got[0][1])
+    assert (z_loss_sum == 0.0) if z_loss == 0.0 else (z_loss_sum > 0.0)
+    np.testing.assert_array_equal(got[1][1][VOCAB:], 0.0)  # padding rows get no gradient
+
+
+def test_bfloat16_equals_optax_on_the_rounded_inputs():
+    hidden, embedding, targets, weights = problem(1, 2, 32, jnp.bfloat16)
+    got = sums_and_grads(fused(1e-4, 16), hidden, embedding, targets, weights)
+    want = sums_and_grads(lambda h, e, t, w: reference(h, e, t, w, 1e-4), hidden, embedding,
+                          targets, weights)
+    assert_matches(got, want, sum_rtol=1e-2, grad_atol=1e-2)
+
+
+def test_vocabulary_parallel_under_a_mesh_equals_unsharded():
+    """Embedding rows over 'tensor', batch over 'data': same sums and gradients as without a mesh."""
+    mesh = jax.make_mesh((2, 1, 1, 4), ("data", "stage", "fsdp", "tensor"),
+                         axis_types=(AxisType.Auto,) * 4)
+    rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None),
+             ("activation_vocab", "tensor")]
+    hidden, embedding, targets, weights = problem(9, 2, 16)
+    want = sums_and_grads(fused(1e-4, 8), hidden, embedding, targets, weights)
+    batch = NamedSharding(mesh, P("data"))
+    hidden, targets, weights = (jax.device_put(x, batch) for x in (hidden, targets, weights))
+    embedding = jax.device_put(embedding, NamedSharding(mesh, P("tensor", None)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        got = sums_and_grads(fused(1e-4, 8), hidden, embedding, targets, weights)
+    assert_matches(got, want, sum_rtol=1e-5, grad_atol=1e-5)
+
+
+def test_rejects_an_embedding_smaller_than_the_vocabulary():
+    hidden, embedding, targets, weights = problem(0, 1, 8)
+    with pytest.raises(ValueError, match="vocab_size is 100"):
+        chunked_cross_entropy(hidden, embedding, targets, weights, vocab_size=100)
