@@ -1,0 +1,180 @@
+"""The loader over token files: windows, packing, shuffling, splits, blends, hosts and exact resume."""
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from t5x_like.data import make_source
+from t5x_like.data.loader import split_documents
+
+
+def source(path, split="train", *, batch_size=4, seq_len=16, seed=0, shard_index=0, shard_count=1, **configured):
+    return make_source(split, batch_size=batch_size, seq_len=seq_len, seed=seed, shard_index=shard_index,
+                       shard_count=shard_count, data_path=path, **configured)
+
+
+def take(src, steps):
+    return [next(src) for _ in range(steps)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+def test_windows_cover_the_train_split_once_per_epoch(numbered_file, numbered_documents):
+    stream = np.concatenate(numbered_documents[:int(round(200 * 949 / 1000))])
+    rows_per_epoch = (len(stream) - 1) // 16
+    src = source(numbered_file, batch_size=rows_per_epoch)
+    batch = next(src)
+    assert set(batch) == {"inputs", "targets", "weights"}
+    assert batch["inputs"].dtype == batch["targets"].dtype == np.int32 and batch["weights"].dtype == np.float32
+    np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+    assert (batch["weights"] == 1).all()
+    starts = sorted(int(np.flatnonzero(stream == row[0])[0]) for row in batch["inputs"])
+    assert starts == list(range(0, rows_per_epoch * 16, 16))  # each window exactly once, in shuffled order
+    assert [row[0] for row in batch["inputs"]] != sorted(row[0] for row in batch["inputs"])
+    second_epoch = next(src)["inputs"]
+    assert {tuple(r) for r in second_epoch} == {tuple(r) for r in batch["inputs"]}
+    assert not np.array_equal(second_epoch, batch["inputs"])  # reshuffled
+
+
+def test_seed_changes_the_order_and_only_the_order(numbered_file):
+    a, b = next(source(numbered_file, seed=1)), next(source(numbered_file, seed=2))
+    assert not np.array_equal(a["inputs"], b["inputs"])
+    assert_same_batches([next(source(numbered_file, seed=1))], [a])
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_resume_continues_exactly_without_replay(numbered_file, packing):
+    uninterrupted = take(source(numbered_file, packing=packing), 12)
+    first = source(numbered_file, packing=packing)
+    take(first, 5)
+    state = json.loads(json.dumps(first.get_state()))
+    resumed = source(numbered_file, packing=packing)
+    resumed.set_state(state)
+    assert_same_batches(take(resumed, 7), uninterrupted[5:])
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_two_hosts_read_disjoint_halves_of_the_global_batch(numbered_file, tmp_path, write_token_file, packing):
+    other = write_token_file(tmp_path / "other", [[7] * n for n in range(3, 80)], vocab_size=1 << 20)
+    kwargs = dict(packing=packing, blend_weights=[0.6, 0.4])
+    single = take(source([numbered_file, other], batch_size=8, **kwargs), 6)
+    hosts = [take(source([numbered_file, other], batch_size=4, shard_index=h, shard_count=2, **kwargs), 6)
+             for h in range(2)]
+    for step, whole in enumerate(single):
+        joined = {k: np.concatenate([hosts[0][step][k], hosts[1][step][k]]) for k in whole}
+        assert_same_batches([joined], [whole])
+
+
+def test_packing_never_crosses_a_document_boundary_unmarked(numbered_file):
+    batch = next(source(numbered_file, batch_size=64, seq_len=32, packing=True))
+    tokens = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
+    segments, positions, weights = batch["segment_ids"], batch["positions"], batch["weights"]
+    document, offset = tokens // 1000, tokens % 1000 - 1
+    seen_split_document = False
+    for r in range(len(tokens)):
+        for segment in np.unique(segments[r][segments[r] > 0]):
+            where = np.flatnonzero(segments[r] == segment)
+            assert len(set(document[r, where])) == 1, "one segment holds two documents"
+            np.testing.assert_array_equal(positions[r, where], offset[r, where] - offset[r, where[0]])
+            seen_split_document |= offset[r, where[0]] > 0
+        same = (document[r, 1:] == document[r, :-1]) & (segments[r] > 0)
+        np.testing.assert_array_equal(weights[r], same.astype(np.float32))
+        assert (positions[r][segments[r] == 0] == 0).all()
+    assert seen_split_document, "documents longer than a row (up to 60 > 33 tokens) must be cut into pieces"
+    assert (segments > 1).any() and (segments == 0).any()
+
+
+def test_packing_keeps_every_token_of_the_split(numbered_file, numbered_documents):
+    train_documents = numbered_documents[:int(round(200 * 949 / 1000))]
+    src = source(numbered_file, split="train", batch_size=1, seq_len=32, packing=True)
+    seen = []
+    for _ in range(400):  # more than one epoch of rows
+        batch = next(src)
+        row = np.concatenate([batch["inputs"][0], batch["targets"][0, -1:]])
+        seen.extend(row[row > 0].tolist())  # padding is id 0, which no numbered document holds
+    expected = sorted(np.concatenate(train_documents).tolist())
+    assert sorted(set(seen)) == expected
+
+
+@pytest.mark.parametrize("ratios, sizes", [("949,50,1", (190, 10, 0)), ("8,1,1", (160, 20, 20)),
+                                           ("1,1,0", (100, 100, 0))])
+def test_document_split_proportions(ratios, sizes):
+    ranges = [split_documents(ratios, 200, s, "f") if n else None for s, n in zip(("train", "validation", "test"), sizes)]
+    assert [r[1] - r[0] if r else 0 for r in ranges] == list(sizes)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]) if a and b)
+
+
+def test_empty_split_and_bad_ratio_are_clear_errors(numbered_file):
+    with pytest.raises(ValueError, match=r"DATA_SPLIT='949,50,1' leaves the test split none of its 200 documents"):
+        source(numbered_file, split="test")
+    with pytest.raises(ValueError, match=r"DATA_SPLIT='90,10': expected three non-negative ratios"):
+        source(numbered_file, data_split="90,10")
+
+
+def test_train_and_validation_documents_are_disjoint(numbered_file):
+    def documents(split):
+        rows = np.concatenate([b["inputs"] for b in take(source(numbered_file, split, data_split="8,1,1"), 30)])
+        return set((rows // 1000).ravel().tolist())
+    train, validation, test = documents("train"), documents("validation"), documents("test")
+    assert max(train) < min(validation) and max(validation) < min(test)
+    assert not train & validation and not validation & test
+
+
+def test_blend_proportions_follow_the_weights(tmp_path, write_token_file):
+    a = write_token_file(tmp_path / "a", [[1] * 40] * 50, vocab_size=10)
+    b = write_token_file(tmp_path / "b", [[2] * 40] * 50, vocab_size=10)
+    rows = np.concatenate([x["inputs"] for x in take(source([a, b], blend_weights=[0.25, 0.75], batch_size=50), 8)])
+    share_of_a = np.mean(rows[:, 0] == 1)
+    assert share_of_a == pytest.approx(0.25, abs=0.03)
+
+
+def test_validation_repeats_in_order_logs_epochs_and_resets(numbered_file, caplog):
+    src = source(numbered_file, "validation", data_split="1,1,0", batch_size=2, seq_len=64)
+    first = take(src, 3)
+    with caplog.at_level(logging.INFO):
+        later = take(src, 200)
+    assert any("epoch 1 begins" in r.getMessage() for r in caplog.records)
+    assert any(np.array_equal(b["inputs"], first[0]["inputs"]) for b in later)
+    src.reset()
+    assert_same_batches(take(src, 3), first)
+    inputs = np.concatenate([b["inputs"] for b in first])
+    assert (np.diff(inputs[:, 0].astype(np.int64)) > 0).all()  # in file order, not shuffled
+
+
+def test_tokenizer_other_than_the_files_is_an_error(numbered_file, shared_data):
+    with pytest.raises(ValueError, match=r"numbered\.json: tokenized with fake .* but TOKENIZER=.*gpt2-bpe is a "
+                                         r"different vocabulary"):
+        source(numbered_file, tokenizer=str(shared_data / "gpt2-bpe"))
+
+
+def test_megatron_files_need_a_tokenizer(tmp_path, numbered_file, shared_data):
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"megatron{suffix}").write_bytes(open(numbered_file + suffix, "rb").read())
+    with pytest.raises(ValueError, match=r"megatron: no .*megatron\.json metadata .*set TOKENIZER"):
+        source(str(tmp_path / "megatron"))
+    src = source(str(tmp_path / "megatron"), tokenizer=str(shared_data / "gpt2-bpe"))
+    assert (src.vocab_size, src.eod_id, src.tokenizer_path) == (50257, 50256, str(shared_data / "gpt2-bpe"))
+    assert_same_batches([next(src)], [next(source(numbered_file))])
+
+
+def test_worker_processes_give_the_same_batches_and_resume(numbered_file):
+    expected = take(source(numbered_file, packing=True), 6)
+    src = source(numbered_file, packing=True, worker_count=2)
+    try:
+        assert_same_batches(take(src, 3), expected[:3])
+        state = json.loads(json.dumps(src.get_state()))
+    finally:
+        src.close()
+    resumed = source(numbered_file, packing=True, worker_count=2)
+    try:
+        resumed.set_state(state)
+        assert_same_batches(take(resumed, 3), expected[3:])
+    finally:
+        resumed.close()
