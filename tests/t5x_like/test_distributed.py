@@ -127,6 +127,55 @@ def test_slurm_one_gpu_per_process_only_with_several_tasks_per_node(tasks, visib
   assert distributed.detect_cluster('gpu-003:1', 16, 1, env).local_device_ids == local_ids
 
 
+@pytest.fixture
+def cloud_tpu_vm(monkeypatch):
+  """Pretends this machine has TPU chips attached and libtpu installed."""
+  monkeypatch.setattr(distributed.glob, 'glob', lambda pattern: ['/dev/accel0'] if 'accel' in pattern else [])
+  monkeypatch.setattr(distributed.importlib.util, 'find_spec', lambda name: object())
+
+
+def test_cloud_tpu_vm_is_left_to_jax_cluster_detection(cloud_tpu_vm):
+  spec = distributed.detect_cluster(None, None, None, {})
+  assert spec == distributed.ClusterSpec('Cloud TPU VM (jax cluster detection)')
+  assert distributed.detect_cluster(None, None, None, {'JAX_PLATFORMS': 'cpu'}) is None
+
+
+def test_no_tpu_without_chips():
+  assert distributed.detect_cluster(None, None, None, {'JAX_PLATFORMS': 'tpu'}) is None
+
+
+@pytest.fixture
+def jax_initialize_calls(monkeypatch):
+  """Records jax.distributed.initialize's arguments instead of starting a service."""
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda **kwargs: calls.append(kwargs))
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: bool(calls))
+  for name in _LAUNCH_VARS + ('SLURM_JOB_ID', 'SLURM_LOCALID'):
+    monkeypatch.delenv(name, raising=False)
+  return calls
+
+
+def test_initialize_on_a_tpu_vm_lets_jax_detect_everything(cloud_tpu_vm, jax_initialize_calls,
+                                                           monkeypatch):
+  monkeypatch.delenv('JAX_PLATFORMS')  # conftest's 'cpu' would rule the TPU out
+  distributed.initialize(initialization_timeout=60)
+  [call] = jax_initialize_calls
+  assert call['coordinator_address'] is None and call['cluster_detection_method'] is None
+  assert call['initialization_timeout'] == 60 and call['heartbeat_timeout_seconds'] == 100
+
+
+def test_initialize_under_slurm_keeps_all_local_gpus_with_one_task_per_node(jax_initialize_calls,
+                                                                             monkeypatch):
+  for name, value in _slurm_env(SLURM_LOCALID='0').items():
+    monkeypatch.setenv(name, value)
+  distributed.initialize()
+  distributed.initialize()  # a second call sees jax initialised and returns
+  [call] = jax_initialize_calls
+  assert call['coordinator_address'] == 'gpu-003:62674' and call['process_id'] == 1
+  # jax's own SLURM detection would pin this process to GPU SLURM_LOCALID; we switch it off.
+  assert call['cluster_detection_method'] == 'deactivate' and call['local_device_ids'] is None
+
+
 def test_the_arguments_we_pass_exist_in_this_jax():
   accepted = inspect.signature(jax.distributed.initialize).parameters
   for name in ('coordinator_address', 'num_processes', 'process_id', 'local_device_ids',
