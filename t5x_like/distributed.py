@@ -185,8 +185,8 @@ def _slurm_local_device_ids(environ: Mapping[str, str]) -> tuple[int, ...] | Non
     return None
   nodes = (environ.get('SLURM_STEP_NUM_NODES') or environ.get('SLURM_JOB_NUM_NODES')
            or environ.get('SLURM_NNODES') or '1')
-  one_visible_gpu = len(environ.get('CUDA_VISIBLE_DEVICES', '0,1').split(',')) == 1
-  if int(environ['SLURM_NTASKS']) <= int(nodes) or one_visible_gpu:
+  visible_gpus = environ.get('CUDA_VISIBLE_DEVICES')
+  if int(environ['SLURM_NTASKS']) <= int(nodes) or (visible_gpus is not None and ',' not in visible_gpus):
     return None
   return (int(environ['SLURM_LOCALID']),)
 

@@ -161,3 +161,16 @@ def test_slurm_sbatch_outside_a_job_says_how_to_submit():
   env = {name: '' for name in ('SLURM_JOB_ID', 'SLURM_JOB_NODELIST')}
   result = _run('slurm_gpu.sbatch', '--dry_run', *TRAIN_ARGS, env=env)
   assert result.returncode == 2 and 'submit it with sbatch' in result.stderr
+
+
+def test_slurm_sbatch_xla_flags_are_known_to_this_jaxlib(tmp_path):
+  """XLA aborts on an unknown flag in XLA_FLAGS; a renamed flag would crash every job at start."""
+  env = _fake_slurm(tmp_path, tasks=2)
+  del env['XLA_FLAGS']
+  result = _run('slurm_gpu.sbatch', '--dry_run', *TRAIN_ARGS, env=env)
+  [xla_flags] = [shlex.split(line)[1].split('=', 1)[1] for line in result.stdout.splitlines()
+                 if line.startswith('export XLA_FLAGS=')]
+  check = subprocess.run([sys.executable, '-c', 'import jax; jax.numpy.ones(2).sum().block_until_ready()'],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': xla_flags})
+  assert check.returncode == 0, check.stderr[-2000:]
