@@ -1,0 +1,131 @@
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import configs
+import models
+from models.gpt2 import GPT2, GPT2Config
+
+SMALL = GPT2Config(vocab_size=300, max_len=32, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
+                   dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def init(config, length=16):
+    params = jax.jit(GPT2(config).init)(jax.random.PRNGKey(0), jnp.zeros((1, length), jnp.int32))["params"]
+    return nn.meta.unbox(params)
+
+
+def apply(config, params, tokens, **kwargs):
+    """A jitted forward pass (eager Flax is slow op by op)."""
+    fn = jax.jit(lambda p, t, kw: GPT2(config).apply({"params": p}, t, **kw))
+    return fn(params, tokens, kwargs)
+
+
+def ours_param_count(size):
+    config = models.config_from_dict(configs.get_model_config(f"gpt2_{size}").to_dict())
+    abstract = jax.eval_shape(lambda: init(config, 8))
+    total = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract))
+    return total - (config.padded_vocab_size - config.vocab_size) * config.embed_dim, config
+
+
+@pytest.mark.parametrize("size", ["tiny", "small"])
+def test_parameter_count_equals_transformers(size):
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (transformers)")
+    ours, c = ours_param_count(size)
+    hf_config = transformers.GPT2Config(vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.embed_dim,
+                                        n_layer=c.num_layers, n_head=c.num_heads)
+    hf = transformers.GPT2LMHeadModel(hf_config)
+    assert ours == hf.num_parameters()
+
+
+def test_published_sizes():
+    assert ours_param_count("small")[0] == 124_439_808
+    assert ours_param_count("xl")[0] == 1_557_611_200
+
+
+def test_padded_vocabulary_takes_no_probability_mass():
+    params = init(SMALL)
+    logits = apply(SMALL, params, jnp.arange(16)[None] % 300)
+    assert logits.shape[-1] == SMALL.padded_vocab_size == 384
+    probs = jax.nn.softmax(logits, axis=-1)
+    assert float(probs[..., 300:].max()) == 0.0
+    np.testing.assert_allclose(probs[..., :300].sum(-1), 1.0, rtol=1e-5)
+
+
+def test_residual_projections_use_scaled_init():
+    config = dataclasses.replace(SMALL, num_layers=8, embed_dim=128, mlp_dim=512)
+    blocks = init(config)["blocks"]
+    expected = 0.02 / math.sqrt(2 * 8)
+    assert np.std(blocks["mlp"]["proj_kernel"]) == pytest.approx(expected, rel=0.05)
+    assert np.std(blocks["attn"]["out_kernel"]) == pytest.approx(expected, rel=0.05)
+    assert np.std(blocks["mlp"]["fc_kernel"]) == pytest.approx(0.02, rel=0.05)
+
+
+def test_scanned_and_unrolled_layers_compute_the_same():
+    scanned = init(SMALL)
+    unrolled_config = dataclasses.replace(SMALL, scan_layers=False)
+    unrolled = {k: v for k, v in scanned.items() if k != "blocks"}
+    for i in range(SMALL.num_layers):
+        unrolled[f"block_{i}"] = jax.tree.map(lambda x: x[i], scanned["blocks"])
+    tokens = jnp.arange(32).reshape(2, 16) * 7 % 300
+    a = apply(SMALL, scanned, tokens)
+    b = apply(unrolled_config, unrolled, tokens)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_remat_policies_keep_gradients():
+    params = init(SMALL)
+    tokens = jnp.arange(32).reshape(2, 16) * 5 % 300
+
+    def grad(config):
+        return jax.jit(jax.grad(lambda p: GPT2(config).apply({"params": p}, tokens)[..., :300].mean()))(params)
+
+    want = grad(SMALL)
+    for policy in ("full", "minimal", "save_dots", "save_qkv_proj"):
+        got = grad(dataclasses.replace(SMALL, remat_policy=policy))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, err_msg=policy), want, got)
+
+
+
+def test_unknown_remat_policy():
+    with pytest.raises(ValueError, match="remat policy 'some'"):
+        init(dataclasses.replace(SMALL, remat_policy="some"))
+
+
+def test_packed_documents_do_not_see_each_other():
+    """A row packing docs A|B gives B the same logits as B alone (positions restart)."""
+    params = init(SMALL)
+    doc_a, doc_b = jnp.arange(1, 7), jnp.arange(50, 60)
+    packed = jnp.concatenate([doc_a, doc_b])[None]
+    segments = jnp.array([[1] * 6 + [2] * 10])
+    positions = jnp.concatenate([jnp.arange(6), jnp.arange(10)])[None]
+    together = apply(SMALL, params, packed, segment_ids=segments, positions=positions)
+    alone = apply(SMALL, params, doc_b[None])
+    np.testing.assert_allclose(together[0, 6:, :300], alone[0, :, :300], atol=1e-5)
+
+
+def test_dropout_is_seeded_and_off_when_deterministic():
+    config = dataclasses.replace(SMALL, dropout_rate=0.5, attention_dropout_rate=0.5)
+    params = init(config)
+    tokens = jnp.arange(16)[None]
+    run = jax.jit(lambda seed: GPT2(config).apply({"params": params}, tokens, deterministic=False,
+                                                  rngs={"dropout": jax.random.PRNGKey(seed)}))
+    np.testing.assert_array_equal(run(1), run(1))
+    assert not np.allclose(run(1), run(2))
+    np.testing.assert_array_equal(apply(config, params, tokens), apply(config, params, tokens))
+
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(ValueError, match="not divisible by num_heads"):
+        GPT2Config(embed_dim=100, num_heads=3)
+    with pytest.raises(ValueError, match="unknown fields"):
+        models.config_from_dict({"family": "gpt2", "n_embd": 3})
+    with pytest.raises(ValueError, match="family"):
+        models.config_from_dict({"family": "llama"})
+    with pytest.raises(ValueError, match="gpt2_tiny"):
+        configs.get_model_config("gpt3_small")

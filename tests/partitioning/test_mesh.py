@@ -1,0 +1,33 @@
+import jax
+import pytest
+from jax.sharding import AxisType
+
+from partitioning import make_mesh, resolve_axis_sizes
+
+
+def test_fill_axis_takes_remaining_devices():
+    assert resolve_axis_sizes({"data": -1, "tensor": 2}, 8) == {"data": 4, "stage": 1, "fsdp": 1, "tensor": 2}
+
+
+def test_mesh_has_auto_axes_in_design_order():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    assert mesh.axis_names == ("data", "stage", "fsdp", "tensor")
+    assert dict(mesh.shape) == {"data": 2, "stage": 1, "fsdp": 2, "tensor": 2}
+    assert all(t == AxisType.Auto for t in mesh.axis_types)
+
+
+def test_mesh_on_a_subset_of_devices():
+    mesh = make_mesh(data=1, devices=jax.devices()[:1])
+    assert mesh.size == 1
+
+
+@pytest.mark.parametrize("sizes, match", [
+    ({"data": 3, "tensor": 2}, "6 devices but 8 are available"),
+    ({"data": -1, "fsdp": -1}, "at most one axis may be -1"),
+    ({"data": -1, "tensor": 3}, "does not divide the 8 devices"),
+    ({"data": 0}, "must be positive"),
+    ({"model": 2}, "unknown"),
+])
+def test_bad_mesh_sizes_name_the_fix(sizes, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_axis_sizes(sizes, 8)
