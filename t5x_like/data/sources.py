@@ -15,13 +15,15 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
                 packing: bool = False,
                 tfds_name: str | None = None,
                 tfds_data_dir: str | None = None,
+                tfds_splits: dict[str, str] | None = None,
                 text_key: str = "text",
                 worker_count: int = 0) -> BatchSource:
     """Batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of it).
 
     Data, in order of precedence:
       - `tfds_name`: a TFDS dataset prepared as array_record under `tfds_data_dir`; its split of the same
-        name, documents from feature `text_key`, tokenized on the fly with `tokenizer` (required);
+        name, or `tfds_splits[split]` (e.g. {'train': 'train[:99%]', 'validation': 'train[99%:]'});
+        documents from feature `text_key`, tokenized on the fly with `tokenizer` (required);
       - `data_path`: token-file prefix(es) (ours or Megatron/NeoX), split into train/validation/test by
         document with `data_split`, several blended by `blend_weights`; `tokenizer`, when given, must be
         the one the files were made with (it is required for Megatron files, which carry no metadata);
@@ -36,8 +38,8 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
     if tfds_name is not None:
         from t5x_like.data import tfds_source  # tensorflow_datasets is heavy: import only when used
         return tfds_source.make_tfds_source(
-            tfds_name, split, data_dir=tfds_data_dir, tokenizer=tokenizer, text_key=text_key,
-            batch_size=batch_size, seq_len=seq_len, seed=seed, shard_index=shard_index,
+            tfds_name, split, (tfds_splits or {}).get(split, split), data_dir=tfds_data_dir, tokenizer=tokenizer,
+            text_key=text_key, batch_size=batch_size, seq_len=seq_len, seed=seed, shard_index=shard_index,
             shard_count=shard_count, packing=packing, worker_count=worker_count)
     if data_path is None:
         data_path, tokenizer = builtin.builtin_corpus()

@@ -57,16 +57,16 @@ def _packed_row(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"tokens": row["tokens"], "segments": row["tokens_segment_ids"], "positions": row["tokens_positions"]}
 
 
-def make_tfds_source(name: str, split: str, *, data_dir: str | None, tokenizer: str | None, text_key: str,
-                     batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
+def make_tfds_source(name: str, split: str, tfds_split: str, *, data_dir: str | None, tokenizer: str | None,
+                     text_key: str, batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
                      packing: bool, worker_count: int) -> loader.GrainBatchSource:
-    """A `BatchSource` over TFDS dataset `name`'s split `split` (see the module docstring)."""
+    """A `BatchSource` for `split` ('train' shuffles) over TFDS dataset `name`'s split `tfds_split`."""
     if tokenizer is None:
         raise ValueError(f"TFDS dataset {name}: set TOKENIZER (make_source.tokenizer); text is tokenized on the fly")
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index={shard_index} is not in [0, shard_count={shard_count})")
     loaded = load_tokenizer(tokenizer)
-    documents = grain.MapDataset.source(tfds.data_source(name, split=split, data_dir=data_dir))
+    documents = grain.MapDataset.source(tfds.data_source(name, split=tfds_split, data_dir=data_dir))
     if split == "train":
         documents = documents.shuffle(seed=seed)
     documents = documents.repeat()[shard_index::shard_count].map(_Tokenize(tokenizer, text_key, name))

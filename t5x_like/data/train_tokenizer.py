@@ -23,6 +23,7 @@ from t5x_like.data import formats
 from t5x_like.data.tokenizer import EOD_TOKENS
 
 FLAGS = flags.FLAGS
+SENTENCEPIECE_MAX_LINES = 10_000_000  # sentencepiece holds its training lines in memory
 
 
 def train_byte_level_bpe(texts: Iterable[str], vocab_size: int) -> tokenizers.Tokenizer:
@@ -37,14 +38,16 @@ def train_byte_level_bpe(texts: Iterable[str], vocab_size: int) -> tokenizers.To
 
 
 def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> None:
-    """A sentencepiece unigram model with T5's special ids (<pad>=0, </s>=1, <unk>=2) written to `output`."""
+    """A sentencepiece unigram model with T5's special ids (<pad>=0, </s>=1, <unk>=2) written to `output`,
+    trained on the texts' non-empty lines (a sample of SENTENCEPIECE_MAX_LINES of them when there are more)."""
     if not output.endswith(".model"):
         raise ValueError(f"--output={output}: a sentencepiece model path must end in .model")
+    lines = (line for text in texts for line in text.splitlines() if line.strip())
     with tempfile.TemporaryDirectory(dir=Path(output).parent) as tmp:
         sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_prefix=os.path.join(tmp, "model"), vocab_size=vocab_size,
+            sentence_iterator=lines, model_prefix=os.path.join(tmp, "model"), vocab_size=vocab_size,
             model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True,
-            max_sentence_length=1 << 16, train_extremely_large_corpus=False, minloglevel=1)
+            input_sentence_size=SENTENCEPIECE_MAX_LINES, shuffle_input_sentence=True, minloglevel=1)
         os.replace(os.path.join(tmp, "model.model"), output)
 
 

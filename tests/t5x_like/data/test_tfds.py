@@ -84,6 +84,15 @@ def test_hosts_read_different_documents_and_validation_is_its_own_split(prepared
     assert validation and min(validation) >= 60
 
 
+def test_tfds_splits_map_a_split_to_a_slice(prepared):
+    decode = load_tokenizer(prepared["tokenizer"]).decode
+    holdout = tfds.data_source("tiny_stories", split="train[50:]", data_dir=prepared["tfds_data_dir"])
+    expected = {int(re.match(rb"story (\d+)", holdout[i]["story"]).group(1)) for i in range(len(holdout))}
+    src = tfds_source(prepared, "validation", tfds_splits={"validation": "train[50:]"})
+    seen = stories([next(src) for _ in range(12)], decode)
+    assert seen == expected and len(expected) == 10
+
+
 def test_worker_processes_tokenize_with_the_same_result(prepared):
     expected = [next(s) for s in [tfds_source(prepared, packing=True)] for _ in range(3)]
     src = tfds_source(prepared, packing=True, worker_count=2)

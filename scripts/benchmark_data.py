@@ -1,0 +1,100 @@
+"""Benchmarks the data pipeline: preprocessing tokens/s and loader tokens/s per host process.
+
+    python scripts/benchmark_data.py                       # WikiText test set x 20, GPT-2 BPE from ../shared/data
+    python scripts/benchmark_data.py --input=corpus.jsonl --tokenizer=tok/ --workers=1,2,4
+
+Preprocessing: a plain single-process loop (read JSON lines, `tokenizers` encode one document at a time,
+write uint16 ids) against `t5x_like.data.preprocess` with each --workers count, on the same file and
+tokenizer library, wall time including worker start-up. Loader: `make_source` batches per second over
+the token file just written, fixed-length windows and packed rows, after a warm-up.
+Prints a markdown table (for docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from t5x_like.data import formats, make_source
+from t5x_like.data.preprocess import preprocess
+from t5x_like.data.tokenizer import load_tokenizer
+
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", help="A JSON-lines corpus ({'text': ...}); default: WikiText test x --repeat.")
+    parser.add_argument("--repeat", type=int, default=20, help="Copies of WikiText in the default corpus.")
+    parser.add_argument("--tokenizer", default=str(SHARED / "gpt2-bpe"))
+    parser.add_argument("--workers", default="1,2", help="Comma-separated preprocess worker counts.")
+    parser.add_argument("--batch_size", type=int, default=16, help="Loader rows per host.")
+    parser.add_argument("--seq_len", type=int, default=1024)
+    parser.add_argument("--loader_seconds", type=float, default=5.0, help="Time per loader measurement.")
+    return parser.parse_args()
+
+
+def default_corpus(path: str, repeat: int) -> None:
+    """WikiText-103's test articles, `repeat` times, as JSON lines."""
+    articles = list(formats.read_documents([str(SHARED / "wikitext" / "wt-raw" / "wiki.test.raw")], "wikitext"))
+    with open(path, "w") as f:
+        for _ in range(repeat):
+            f.writelines(json.dumps({"text": a}) + "\n" for a in articles)
+
+
+def plain_loop(corpus: str, tokenizer_path: str, output: str) -> tuple[int, float]:
+    """The baseline a user would write: one process, one document at a time. Returns (tokens, seconds)."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    hf_tokenizer, eod = tokenizer._tokenizer, tokenizer.eod_id  # the same `tokenizers` object, used directly
+    start, tokens = time.perf_counter(), 0
+    with open(corpus) as lines, open(output, "wb") as out:
+        for line in lines:
+            ids = hf_tokenizer.encode(json.loads(line)["text"], add_special_tokens=False).ids + [eod]
+            out.write(np.array(ids, np.uint16).tobytes())
+            tokens += len(ids)
+    return tokens, time.perf_counter() - start
+
+
+def loader_rate(prefix: str, packing: bool, batch_size: int, seq_len: int, seconds: float) -> float:
+    """Training tokens (batch_size x seq_len per batch) per second from one host process's loader."""
+    source = make_source("train", batch_size=batch_size, seq_len=seq_len, seed=0, shard_index=0, shard_count=1,
+                         data_path=prefix, packing=packing)
+    for _ in range(20):
+        next(source)
+    start, batches = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        next(source)
+        batches += 1
+    return batches * batch_size * seq_len / (time.perf_counter() - start)
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = args.input or os.path.join(tmp, "corpus.jsonl")
+        if not args.input:
+            default_corpus(corpus, args.repeat)
+        megabytes = os.path.getsize(corpus) / 1e6
+        print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+              f"corpus {corpus} ({megabytes:.1f} MB); tokenizer {args.tokenizer}\n")
+        print("| measurement | tokens/s |\n| --- | ---: |")
+        tokens, seconds = plain_loop(corpus, args.tokenizer, os.path.join(tmp, "plain.bin"))
+        print(f"| preprocess: plain loop, 1 process ({tokens:,} tokens) | {tokens / seconds:,.0f} |")
+        for workers in map(int, args.workers.split(",")):
+            summary = preprocess([corpus], os.path.join(tmp, "p"), args.tokenizer, workers=workers)
+            assert summary["num_tokens"] == tokens, "preprocess and the plain loop disagree"
+            print(f"| preprocess: --workers={workers} | {summary['num_tokens'] / summary['seconds']:,.0f} |")
+        for packing in (False, True):
+            rate = loader_rate(os.path.join(tmp, "p"), packing, args.batch_size, args.seq_len, args.loader_seconds)
+            print(f"| loader: {'packed' if packing else 'fixed-length'} {args.batch_size} x {args.seq_len}, "
+                  f"1 host process | {rate:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
