@@ -18,6 +18,7 @@ target counts only when it is in the same document as its input.
 """
 from __future__ import annotations
 
+import array
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Protocol
@@ -29,6 +30,7 @@ from absl import flags
 from t5x_like.data.token_file import TokenFile
 
 SPLITS = ("train", "validation", "test")
+_PLAN_WINDOW = 1 << 20  # pieces per step of the packing plan's walk
 
 
 class BatchSource(Protocol):
@@ -149,12 +151,15 @@ def _piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
 
 def _next_fit_rows(bounds: np.ndarray, row_len: int) -> np.ndarray:
     """Indices into `bounds` where rows start: each row takes pieces while they fit in `row_len` tokens."""
-    last_fitting = np.searchsorted(bounds, bounds + row_len, side="right") - 1
-    jump = last_fitting.tolist()
-    rows, piece, end = [], 0, len(bounds) - 1
-    while piece < end:
-        rows.append(piece)
-        piece = jump[piece]
+    next_row = np.searchsorted(bounds, bounds + row_len, side="right") - 1  # > i: every piece fits in a row
+    rows = array.array("q")
+    piece, end = 0, len(bounds) - 1
+    while piece < end:  # walk the jumps a window at a time: Python ints only for one window
+        base = piece
+        window = next_row[base:base + _PLAN_WINDOW].tolist()
+        while piece < end and piece - base < len(window):
+            rows.append(piece)
+            piece = window[piece - base]
     rows.append(end)
     return np.array(rows, np.int64)
 
