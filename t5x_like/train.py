@@ -24,7 +24,7 @@ from absl import app, flags, logging
 import configs
 import models
 from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints, metrics, optim, trainer
+from t5x_like import checkpoints, data, metrics, optim, trainer
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -40,6 +40,7 @@ flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
 gin.external_configurable(make_mesh, module="partitioning")
 gin.external_configurable(optim.make_optimizer, module="optim")
 gin.external_configurable(trainer.LossScaleConfig, module="trainer")
+make_source = gin.external_configurable(data.make_source, module="data")
 
 
 @gin.configurable
@@ -50,12 +51,6 @@ def model_config(preset: str = gin.REQUIRED, *, dtype: str = "bfloat16", attenti
     values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers)
     values.update(overrides or {})
     return models.config_from_dict(values)
-
-
-def default_data_source(*args, **kwargs):
-    from t5x_like import data
-
-    return data.make_source(*args, **kwargs)
 
 
 @dataclasses.dataclass
@@ -74,9 +69,8 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
           eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
           log_every: int = 10, pipeline_microbatches: int = 1,
-          data_source: Callable = default_data_source) -> TrainResult:
+          data_source: Callable = make_source) -> TrainResult:
     """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
-    check_required(locals())
     if mesh.shape["stage"] > 1 or pipeline_microbatches > 1:
         raise ValueError("PIPELINE_PARALLEL > 1 / NUM_MICROBATCHES > 1 need pipeline parallelism, which this "
                          "version does not include yet; set PIPELINE_PARALLEL=1 and NUM_MICROBATCHES=1.")
@@ -161,23 +155,6 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
             stop.restore()
     result.step, result.stopped_by_signal = step, stop.signum
     return result
-
-
-def check_required(arguments: dict[str, Any]) -> None:
-    """Raise naming the gin macro (or binding) that a required argument was left at."""
-    missing = [name for name, value in arguments.items() if value is gin.REQUIRED]
-    if not missing:
-        return
-    hints = []
-    for name in missing:
-        try:
-            bound = str(gin.query_parameter(f"train.{name}"))
-        except ValueError:
-            bound = ""
-        macro = bound[1:] if bound.startswith("%") and not bound.startswith("%gin.") else None
-        hints.append(f"{macro} (pass --gin.{macro}=...)" if macro else f"train.{name}")
-    raise ValueError(f"required settings are missing: {', '.join(hints)}. Strings need inner quotes, "
-                     "e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\".")
 
 
 def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
@@ -323,7 +300,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
         gin.add_config_file_search_path(path)
     if not files:
         raise app.UsageError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
-    gin.parse_config_files_and_bindings(files, None)
+    gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     for binding in bindings:
         name = binding.split("=", 1)[0].strip()
         if re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
@@ -333,10 +310,32 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
                 raise app.UsageError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
                                      "(gin/base.gin lists the macros).") from None
     gin.parse_config(bindings)
+    try:
+        gin.finalize()
+    except ValueError as e:
+        required = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", str(e))
+        if not required:
+            raise
+        raise app.UsageError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
+                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\") or set it in a gin file.") from None
+
+
+def quiet_library_logs() -> None:
+    """Keep orbax's per-save INFO chatter and gin's file-probing messages ('Path not found' for
+    each search path it tries) out of the console; orbax warnings still show."""
+    import logging as std_logging
+
+    def keep(record: std_logging.LogRecord) -> bool:
+        if "gin" in record.pathname and record.pathname.endswith("resource_reader.py"):
+            return False
+        return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+
+    logging.get_absl_handler().addFilter(keep)
 
 
 def main(argv: list[str]) -> None:
     del argv
+    quiet_library_logs()
     from t5x_like import distributed
 
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
