@@ -10,14 +10,12 @@ Flax logical-axis rules, and runs the kernel per shard inside `jax.shard_map`.
 """
 from __future__ import annotations
 
-import math
-
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from models.kernels.flash_attention import flash_attention
+from models.kernels.sharding import active_mesh, axes_size, mesh_axes
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
 
@@ -76,15 +74,6 @@ def cudnn_attention(query, key, value, *, causal, segment_ids):
     )
 
 
-def mesh_axes(logical: str, mesh, divides: int) -> tuple[str, ...]:
-    """The automatic mesh axes the active rules map `logical` to, if their product divides `divides`."""
-    spec = nn.logical_to_mesh_axes((logical,))
-    names = spec[0] if spec is not None else None
-    names = (names,) if isinstance(names, str) else tuple(names or ())
-    names = tuple(a for a in names if a in mesh.auto_axes and mesh.shape[a] > 1)
-    return names if divides % math.prod(mesh.shape[a] for a in names) == 0 else ()
-
-
 def pallas_attention(query, key, value, *, causal, segment_ids):
     """Pallas flash attention; under a mesh, per shard inside shard_map (batch and heads split).
 
@@ -92,12 +81,12 @@ def pallas_attention(query, key, value, *, causal, segment_ids):
     (each dropped when it does not divide the size). K/V heads that do not split over the head
     axes are repeated up to the query's heads first, so every shard holds its own group.
     """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or all(mesh.shape[a] == 1 for a in mesh.auto_axes):
+    mesh = active_mesh()
+    if mesh is None:
         return flash_attention(query, key, value, segment_ids, causal=causal)
     batch_axes = mesh_axes("activation_batch", mesh, query.shape[0])
     head_axes = mesh_axes("activation_heads", mesh, query.shape[2])
-    if head_axes and key.shape[2] % math.prod(mesh.shape[a] for a in head_axes):
+    if key.shape[2] % axes_size(mesh, head_axes):
         group = query.shape[2] // key.shape[2]
         key, value = (jnp.repeat(x, group, axis=2) for x in (key, value))
     heads_spec = P(batch_axes or None, None, head_axes or None, None)

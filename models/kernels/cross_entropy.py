@@ -4,37 +4,50 @@
 that chunk's fp32 logits (hidden @ embedding.T), reduces them to a log-sum-exp and the target
 logit, and drops them. The custom VJP saves only the per-token log-sum-exp and recomputes each
 chunk's logits in the backward pass, so peak memory holds batch × chunk_size × vocab logits instead
-of batch × length × vocab (the unfused loss keeps the full fp32 logits alive for its backward).
+of batch × length × vocab (the unfused loss keeps all of them, in fp32, for its backward).
 
-Vocabulary-parallel under a mesh: each chunk's logits carry the logical axes (activation_batch,
-activation_length, activation_vocab), so with the default rules (vocab -> 'tensor') every tensor
-shard computes logits for its slice of the embedding rows, and the softmax reductions become small
-all-reduces of [batch, chunk] values; the target logit is a masked sum, never a gather across
-shards. Rows at or past `vocab_size` (vocabulary padding) take no probability mass.
+Under a mesh (read from the ambient `jax.set_mesh` and the Flax logical-axis rules) it runs inside
+`jax.shard_map`, vocabulary-parallel as in Megatron: each shard holds the embedding rows of its
+slice of the vocabulary ('vocab' -> 'tensor' in the default rules) and the batch rows of its
+'activation_batch' slice; the softmax statistics are all-reduced as [batch, chunk] values, the
+hidden-state gradient once per chunk, and the embedding gradient once at the end. Rows at or past
+`vocab_size` (vocabulary padding) take no probability mass.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
-LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
-
-
-def chunk_logits(hidden: jax.Array, embedding: jax.Array, vocab_size: int) -> jax.Array:
-    """fp32 logits [batch, chunk, padded_vocab] with padding ids at the float32 minimum."""
-    logits = jnp.einsum("bce,ve->bcv", hidden, embedding, preferred_element_type=jnp.float32)
-    logits = nn.with_logical_constraint(logits, LOGITS_AXES)
-    real = lax.broadcasted_iota(jnp.int32, logits.shape, 2) < vocab_size
-    return jnp.where(real, logits, jnp.finfo(jnp.float32).min)
+from models.kernels.sharding import active_mesh, axes_size, mesh_axes
 
 
-def is_target(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Boolean [batch, chunk, vocab]: True at each token's target id (shards with the vocab)."""
-    return lax.broadcasted_iota(jnp.int32, logits.shape, 2) == targets[..., None]
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Static settings of one loss call; the axes are the shard_map axes it runs under (or ())."""
+
+    vocab_size: int
+    z_loss: float
+    chunk_size: int
+    batch_axes: tuple[str, ...] = ()
+    vocab_axes: tuple[str, ...] = ()
+
+
+def over(collective, x, axes: tuple[str, ...]):
+    """collective(x, axes), or x when nothing is split."""
+    return collective(x, axes) if axes else x
+
+
+def chunk_logits(h: jax.Array, embedding: jax.Array, layout: Layout):
+    """fp32 logits [batch, chunk, local vocab] (padding ids at the float32 minimum) and vocab ids."""
+    logits = jnp.einsum("bce,ve->bcv", h, embedding, preferred_element_type=jnp.float32)
+    offset = lax.axis_index(layout.vocab_axes) * embedding.shape[0] if layout.vocab_axes else 0
+    ids = offset + lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    return jnp.where(ids < layout.vocab_size, logits, jnp.finfo(jnp.float32).min), ids
 
 
 def in_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
@@ -50,53 +63,81 @@ def from_chunks(x: jax.Array) -> jax.Array:
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-def token_terms(hidden, embedding, targets, *, vocab_size, chunk_size):
-    """Per-token (log-sum-exp, log-sum-exp - target logit), both fp32 [batch, length]."""
+def forward_local(layout: Layout, hidden, embedding, targets, weights):
+    """Per shard: the two sums (all-reduced) and per-token log-sum-exp and lse - target logit."""
 
     def one_chunk(_, chunk):
         h, t = chunk
-        logits = chunk_logits(h, embedding, vocab_size)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        target_logit = jnp.sum(jnp.where(is_target(logits, t), logits, 0.0), axis=-1)
-        return None, (lse, lse - target_logit)
+        logits, ids = chunk_logits(h, embedding, layout)
+        row_max = over(lax.pmax, jnp.max(logits, axis=-1), layout.vocab_axes)
+        sum_exp = over(lax.psum, jnp.sum(jnp.exp(logits - row_max[..., None]), axis=-1), layout.vocab_axes)
+        lse = row_max + jnp.log(sum_exp)
+        target_logit = jnp.sum(jnp.where(ids == t[..., None], logits, 0.0), axis=-1)
+        return None, (lse, lse - over(lax.psum, target_logit, layout.vocab_axes))
 
-    chunks = (in_chunks(hidden, chunk_size), in_chunks(targets, chunk_size))
-    _, (lse, nll) = lax.scan(one_chunk, None, chunks)
-    return from_chunks(lse), from_chunks(nll)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def fused_loss(hidden, embedding, targets, weights, vocab_size, z_loss, chunk_size):
-    lse, nll = token_terms(hidden, embedding, targets, vocab_size=vocab_size, chunk_size=chunk_size)
-    return jnp.sum(weights * nll), z_loss * jnp.sum(weights * lse**2)
-
-
-def fused_loss_fwd(hidden, embedding, targets, weights, vocab_size, z_loss, chunk_size):
-    lse, nll = token_terms(hidden, embedding, targets, vocab_size=vocab_size, chunk_size=chunk_size)
-    sums = jnp.sum(weights * nll), z_loss * jnp.sum(weights * lse**2)
-    return sums, (hidden, embedding, targets, weights, lse, nll)
+    _, (lse, nll) = lax.scan(one_chunk, None, (in_chunks(hidden, layout.chunk_size),
+                                               in_chunks(targets, layout.chunk_size)))
+    lse, nll = from_chunks(lse), from_chunks(nll)
+    loss_sum = over(lax.psum, jnp.sum(weights * nll), layout.batch_axes)
+    z_loss_sum = layout.z_loss * over(lax.psum, jnp.sum(weights * lse**2), layout.batch_axes)
+    return loss_sum, z_loss_sum, lse, nll
 
 
-def fused_loss_bwd(vocab_size, z_loss, chunk_size, residuals, cotangents):
-    """d logits = w * [(g_loss + 2 z g_z lse) * softmax - g_loss * onehot], chunk by chunk."""
-    hidden, embedding, targets, weights, lse, nll = residuals
-    g_loss, g_z = cotangents
+def backward_local(layout: Layout, hidden, embedding, targets, weights, lse, nll, g_loss, g_z):
+    """Per shard: d logits = w·[(g_loss + 2·z·g_z·lse)·softmax − g_loss·onehot], chunk by chunk."""
 
     def one_chunk(d_embedding, chunk):
         h, t, w, chunk_lse = chunk
-        logits = chunk_logits(h, embedding, vocab_size)
+        logits, ids = chunk_logits(h, embedding, layout)
         probs = jnp.exp(logits - chunk_lse[..., None])
-        scale = w * (g_loss + 2.0 * z_loss * g_z * chunk_lse)
-        d_logits = scale[..., None] * probs - jnp.where(is_target(logits, t), (w * g_loss)[..., None], 0.0)
-        d_logits = d_logits.astype(h.dtype)
+        scale = w * (g_loss + 2.0 * layout.z_loss * g_z * chunk_lse)
+        target_term = jnp.where(ids == t[..., None], (w * g_loss)[..., None], 0.0)
+        d_logits = (scale[..., None] * probs - target_term).astype(h.dtype)
         d_h = jnp.einsum("bcv,ve->bce", d_logits, embedding, preferred_element_type=jnp.float32)
         d_embedding += jnp.einsum("bcv,bce->ve", d_logits, h, preferred_element_type=jnp.float32)
-        return d_embedding, d_h.astype(h.dtype)
+        return d_embedding, over(lax.psum, d_h, layout.vocab_axes).astype(h.dtype)
 
-    chunks = tuple(in_chunks(x, chunk_size) for x in (hidden, targets, weights, lse))
+    chunks = tuple(in_chunks(x, layout.chunk_size) for x in (hidden, targets, weights, lse))
     d_embedding, d_hidden = lax.scan(one_chunk, jnp.zeros(embedding.shape, jnp.float32), chunks)
-    d_weights = g_loss * nll + g_z * z_loss * lse**2
-    return from_chunks(d_hidden), d_embedding.astype(embedding.dtype), None, d_weights
+    d_embedding = over(lax.psum, d_embedding, layout.batch_axes).astype(embedding.dtype)
+    d_weights = g_loss * nll + g_z * layout.z_loss * lse**2
+    return from_chunks(d_hidden), d_embedding, d_weights
+
+
+def per_shard(fn, layout: Layout, in_specs, out_specs):
+    """fn under shard_map over the ambient mesh when the layout splits anything, else fn itself."""
+    fn = functools.partial(fn, layout)
+    if not (layout.batch_axes or layout.vocab_axes):
+        return fn
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         axis_names=frozenset(mesh.auto_axes), check_vma=False)
+
+
+def specs(layout: Layout):
+    """PartitionSpecs of a [batch, length, ...] array, the embedding, and a replicated scalar."""
+    batch = P(layout.batch_axes or None)
+    return batch, P(layout.vocab_axes or None, None), P()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def fused_loss(layout: Layout, hidden, embedding, targets, weights):
+    return fused_loss_fwd(layout, hidden, embedding, targets, weights)[0]
+
+
+def fused_loss_fwd(layout: Layout, hidden, embedding, targets, weights):
+    batch, table, scalar = specs(layout)
+    forward = per_shard(forward_local, layout, (batch, table, batch, batch), (scalar, scalar, batch, batch))
+    loss_sum, z_loss_sum, lse, nll = forward(hidden, embedding, targets, weights)
+    return (loss_sum, z_loss_sum), (hidden, embedding, targets, weights, lse, nll)
+
+
+def fused_loss_bwd(layout: Layout, residuals, cotangents):
+    batch, table, scalar = specs(layout)
+    backward = per_shard(backward_local, layout, (batch, table, batch, batch, batch, batch, scalar, scalar),
+                         (batch, table, batch))
+    d_hidden, d_embedding, d_weights = backward(*residuals, *cotangents)
+    return d_hidden, d_embedding, None, d_weights
 
 
 fused_loss.defvjp(fused_loss_fwd, fused_loss_bwd)
@@ -106,6 +147,19 @@ def pad_length(x: jax.Array, length: int) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[1] = (0, length - x.shape[1])
     return jnp.pad(x, widths)
+
+
+def sharded_layout(vocab_size: int, z_loss: float, chunk_size: int, batch: int, padded_vocab: int) -> Layout:
+    """The Layout for the ambient mesh and rules: batch over 'activation_batch', rows over 'vocab'."""
+    mesh = active_mesh()
+    layout = Layout(vocab_size, z_loss, chunk_size)
+    if mesh is None:
+        return layout
+    batch_axes = mesh_axes("activation_batch", mesh, batch)
+    vocab_axes = tuple(a for a in mesh_axes("vocab", mesh, padded_vocab) if a not in batch_axes)
+    if padded_vocab % axes_size(mesh, vocab_axes):
+        vocab_axes = ()
+    return dataclasses.replace(layout, batch_axes=batch_axes, vocab_axes=vocab_axes)
 
 
 def chunked_cross_entropy(
@@ -123,8 +177,8 @@ def chunked_cross_entropy(
     hidden [batch, length, embed] (compute dtype), embedding [padded_vocab, embed], targets int
     [batch, length], weights float32 [batch, length]. Ids >= vocab_size are padding and get no
     probability mass. chunk_size: sequence positions per step; one step holds
-    batch × chunk_size × padded_vocab fp32 logits. Lengths are padded up to a multiple of it with
-    weight 0.
+    (local) batch × chunk_size × (local) padded_vocab fp32 logits. Lengths are padded up to a
+    multiple of it with weight 0.
     """
     if embedding.shape[0] < vocab_size:
         raise ValueError(
@@ -135,5 +189,5 @@ def chunked_cross_entropy(
     length = -(-hidden.shape[1] // chunk_size) * chunk_size
     if length != hidden.shape[1]:
         hidden, targets, weights = (pad_length(x, length) for x in (hidden, targets, weights))
-    return fused_loss(hidden, embedding, targets.astype(jnp.int32), weights.astype(jnp.float32),
-                      vocab_size, float(z_loss), chunk_size)
+    layout = sharded_layout(vocab_size, float(z_loss), chunk_size, hidden.shape[0], embedding.shape[0])
+    return fused_loss(layout, hidden, embedding, targets.astype(jnp.int32), weights.astype(jnp.float32))

@@ -83,19 +83,22 @@ def test_bfloat16_equals_optax_on_the_rounded_inputs():
 
 
 def test_vocabulary_parallel_under_a_mesh_equals_unsharded():
-    """Embedding rows over 'tensor', batch over 'data': same sums and gradients as without a mesh."""
+    """Embedding rows over 'tensor', batch over 'data', inside shard_map: the sums and gradients of
+    the unsharded loss, with no all-gather (only [batch, chunk] / d_hidden / d_embedding all-reduces)."""
     mesh = jax.make_mesh((2, 1, 1, 4), ("data", "stage", "fsdp", "tensor"),
                          axis_types=(AxisType.Auto,) * 4)
-    rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None),
-             ("activation_vocab", "tensor")]
+    rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None), ("vocab", "tensor")]
     hidden, embedding, targets, weights = problem(9, 2, 16)
     want = sums_and_grads(fused(1e-4, 8), hidden, embedding, targets, weights)
     batch = NamedSharding(mesh, P("data"))
     hidden, targets, weights = (jax.device_put(x, batch) for x in (hidden, targets, weights))
     embedding = jax.device_put(embedding, NamedSharding(mesh, P("tensor", None)))
+    loss = lambda h, e, w: sum(fused(1e-4, 8)(h, e, targets, w))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         got = sums_and_grads(fused(1e-4, 8), hidden, embedding, targets, weights)
+        hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, embedding, weights).compile().as_text()
     assert_matches(got, want, sum_rtol=1e-5, grad_atol=1e-5)
+    assert "all-reduce" in hlo and "all-gather" not in hlo
 
 
 def test_rejects_an_embedding_smaller_than_the_vocabulary():
