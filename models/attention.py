@@ -104,15 +104,21 @@ def pallas_attention(query, key, value, *, causal, segment_ids):
     )(*args)
 
 
-# What 'auto' runs, per (platform, dtype). Every row records the measurement behind it.
+# What 'auto' runs, per (platform, dtype). Every row records the evidence behind it.
 #
-# cpu, any dtype -> 'xla'. Measured on the 2-core CPU build machine (interpret mode is an emulator):
-#   scripts/benchmark_attention.py --lengths 256 --head-dims 64 --batch 1 --heads 4 --repeats 3
-#   (table in docs/benchmarks.md): xla is orders of magnitude faster than interpreted Pallas.
+# cpu, any dtype -> 'xla'. Measured (2-core shared CPU, jax 0.10.2, fp32, causal, fwd+bwd ms, xla vs
+# interpreted pallas; scripts/benchmark_attention.py --lengths 256,1024,2048 --head-dims 64,128
+# --tokens 2048 --hidden 256 --dtype float32 --repeats 5):
+#     T=256:  D=64 48 vs 250,  D=128 56 vs 86     -> xla faster
+#     T=1024: D=64 591 vs 323, D=128 289 vs 281   -> noisy; pallas equal or faster
+#     T=2048: D=64 1932 vs 543, D=128 749 vs 354  -> pallas faster (and 4x less temp memory)
+#   CPU runs here are tests and the quickstart (T <= 256), where xla wins, and interpret mode is
+#   jax's Pallas emulator rather than a supported fast path, so CPU stays on 'xla' at every length.
 # gpu, bf16/fp16 -> 'cudnn'; gpu, fp32 -> 'xla' (cuDNN flash attention has no fp32 path).
 #   NOT YET MEASURED in this repository (no GPU was available): the choice rests on cuDNN's
-#   published H100 figures (~500-620 TFLOP/s forward, head dim 128). Our Pallas/Triton kernel lowers
-#   for GPU but has no timing yet; run scripts/benchmark_attention.py on a GPU before changing this.
+#   published H100 figures (~500-620 TFLOP/s forward, head dim 128). Our Pallas/Triton kernel
+#   lowers for GPU (tests/models/kernels/test_lowering.py) but is untimed; run
+#   scripts/benchmark_attention.py on a GPU before changing these rows.
 # tpu, any dtype -> 'xla'. NOT YET MEASURED (no TPU was available); the Pallas kernel lowers for
 #   Mosaic TPU but stays opt-in ('pallas') until scripts/benchmark_attention.py shows it faster.
 AUTO_CHOICES = {

@@ -1,0 +1,147 @@
+"""Benchmark causal attention implementations: TFLOP/s and compiled memory, forward and fwd+bwd.
+
+    python scripts/benchmark_attention.py                       # GPU/TPU: T = 1024..8192, D = 64/128
+    python scripts/benchmark_attention.py --lengths 256 --head-dims 64 --tokens 512 --hidden 256 \
+        --dtype float32 --repeats 2                             # CPU: small, interpret mode
+
+Implementations: 'xla', 'cudnn' (GPU), 'pallas' (models.kernels.flash_attention; interpreted on
+CPU, so CPU numbers only show it runs and agrees), and 'jax-pallas', the attention kernel shipped
+with jax (jax.experimental.pallas.ops: gpu.attention.mha on GPU, tpu.flash_attention on TPU) as a
+reference point. Each shape uses batch = tokens // length and heads = hidden // head_dim.
+
+FLOPs follow the FlashAttention papers: forward 4·B·H·T²·D, halved for causal; fwd+bwd 3.5× that
+(the backward is 2.5 forwards' worth of matmuls). Memory is the compiled step's temporary buffer
+size (XLA memory analysis), i.e. what the step needs beyond its inputs and outputs.
+`max|Δ|` is the largest difference of the forward output from 'xla' on the same inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from models.attention import dot_product_attention  # noqa: E402
+
+IMPLEMENTATIONS = ("xla", "cudnn", "pallas", "jax-pallas")
+
+
+def jax_shipped_pallas() -> Callable | None:
+    """jax's own Pallas attention for this backend as f(q, k, v) over BTNH, or None."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        from jax.experimental.pallas.ops.gpu import attention
+
+        return lambda q, k, v: attention.mha(q, k, v, segment_ids=None, causal=True)
+    if backend == "tpu":
+        from jax.experimental.pallas.ops.tpu import flash_attention
+
+        def bhtd(q, k, v):
+            swap = lambda x: jnp.swapaxes(x, 1, 2)
+            return swap(flash_attention.flash_attention(swap(q), swap(k), swap(v), causal=True,
+                                                        sm_scale=q.shape[-1] ** -0.5))
+
+        return bhtd
+    return None
+
+
+def attention_fn(name: str) -> Callable | None:
+    if name == "jax-pallas":
+        return jax_shipped_pallas()
+    if name == "cudnn" and jax.default_backend() != "gpu":
+        return None
+    return lambda q, k, v: dot_product_attention(q, k, v, causal=True, implementation=name)
+
+
+def forward_and_backward(attention: Callable) -> Callable:
+    def loss(q, k, v):
+        return jnp.sum(attention(q, k, v).astype(jnp.float32))
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def attention_flops(batch: int, heads: int, length: int, head_dim: int, mode: str) -> float:
+    forward = 4 * batch * heads * length * length * head_dim / 2
+    return forward if mode == "fwd" else 3.5 * forward
+
+
+def time_call(fn: Callable, args, repeats: int) -> float:
+    """Median seconds per call after one warm-up."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(name, mode, q, k, v, reference, repeats) -> dict:
+    attention = attention_fn(name)
+    if attention is None:
+        return {"note": f"n/a on {jax.default_backend()}"}
+    fn = jax.jit(attention if mode == "fwd" else forward_and_backward(attention))
+    try:
+        compiled = fn.lower(q, k, v).compile()
+        seconds = time_call(compiled, (q, k, v), repeats)
+    except Exception as error:  # a backend refusing a shape is a result, not a crash
+        return {"note": f"error: {type(error).__name__}: {str(error).splitlines()[0][:80]}"}
+    row = {"seconds": seconds, "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
+    if mode == "fwd":
+        row["max_diff"] = float(jnp.max(jnp.abs(compiled(q, k, v).astype(jnp.float32) - reference)))
+    return row
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(x) for x in s.split(",")]
+    p.add_argument("--lengths", type=ints, default=[1024, 2048, 4096, 8192])
+    p.add_argument("--head-dims", type=ints, default=[64, 128])
+    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens // length")
+    p.add_argument("--hidden", type=int, default=2048, help="heads = hidden // head_dim")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--implementations", type=lambda s: s.split(","), default=list(IMPLEMENTATIONS))
+    p.add_argument("--modes", type=lambda s: s.split(","), default=["fwd", "fwd+bwd"])
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args(argv)
+    unknown = set(args.implementations) - set(IMPLEMENTATIONS)
+    if unknown:
+        p.error(f"unknown --implementations {sorted(unknown)}; choose from {IMPLEMENTATIONS}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = jax.devices()[0]
+    print(f"# jax {jax.__version__}, {device.platform} ({device.device_kind}), dtype {args.dtype}, "
+          f"causal, tokens {args.tokens}, hidden {args.hidden}")
+    header = f"{'impl':<11}{'mode':<9}{'T':>6}{'D':>5}{'B':>4}{'H':>4}{'ms':>11}{'TFLOP/s':>10}{'temp MiB':>10}{'max|Δ|':>10}"
+    print(header)
+    for head_dim in args.head_dims:
+        for length in args.lengths:
+            batch, heads = max(1, args.tokens // length), max(1, args.hidden // head_dim)
+            keys = jax.random.split(jax.random.key(0), 3)
+            q, k, v = (jax.random.normal(key, (batch, length, heads, head_dim), args.dtype) for key in keys)
+            reference = jax.jit(attention_fn("xla"))(q, k, v).astype(jnp.float32)
+            for mode in args.modes:
+                for name in args.implementations:
+                    row = measure(name, mode, q, k, v, reference, args.repeats)
+                    prefix = f"{name:<11}{mode:<9}{length:>6}{head_dim:>5}{batch:>4}{heads:>4}"
+                    if "note" in row:
+                        print(f"{prefix}  {row['note']}")
+                        continue
+                    tflops = attention_flops(batch, heads, length, head_dim, mode) / row["seconds"] / 1e12
+                    diff = f"{row['max_diff']:.1e}" if "max_diff" in row else "-"
+                    print(f"{prefix}{row['seconds'] * 1e3:>11.2f}{tflops:>10.3f}"
+                          f"{row['temp_bytes'] / 2**20:>10.1f}{diff:>10}")
+
+
+if __name__ == "__main__":
+    main()
