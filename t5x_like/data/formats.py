@@ -16,6 +16,7 @@ import codecs
 import glob
 import gzip
 import io
+import itertools
 import json
 import os
 import re
@@ -225,8 +226,9 @@ def _read_wikiextractor(path: str, keys: Sequence[str], errors: str) -> Iterator
     lines = _lines(path, errors)
     for number, line in lines:
         if line.startswith("{"):
-            yield _document_from_json(_json_line(line, path, number), path, number, keys)
-            yield from (_document_from_json(_json_line(text, path, n), path, n, keys) for n, text in lines if text.strip())
+            for n, text in itertools.chain([(number, line)], lines):
+                if text.strip():
+                    yield _document_from_json(_json_line(text, path, n), path, n, keys)
             return
         if line.startswith("<doc"):
             yield _wikiextractor_doc(lines, path, number)

@@ -106,7 +106,8 @@ def test_packing_keeps_every_token_of_the_split(numbered_file, numbered_document
 @pytest.mark.parametrize("ratios, sizes", [("949,50,1", (190, 10, 0)), ("8,1,1", (160, 20, 20)),
                                            ("1,1,0", (100, 100, 0))])
 def test_document_split_proportions(ratios, sizes):
-    ranges = [split_documents(ratios, 200, s, "f") if n else None for s, n in zip(("train", "validation", "test"), sizes)]
+    splits = zip(("train", "validation", "test"), sizes)
+    ranges = [split_documents(ratios, 200, split, "f") if n else None for split, n in splits]
     assert [r[1] - r[0] if r else 0 for r in ranges] == list(sizes)
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]) if a and b)
 
