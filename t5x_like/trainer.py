@@ -182,7 +182,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
         metrics = {
             "loss": nll / weight,
             "z_loss": z / weight,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
             "tokens": weight,
             "skipped": skip.astype(jnp.int32),

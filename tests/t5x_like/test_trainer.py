@@ -1,0 +1,153 @@
+"""The train step on different meshes, with accumulation, bf16 and fp16 loss scaling (CPU, 8 devices)."""
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+from models.gpt2 import GPT2, GPT2Config
+from partitioning import Partitioner, make_mesh
+from t5x_like import optim, train, trainer
+
+SEQ_LEN = 16
+# 8 heads and a vocabulary padded to 1024 so every mesh below divides the same parameters.
+CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
+                    dropout_rate=0.0, attention_dropout_rate=0.0, vocab_pad_multiple=1024, dtype="float32")
+
+
+def batches(source_cls, count, batch_size=8):
+    source = source_cls("train", batch_size=batch_size, seq_len=SEQ_LEN, seed=3, shard_index=0, shard_count=1)
+    return [next(source) for _ in range(count)]
+
+
+def run(mesh, rules, data, *, config=CONFIG, step_config=trainer.StepConfig(), steps_between=None):
+    """Train on `data` batches; returns per-step metrics and the final state."""
+    partitioner = Partitioner(mesh, rules)
+    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=len(data))
+    module = GPT2(config)
+    with partitioner.activate():
+        state, shardings, _ = train.create_state(module, optimizer, partitioner, 0, SEQ_LEN, step_config, config)
+        step = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
+                       in_shardings=(shardings, partitioner.batch_sharding()),
+                       out_shardings=(shardings, partitioner.replicated), donate_argnums=0)
+        history = []
+        for i, batch in enumerate(data):
+            if steps_between:
+                steps_between(i)
+            state, metrics = step(state, train.global_batch(batch, partitioner.batch_sharding()))
+            history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+    return history, state
+
+
+MESHES = {
+    "data=8": (dict(data=8), "fsdp_tensor"),
+    "fsdp=8": (dict(data=1, fsdp=8), "fsdp"),
+    "tensor=8": (dict(data=1, tensor=8), "tensor"),
+    "data=2,fsdp=2,tensor=2": (dict(data=2, fsdp=2, tensor=2), "fsdp_tensor"),
+    "zero1 data=2,fsdp=4": (dict(data=2, fsdp=4), "zero1"),
+}
+
+
+def test_same_losses_on_every_mesh(synthetic_source):
+    data = batches(synthetic_source, 10)
+    reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
+    want = [m["loss"] for m in reference]
+    assert want[-1] < want[0]  # it learns
+    for name, (sizes, rules) in MESHES.items():
+        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data)[0]]
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
+
+
+def test_gradient_accumulation_equals_one_big_batch(synthetic_source):
+    data = batches(synthetic_source, 3)
+    mesh = make_mesh(data=2, devices=jax.devices()[:2])
+    whole, state_whole = run(mesh, "fsdp_tensor", data)
+    accumulated, state_acc = run(mesh, "fsdp_tensor", data, step_config=trainer.StepConfig(grad_accum_steps=4))
+    np.testing.assert_allclose([m["loss"] for m in accumulated], [m["loss"] for m in whole], rtol=1e-5)
+    np.testing.assert_allclose([m["grad_norm"] for m in accumulated], [m["grad_norm"] for m in whole], rtol=1e-4)
+    # atol covers parameters whose true gradient is zero (the key bias: softmax ignores it), where
+    # Adam normalises rounding noise into tiny updates of arbitrary sign.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 state_acc.params, state_whole.params)
+
+
+def test_bfloat16_compute_tracks_float32(synthetic_source):
+    """bf16 compute with fp32 params and loss stays within 2% of fp32 over 6 steps."""
+    data = batches(synthetic_source, 6)
+    mesh = make_mesh(data=2, devices=jax.devices()[:2])
+    fp32, _ = run(mesh, "fsdp_tensor", data)
+    bf16, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="bfloat16"))
+    np.testing.assert_allclose([m["loss"] for m in bf16], [m["loss"] for m in fp32], rtol=2e-2)
+
+
+def test_loss_scale_update_rules():
+    config = trainer.LossScaleConfig(initial_scale_power=4, window=2, hysteresis=2, min_scale=4.0)
+    scale = trainer.LossScale.create(config)
+    scale = scale.update(np.bool_(False), config)  # first overflow: hysteresis absorbs it
+    assert float(scale.scale) == 16.0 and int(scale.hysteresis_left) == 1
+    scale = scale.update(np.bool_(False), config)  # second in a row: halve
+    assert float(scale.scale) == 8.0 and int(scale.hysteresis_left) == 2
+    for _ in range(3):
+        scale = scale.update(np.bool_(False), config)
+    assert float(scale.scale) == 4.0  # never below min_scale
+    scale = scale.update(np.bool_(True), config)
+    scale = scale.update(np.bool_(True), config)  # window of finite steps: double
+    assert float(scale.scale) == 8.0 and int(scale.good_steps) == 0
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
+    data = batches(synthetic_source, 4)
+    data[1] = dict(data[1], weights=data[1]["weights"] * np.float32(1e30))  # injected overflow at step 2
+    loss_scale = trainer.LossScaleConfig(initial_scale_power=8, window=2, hysteresis=1)
+    mesh = make_mesh(data=2, devices=jax.devices()[:2])
+    history, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="float16"),
+                     step_config=trainer.StepConfig(loss_scale=loss_scale))
+    assert [m["skipped"] for m in history] == [0, 1, 0, 0]
+    # scale used by each step: 256, 256 (overflow -> halve), 128, 128 (2 finite since overflow -> double)
+    assert [m["loss_scale"] for m in history] == [256.0, 256.0, 128.0, 128.0]
+
+
+def test_skipped_step_leaves_parameters_unchanged(synthetic_source):
+    data = batches(synthetic_source, 1)
+    data[0] = dict(data[0], weights=data[0]["weights"] * np.float32(np.inf))
+    mesh = make_mesh(data=1, devices=jax.devices()[:1])
+    partitioner = Partitioner(mesh, "fsdp_tensor")
+    optimizer = optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10, decay="constant")
+    step_config = trainer.StepConfig(skip_nonfinite=True)
+    module = GPT2(CONFIG)
+    with partitioner.activate():
+        state, _, _ = train.create_state(module, optimizer, partitioner, 0, SEQ_LEN, step_config, CONFIG)
+        before = jax.device_get(state.params)
+        new_state, metrics = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config))(
+            state, data[0])
+    assert int(metrics["skipped"]) == 1 and int(new_state.step) == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state.params), before)
+
+
+class CompileLog(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        if "Compiling" in record.getMessage():
+            self.messages.append(record.getMessage())
+
+
+def test_nothing_recompiles_after_the_first_step(synthetic_source):
+    handler = CompileLog()
+    jax_logger = logging.getLogger("jax")
+
+    def watch_after_first(i):
+        if i == 1:
+            jax.config.update("jax_log_compiles", True)
+            jax_logger.addHandler(handler)
+
+    try:
+        run(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5),
+            steps_between=watch_after_first)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        jax_logger.removeHandler(handler)
+    assert handler.messages == []
