@@ -27,7 +27,7 @@ from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.data.train_tokenizer import train_byte_level_bpe
 
 BUILTIN_VOCAB_SIZE = 8192
-_VERSION = 1  # bump when the corpus or tokenizer recipe changes, to invalidate caches
+_VERSION = 2  # bump when the corpus or tokenizer recipe changes, to invalidate caches
 _SHUFFLE_SEED = 0
 _ENCODE_CHUNK = 256  # documents per encode_batch call
 

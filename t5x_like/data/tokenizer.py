@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ GPT2_FILE_PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
 
 
 class Tokenizer:
-    """Text <-> ids. `sha256` identifies the vocabulary (stored in token-file metadata)."""
+    """Text <-> ids. `sha256` identifies the vocabulary (stored in token-file metadata and checked)."""
 
     path: str
     vocab_size: int
@@ -59,7 +60,9 @@ class HuggingFaceTokenizer(Tokenizer):
         self.path = path
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod_id = _find_eod(path, tokenizer.token_to_id)
-        self.sha256 = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+        # The vocabulary, not the JSON serialisation, which varies with the `tokenizers` version.
+        vocabulary = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
+        self.sha256 = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
