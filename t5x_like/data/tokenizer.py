@@ -1,8 +1,9 @@
 """One tokenizer interface over GPT-2 BPE files, Hugging Face tokenizer.json and sentencepiece models.
 
-`load_tokenizer(path)` picks the implementation from what the path holds:
+`load_tokenizer(path)` picks the implementation from what the path holds, first match wins:
+  - a directory with `tokenizer.json`, or a `*.json` file (Hugging Face `tokenizers`; a Hugging Face model
+    directory holds the complete description here, even when it also has the files below),
   - a directory with `vocab.json` + `merges.txt` or `encoder.json` + `vocab.bpe` (OpenAI GPT-2 BPE),
-  - a directory with `tokenizer.json`, or a `*.json` file (Hugging Face `tokenizers`),
   - a directory with exactly one `*.model`, or a `*.model` file (sentencepiece).
 Documents are encoded without special tokens; the end-of-document id is the tokenizer's own
 (`<|endoftext|>` or `</s>`) and is appended by the caller.
@@ -115,11 +116,11 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     path = str(path)
     p = Path(path)
     if p.is_dir():
+        if (p / "tokenizer.json").is_file():
+            return HuggingFaceTokenizer(tokenizers.Tokenizer.from_file(str(p / "tokenizer.json")), path)
         for vocab, merges in GPT2_FILE_PAIRS:
             if (p / vocab).is_file() and (p / merges).is_file():
                 return HuggingFaceTokenizer(gpt2_bpe(str(p / vocab), str(p / merges)), path)
-        if (p / "tokenizer.json").is_file():
-            return HuggingFaceTokenizer(tokenizers.Tokenizer.from_file(str(p / "tokenizer.json")), path)
         sp_models = sorted(p.glob("*.model"))
         if len(sp_models) == 1:
             return SentencePieceTokenizer(str(sp_models[0]), path)
@@ -128,6 +129,6 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     elif p.is_file() and p.suffix == ".model":
         return SentencePieceTokenizer(path, path)
     raise ValueError(
-        f"--tokenizer={path}: not a tokenizer. Expected a directory with vocab.json+merges.txt or "
-        "encoder.json+vocab.bpe (GPT-2 BPE), a tokenizer.json (Hugging Face) or one *.model "
-        "(sentencepiece), or the path of such a .json/.model file")
+        f"--tokenizer={path}: not a tokenizer. Expected a directory with a tokenizer.json (Hugging Face), "
+        "vocab.json+merges.txt or encoder.json+vocab.bpe (GPT-2 BPE) or one *.model (sentencepiece), "
+        "or the path of such a .json/.model file")

@@ -72,9 +72,17 @@ def test_the_same_vocabulary_has_the_same_identity_whatever_the_path(shared_data
     assert load_tokenizer(shared_data / "t5-spiece").sha256 != load_tokenizer(shared_data / "gpt2-bpe").sha256
 
 
+def test_a_directory_with_tokenizer_json_uses_it_over_bpe_files(shared_data, tmp_path):
+    shutil.copytree(shared_data / "gpt2-bpe", tmp_path / "model")
+    shutil.copy(shared_data / "gpt-neox-20b-tokenizer" / "20B_tokenizer.json", tmp_path / "model" / "tokenizer.json")
+    tokenizer = load_tokenizer(tmp_path / "model")
+    assert (tokenizer.vocab_size, tokenizer.eod_id) == (50277, 0)
+
+
 def test_a_path_that_is_no_tokenizer_is_a_clear_error(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(ValueError, match=rf"--tokenizer={tmp_path}: not a tokenizer.*vocab.json\+merges.txt"):
+    expected = rf"--tokenizer={tmp_path}: not a tokenizer.*tokenizer.json.*vocab.json\+merges.txt"
+    with pytest.raises(ValueError, match=expected):
         load_tokenizer(tmp_path)
 
 
