@@ -96,6 +96,29 @@ def query_blocks_start(cfg: Config, k_block):
     return jnp.clip(first_query // cfg.block_q, 0, cfg.padded_q // cfg.block_q)
 
 
+def unmasked_key_blocks_end(cfg: Config, q_block):
+    """Key blocks [0, this) are visible to every row of the query block, so need no mask."""
+    if cfg.has_segments:
+        return 0
+    end = cfg.kv_len // cfg.block_k  # blocks without key padding
+    if cfg.causal:
+        first_row_sees = q_block * cfg.block_q + cfg.causal_offset  # the first row's last key
+        end = jnp.clip((first_row_sees + 1) // cfg.block_k, 0, end)
+    return end
+
+
+def unmasked_query_blocks_start(cfg: Config, k_block):
+    """Query blocks [this, end) see every key of the key block, so need no mask."""
+    num_q = cfg.padded_q // cfg.block_q
+    if cfg.has_segments:
+        return num_q
+    last_key = (k_block + 1) * cfg.block_k - 1
+    start = 0
+    if cfg.causal:
+        start = jnp.clip(-(-(last_key - cfg.causal_offset) // cfg.block_q), 0, num_q)
+    return jnp.where(last_key < cfg.kv_len, start, num_q)
+
+
 def split_refs(cfg: Config, refs):
     """Kernel refs after the fixed inputs: (query segments, key segments) when present, then outputs."""
     if cfg.has_segments:
@@ -110,6 +133,13 @@ def iota(shape, dim, start):
 # ----------------------------------------------------------------------------- kernels
 
 
+def two_phase_loop(lo, mid, hi, body, carry, *, masked_first: bool):
+    """body(i, carry, masked) over [lo, hi): masked on [lo, mid) or [mid, hi) as masked_first says."""
+    mid = jnp.clip(mid, lo, hi)
+    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=masked_first), carry)
+    return lax.fori_loop(mid, hi, functools.partial(body, masked=not masked_first), carry)
+
+
 def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     """One query block: online softmax over the visible key blocks; writes output and lse."""
     q_seg_ref, kv_seg_ref, (o_ref, lse_ref) = split_refs(cfg, refs)
@@ -119,14 +149,16 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     q_pos = iota((bq, bk), 0, q_block * bq)
     q_seg = q_seg_ref[...] if cfg.has_segments else None
 
-    def body(j, carry):
+    def body(j, carry, masked):
         acc, row_max, row_sum = carry
         start = pl.multiple_of(j * bk, bk)
         k = k_ref[pl.ds(start, bk), :]
         v = v_ref[pl.ds(start, bk), :]
         s = lax.dot_general(q, k, NT_DIMS, preferred_element_type=jnp.float32) * cfg.scale
-        k_seg = kv_seg_ref[:, pl.ds(start, bk)] if cfg.has_segments else None
-        mask = allowed(cfg, q_pos, iota((bq, bk), 1, start), q_seg, k_seg)
+        mask = None
+        if masked:
+            k_seg = kv_seg_ref[:, pl.ds(start, bk)] if cfg.has_segments else None
+            mask = allowed(cfg, q_pos, iota((bq, bk), 1, start), q_seg, k_seg)
         if mask is not None:
             s = jnp.where(mask, s, MASK_VALUE)
         new_max = jnp.maximum(row_max, jnp.max(s, axis=1, keepdims=True))
@@ -146,7 +178,8 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
         jnp.full((bq, 1), MASK_VALUE, jnp.float32),
         jnp.zeros((bq, 1), jnp.float32),
     )
-    acc, row_max, row_sum = lax.fori_loop(0, key_blocks_end(cfg, q_block), body, init)
+    mid, end = unmasked_key_blocks_end(cfg, q_block), key_blocks_end(cfg, q_block)
+    acc, row_max, row_sum = two_phase_loop(0, mid, end, body, init, masked_first=False)
     empty = row_sum == 0.0  # no allowed key: output 0, and an lse that masks to p = 0
     o_ref[...] = (acc / jnp.where(empty, 1.0, row_sum)).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(empty, 0.0, row_max + jnp.log(jnp.where(empty, 1.0, row_sum)))
@@ -161,22 +194,23 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Confi
     q_pos = iota((bq, bk), 0, q_block * bq)
     q_seg = q_seg_ref[...] if cfg.has_segments else None
 
-    def body(j, dq):
+    def body(j, dq, masked):
         start = pl.multiple_of(j * bk, bk)
         k = k_ref[pl.ds(start, bk), :]
         v = v_ref[pl.ds(start, bk), :]
         s = lax.dot_general(q, k, NT_DIMS, preferred_element_type=jnp.float32) * cfg.scale
         p = jnp.exp(s - lse)
-        k_seg = kv_seg_ref[:, pl.ds(start, bk)] if cfg.has_segments else None
-        mask = allowed(cfg, q_pos, iota((bq, bk), 1, start), q_seg, k_seg)
-        if mask is not None:
-            p = jnp.where(mask, p, 0.0)
+        if masked:
+            k_seg = kv_seg_ref[:, pl.ds(start, bk)] if cfg.has_segments else None
+            mask = allowed(cfg, q_pos, iota((bq, bk), 1, start), q_seg, k_seg)
+            p = p if mask is None else jnp.where(mask, p, 0.0)
         dp = lax.dot_general(do, v, NT_DIMS, preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
     dq = jnp.zeros(q.shape, jnp.float32)
-    dq = lax.fori_loop(0, key_blocks_end(cfg, q_block), body, dq)
+    mid, end = unmasked_key_blocks_end(cfg, q_block), key_blocks_end(cfg, q_block)
+    dq = two_phase_loop(0, mid, end, body, dq, masked_first=False)
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
@@ -191,11 +225,11 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Conf
     k, v = k_ref[...], v_ref[...]
     k_pos = iota((bk, bq), 0, k_block * bk)
     k_seg = kv_seg_ref[...] if cfg.has_segments else None
-    first = query_blocks_start(cfg, k_block)
+    first, mid = query_blocks_start(cfg, k_block), unmasked_query_blocks_start(cfg, k_block)
     num_q = cfg.padded_q // bq
 
     def over_query_blocks(g, carry):
-        def body(i, carry):
+        def body(i, carry, masked):
             dk, dv = carry
             start = pl.multiple_of(i * bq, bq)
             q = q_ref[g, pl.ds(start, bq), :]
@@ -204,17 +238,17 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Conf
             delta = delta_ref[g, :, pl.ds(start, bq)]
             s_t = lax.dot_general(k, q, NT_DIMS, preferred_element_type=jnp.float32) * cfg.scale
             p_t = jnp.exp(s_t - lse)
-            q_seg = q_seg_ref[:, pl.ds(start, bq)] if cfg.has_segments else None
-            mask = allowed(cfg, iota((bk, bq), 1, start), k_pos, q_seg, k_seg)
-            if mask is not None:
-                p_t = jnp.where(mask, p_t, 0.0)
+            if masked:
+                q_seg = q_seg_ref[:, pl.ds(start, bq)] if cfg.has_segments else None
+                mask = allowed(cfg, iota((bk, bq), 1, start), k_pos, q_seg, k_seg)
+                p_t = p_t if mask is None else jnp.where(mask, p_t, 0.0)
             dv = dv + jnp.dot(p_t.astype(do.dtype), do, preferred_element_type=jnp.float32)
             dp_t = lax.dot_general(v, do, NT_DIMS, preferred_element_type=jnp.float32)
             ds_t = p_t * (dp_t - delta)
             dk = dk + jnp.dot(ds_t.astype(q.dtype), q, preferred_element_type=jnp.float32)
             return dk, dv
 
-        return lax.fori_loop(first, num_q, body, carry)
+        return two_phase_loop(first, mid, num_q, body, carry, masked_first=True)
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, cfg.group, over_query_blocks, (zeros, zeros))

@@ -38,10 +38,10 @@ def value_and_grads(attention, q, k, v):
     """Output and d(sum sin(out))/d(q, k, v), all in float32."""
 
     def loss(q, k, v):
-        return jnp.sum(jnp.sin(attention(q, k, v).astype(jnp.float32)))
+        out = attention(q, k, v).astype(jnp.float32)
+        return jnp.sum(jnp.sin(out)), out
 
-    out = jax.jit(attention)(q, k, v)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
     return [x.astype(jnp.float32) for x in (out, *grads)]
 
 
