@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-try:  # Removed from jax in a future release (Mosaic GPU replaces it); GPU 'pallas' then needs it.
+try:  # Deprecated since jax 0.11 in favour of Mosaic GPU; without it GPU 'pallas' raises.
     from jax.experimental.pallas import triton as pl_triton
 except ImportError:  # pragma: no cover - depends on the installed jax
     pl_triton = None
@@ -294,6 +294,15 @@ def segment_layouts(segment_ids):
     return segment_ids[:, :, None], segment_ids[:, None, :]
 
 
+def segment_specs_per_query_block(cfg: Config):
+    """Block specs of segment_layouts for a (batch, head, query block) grid: the block's column,
+    and the whole key row."""
+    return [
+        pl.BlockSpec((None, cfg.block_q, 1), lambda b, h, i: (b, i, 0)),
+        pl.BlockSpec((None, 1, cfg.padded_kv), lambda b, h, i: (b, 0, 0)),
+    ]
+
+
 def forward(cfg: Config, q, k, v, segment_ids):
     """q [B,H,Tq,D], k/v [B,Hkv,Tk,D] (padded) -> out [B,H,Tq,D], lse [B,H,Tq,1] fp32."""
     batch, heads, _, head_dim = q.shape
@@ -306,10 +315,7 @@ def forward(cfg: Config, q, k, v, segment_ids):
     ]
     args = [q, k, v]
     if cfg.has_segments:
-        in_specs += [
-            pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
-            pl.BlockSpec((None, 1, cfg.padded_kv), lambda b, h, i: (b, 0, 0)),
-        ]
+        in_specs += segment_specs_per_query_block(cfg)
         args += segment_layouts(segment_ids)
     out_specs = [
         pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i: (b, h, i, 0)),
@@ -319,8 +325,7 @@ def forward(cfg: Config, q, k, v, segment_ids):
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct((batch, heads, cfg.padded_q, 1), jnp.float32),
     ]
-    out, lse = call(forward_kernel, cfg, grid, in_specs, out_specs, out_shape, head_dim, *args)
-    return out, lse
+    return call(forward_kernel, cfg, grid, in_specs, out_specs, out_shape, head_dim, *args)
 
 
 def backward_dq(cfg: Config, q, k, v, do, lse, delta, segment_ids):
@@ -332,10 +337,7 @@ def backward_dq(cfg: Config, q, k, v, do, lse, delta, segment_ids):
     in_specs = [q_block, kv_full, kv_full, q_block, column, column]
     args = [q, k, v, do, lse, delta]
     if cfg.has_segments:
-        in_specs += [
-            pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
-            pl.BlockSpec((None, 1, cfg.padded_kv), lambda b, h, i: (b, 0, 0)),
-        ]
+        in_specs += segment_specs_per_query_block(cfg)
         args += segment_layouts(segment_ids)
     grid = (batch, heads, cfg.padded_q // bq)
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
