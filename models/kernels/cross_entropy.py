@@ -174,8 +174,9 @@ def chunked_cross_entropy(
 ) -> tuple[jax.Array, jax.Array]:
     """(Σ w·(logsumexp − logit[target]), z_loss·Σ w·logsumexp²) with logits = hidden @ embedding.T.
 
-    hidden [batch, length, embed] (compute dtype), embedding [padded_vocab, embed], targets int
-    [batch, length], weights float32 [batch, length]. Ids >= vocab_size are padding and get no
+    hidden [batch, length, embed] (compute dtype), embedding [padded_vocab, embed] (cast to
+    hidden's dtype for the matmuls, as Embed.attend does; its gradient comes back in its own
+    dtype), targets int [batch, length], weights float32 [batch, length]. Ids >= vocab_size are padding and get no
     probability mass. chunk_size: sequence positions per step; one step holds
     (local) batch × chunk_size × (local) padded_vocab fp32 logits. Lengths are padded up to a
     multiple of it with weight 0.
@@ -190,4 +191,5 @@ def chunked_cross_entropy(
     if length != hidden.shape[1]:
         hidden, targets, weights = (pad_length(x, length) for x in (hidden, targets, weights))
     layout = sharded_layout(vocab_size, float(z_loss), chunk_size, hidden.shape[0], embedding.shape[0])
-    return fused_loss(layout, hidden, embedding, targets.astype(jnp.int32), weights.astype(jnp.float32))
+    return fused_loss(layout, hidden, embedding.astype(hidden.dtype), targets.astype(jnp.int32),
+                      weights.astype(jnp.float32))
