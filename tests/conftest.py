@@ -43,6 +43,6 @@ class SyntheticSource:
         self.index = state["index"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def synthetic_source():
     return SyntheticSource

@@ -1,0 +1,141 @@
+"""Pipeline parallelism: the same losses as data parallelism on every schedule, checkpoints that move
+between pipelined and plain meshes, and errors that name the setting (CPU, 8 devices)."""
+import dataclasses
+import functools
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from models.gpt2 import GPT2, GPT2Config
+from partitioning import Partitioner, make_mesh
+from partitioning.pipeline import Schedule
+from t5x_like import checkpoints, optim, train, trainer
+
+SEQ_LEN, BATCH, STEPS, SEED = 16, 16, 10, 3
+# 8 layers: 2 or 4 stages, each with 1 or 2 repeats, all divide them.
+CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
+                    dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
+
+
+def make_optimizer():
+    return optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=STEPS)
+
+
+def batches(source_cls):
+    source = source_cls("train", batch_size=BATCH, seq_len=SEQ_LEN, seed=SEED, shard_index=0, shard_count=1)
+    return [next(source) for _ in range(STEPS)]
+
+
+def losses(mesh, rules, data, *, schedule=(1, 1, 1), grad_accum_steps=1, config=CONFIG):
+    """Per-step losses of training on `data` with the train CLI's own pieces."""
+    partitioner = Partitioner(mesh, rules)
+    optimizer = make_optimizer()
+    step_config = trainer.StepConfig(grad_accum_steps=grad_accum_steps)
+    module = train.pipelined(GPT2(config), config, *schedule, BATCH // grad_accum_steps, partitioner.batch_shards)
+    with partitioner.activate():
+        state, shardings, _ = train.create_state(module, optimizer, partitioner, SEED, SEQ_LEN, step_config, config)
+        step = train.jit_train_step(module, optimizer, step_config, shardings, partitioner)
+        history = []
+        for batch in data:
+            state, metrics = step(state, train.global_batch(batch, partitioner.batch_sharding()))
+            history.append(float(metrics["loss"]))
+    return history
+
+
+@functools.cache
+def reference_losses(source_cls):
+    return losses(make_mesh(data=8), "data_parallel", batches(source_cls))
+
+
+CASES = {
+    # name: (mesh sizes, rules, (stages, microbatches, repeats), grad_accum_steps, remat policy)
+    "gpipe stage=2 x tensor=2 x data=2": (dict(data=2, stage=2, tensor=2), "tensor", (2, 4, 1), 1, "none"),
+    "circular stage=4 x data=2, grad accumulation, remat": (dict(data=2, stage=4), "data_parallel", (4, 4, 2), 2,
+                                                            "full"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_pipelined_training_equals_data_parallel(name, synthetic_source):
+    sizes, rules, schedule, accum, remat = CASES[name]
+    want = reference_losses(synthetic_source)
+    assert want[-1] < want[0] - 0.1  # it learns, so equal curves mean something
+    config = dataclasses.replace(CONFIG, remat_policy=remat)
+    got = losses(make_mesh(**sizes), rules, batches(synthetic_source), schedule=schedule,
+                 grad_accum_steps=accum, config=config)
+    np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
+
+
+def test_train_resumes_a_plain_checkpoint_on_a_pipeline(tmp_path, synthetic_source):
+    """Steps 1-3 on a plain mesh, then 4-6 resumed by the train CLI on a circular pipeline with fsdp:
+    the uninterrupted plain run's losses (same parameter and optimizer-state layout)."""
+    model_dir = str(tmp_path / "run")
+    common = dict(model_dir=model_dir, model=CONFIG, optimizer=make_optimizer(), batch_size=BATCH,
+                  seq_len=SEQ_LEN, seed=SEED, log_every=1, data_source=synthetic_source)
+    train.train(train_steps=3, mesh=make_mesh(data=8), rules="data_parallel", **common)
+    train.train(train_steps=6, mesh=make_mesh(data=2, stage=2, fsdp=2), rules="fsdp", pipeline_microbatches=2,
+                pipeline_repeats=2, **common)
+    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if '"loss"' in line]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([row["loss"] for row in rows], reference_losses(synthetic_source)[:6], rtol=1e-5)
+
+
+def test_pipeline_checkpoint_restores_onto_a_plain_mesh(tmp_path):
+    """A state saved from a 4-stage GPipe mesh restores onto a data-parallel mesh unchanged."""
+    def state_on(mesh, rules, schedule, seed):
+        partitioner = Partitioner(mesh, rules)
+        module = train.pipelined(GPT2(CONFIG), CONFIG, *schedule, BATCH, partitioner.batch_shards)
+        with partitioner.activate():
+            return train.create_state(module, make_optimizer(), partitioner, seed, SEQ_LEN, trainer.StepConfig(),
+                                      CONFIG)[:2]
+
+    saved, _ = state_on(make_mesh(data=2, stage=4), "data_parallel", (4, 4, 1), seed=1)
+    assert saved.params["blocks"]["mlp"]["fc_kernel"].sharding.spec[0] == "stage"
+    ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
+    ckpt.save(1, params=saved.params, train_state=train.train_state_item(saved), data_state={}, model={})
+    target, shardings = state_on(make_mesh(data=8), "data_parallel", (1, 1, 1), seed=2)
+    restored, _ = train.restore_state(ckpt, 1, target, shardings)
+    ckpt.close()
+    jax.tree.map(np.testing.assert_array_equal, restored.params, saved.params)
+    jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)
+    assert restored.params["blocks"]["mlp"]["fc_kernel"].sharding.spec == shardings.params["blocks"]["mlp"][
+        "fc_kernel"].spec
+
+
+def test_bubble_fraction():
+    assert Schedule(4, 8).bubble_fraction == pytest.approx(3 / 11)
+    assert Schedule(4, 8, repeats=2).bubble_fraction == pytest.approx(3 / 19)
+    assert Schedule(1, 1).bubble_fraction == 0.0
+    assert "bubble fraction 0.273" in Schedule(4, 8).describe()
+
+
+@pytest.mark.parametrize("schedule, layers, rows, shards, match", [
+    ((4, 4, 1), 6, 16, 1, "num_layers=6 does not divide into PIPELINE_PARALLEL=4"),
+    ((2, 4, 2), 6, 16, 1, r"repeats=2 = 4 equal chunks"),
+    ((2, 3, 1), 8, 16, 1, "do not split into NUM_MICROBATCHES=3"),
+    ((2, 4, 1), 8, 16, 8, "microbatch has 4 rows .* does not divide over the 8 data-parallel shards"),
+])
+def test_what_does_not_divide_is_named(schedule, layers, rows, shards, match):
+    with pytest.raises(ValueError, match=match):
+        Schedule(*schedule).check(layers, rows, shards)
+
+
+def test_circular_schedule_needs_enough_microbatches():
+    with pytest.raises(ValueError, match="NUM_MICROBATCHES >= PIPELINE_PARALLEL, got 2 < 4"):
+        Schedule(4, 2, repeats=2)
+
+
+def test_microbatches_without_stages_are_rejected():
+    with pytest.raises(ValueError, match="need PIPELINE_PARALLEL > 1.*GRAD_ACCUM_STEPS"):
+        train.pipelined(GPT2(CONFIG), CONFIG, 1, 4, 1, BATCH, 1)
+
+
+def test_pipeline_needs_scanned_layers():
+    config = dataclasses.replace(CONFIG, scan_layers=False)
+    module = train.pipelined(GPT2(config), config, 2, 2, 1, BATCH, 1)
+    with pytest.raises(ValueError, match="scan_layers=True"):
+        jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.numpy.zeros((2, SEQ_LEN), "int32"))

@@ -1,0 +1,165 @@
+"""train(): resume, restore onto another mesh, params-only restore, signals, bad configs, the CLI."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import gin
+import jax
+import numpy as np
+import pytest
+from absl import app
+
+from models.gpt2 import GPT2Config
+from partitioning import make_mesh
+from t5x_like import checkpoints, optim, train
+
+CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
+                    dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(model_dir, source, *, steps, mesh=None, total_steps=20, **kwargs):
+    kwargs = dict(dict(checkpoint_every=10, eval_every=0, log_every=1), **kwargs)
+    return train.train(
+        model_dir=str(model_dir), model=CONFIG, mesh=mesh or make_mesh(data=2, fsdp=2, tensor=2),
+        optimizer=optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=total_steps),
+        train_steps=steps, batch_size=8, seq_len=16, data_source=source, **kwargs)
+
+
+def losses(model_dir):
+    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+        return {row["step"]: row["loss"] for row in map(json.loads, f) if "loss" in row}
+
+
+def params_at(model_dir):
+    _, step = checkpoints.locate(str(model_dir))
+    return step, jax.device_get(checkpoints.restore_params(str(model_dir), None))
+
+
+@pytest.fixture(scope="module")
+def straight_and_half(tmp_path_factory, synthetic_source):
+    """A 20-step run, and a run stopped after 10 steps (its own directory)."""
+    root = tmp_path_factory.mktemp("runs")
+    run(root / "straight", synthetic_source, steps=20)
+    run(root / "half", synthetic_source, steps=10)
+    return root
+
+
+def test_resume_continues_exactly(straight_and_half, synthetic_source, tmp_path):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight_and_half / "half", resumed)
+    result = run(resumed, synthetic_source, steps=20)
+    assert result.step == 20
+    straight = losses(straight_and_half / "straight")
+    assert losses(resumed) == straight  # bitwise: the same floats, dropout RNG and data position included
+    _, want = params_at(straight_and_half / "straight")
+    _, got = params_at(resumed)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(straight_and_half / "half", moved)
+    run(moved, synthetic_source, steps=20, mesh=make_mesh(data=2, fsdp=1, tensor=4))
+    straight = losses(straight_and_half / "straight")
+    got = losses(moved)
+    np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-5)
+
+
+def test_restore_from_takes_parameters_only(straight_and_half, synthetic_source, tmp_path):
+    fresh = tmp_path / "finetune"
+    result = run(fresh, synthetic_source, steps=0, restore_from=str(straight_and_half / "half"))
+    assert result.step == 0
+    step, got = params_at(fresh)
+    assert step == 0
+    _, want = params_at(straight_and_half / "half")
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_sigterm_saves_a_restorable_checkpoint(synthetic_source, tmp_path):
+    class TerminatedAtFifthBatch(synthetic_source):
+        def __next__(self):
+            if self.index == 4 and self.split == "train":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().__next__()
+
+    one_device = make_mesh(data=1, devices=jax.devices()[:1])
+    result = run(tmp_path, TerminatedAtFifthBatch, steps=20, mesh=one_device)
+    assert result.stopped_by_signal == signal.SIGTERM and result.step == 5
+    assert checkpoints.locate(str(tmp_path))[1] == 5
+    assert run(tmp_path, synthetic_source, steps=8, mesh=one_device).step == 8  # resumes from it
+
+
+def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
+    class PoisonedThirdBatch(synthetic_source):
+        def __next__(self):
+            batch = super().__next__()
+            if self.index == 3:
+                batch["weights"] = batch["weights"] * np.float32(np.nan)
+            return batch
+
+    with pytest.raises(FloatingPointError, match="step 3: loss is nan"):
+        run(tmp_path, PoisonedThirdBatch, steps=6, mesh=make_mesh(data=1, devices=jax.devices()[:1]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mesh_sizes=dict(data=8), batch_size=12), "does not divide over the 8 data-parallel shards"),
+    (dict(mesh_sizes=dict(data=1, tensor=8)), r"\('heads', size 4\) does not divide over mesh axes tensor \(8 devices\)"),
+    (dict(mesh_sizes=dict(data=8), grad_accum_steps=3), "not divisible by GRAD_ACCUM_STEPS=3"),
+])
+def test_bad_configs_fail_fast(synthetic_source, tmp_path, kwargs, match):
+    sizes = kwargs.pop("mesh_sizes")
+    with pytest.raises(ValueError, match=match):
+        train.train(model_dir=str(tmp_path), model=CONFIG, mesh=make_mesh(**sizes),
+                    optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=4),
+                    train_steps=4, seq_len=16, data_source=synthetic_source, **{"batch_size": 8, **kwargs})
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_unknown_macro_is_rejected(clean_gin):
+    with pytest.raises(app.UsageError, match="no gin file defines the macro BACTH_SIZE"):
+        train.parse_gin(["quickstart.gin"], ["BACTH_SIZE = 4", "MODEL_DIR = '/tmp/x'"], [])
+
+
+def test_missing_required_macro_names_the_flag(clean_gin):
+    with pytest.raises(app.UsageError, match=r"MODEL_DIR is required: pass --gin.MODEL_DIR="):
+        train.parse_gin(["quickstart.gin"], [], [])
+
+
+def test_bad_mesh_product_names_the_macros(clean_gin):
+    train.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
+    with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL"):
+        gin.query_parameter("train.mesh").scoped_configurable_fn()
+
+
+def test_cli_quickstart_writes_metrics_tensorboard_config_and_checkpoints(tmp_path):
+    model_dir = tmp_path / "qs"
+    cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{model_dir}'",
+           "--gin.TRAIN_STEPS=4", "--gin.WARMUP_STEPS=1", "--gin.BATCH_SIZE=4", "--gin.SEQ_LEN=32", "--gin.EVAL_EVERY=2",
+           "--gin.EVAL_STEPS=1", "--gin.CHECKPOINT_EVERY=2", "--gin.train.log_every=2"]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in open(model_dir / "metrics.jsonl")]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [2, 4]
+    for key in ("step", "loss", "learning_rate", "grad_norm", "tokens_per_sec", "step_time",
+                "tflops_per_device", "mfu"):
+        assert key in train_rows[0], key
+    assert train_rows[0]["mfu"] is None  # CPU: no known peak
+    assert [r["step"] for r in rows if "eval_ppl" in r] == [2, 4]
+    assert "TRAIN_STEPS = 4" in (model_dir / "config.gin").read_text()
+    assert os.listdir(model_dir / "tensorboard")
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2", "4"]
+    info = checkpoints.read_model_info(str(model_dir))
+    assert info["config"]["num_layers"] == 4 and info["tokenizer"]
+    assert "step 4/4 (100.0%)" in done.stderr and "ETA" in done.stderr
