@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -95,6 +96,9 @@ class GPT2(nn.Module):
     with padding ids masked so they never take probability mass."""
 
     config: GPT2Config
+    layer_stack: Callable[[type[nn.Module], type[nn.Module]], Callable[..., nn.Module]] | None = None
+    """Injected by the runtime to replace the scanned stack (e.g. by a pipeline): called with the
+    block class and the nn.scan stack class, returns a constructor called like the stack class."""
 
     def setup(self):
         c = self.config
@@ -107,16 +111,22 @@ class GPT2(nn.Module):
         c = self.config
         block = layers.remat(Block, c.remat_policy)
         if not c.scan_layers:
+            if self.layer_stack is not None:
+                raise ValueError("a replaced layer stack (pipeline parallelism) needs scan_layers=True; "
+                                 "set model_config.scan_layers = True.")
             blocks = [block(c, deterministic, name=f"block_{i}") for i in range(c.num_layers)]
             return functools.partial(_apply_in_turn, blocks)
-        return nn.scan(
+        stack = nn.scan(
             block,
             variable_axes={"params": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,),
             length=c.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
-        )(c, deterministic, name="blocks")
+        )
+        if self.layer_stack is not None:
+            stack = self.layer_stack(block, stack)
+        return stack(c, deterministic, name="blocks")
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,

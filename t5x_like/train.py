@@ -23,7 +23,7 @@ from absl import app, flags, logging
 
 import configs
 import models
-from partitioning import Partitioner, make_mesh
+from partitioning import Partitioner, make_mesh, pipeline
 from t5x_like import checkpoints, data, metrics, optim, trainer
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
@@ -68,12 +68,9 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
           on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
           eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, pipeline_microbatches: int = 1,
+          log_every: int = 10, pipeline_microbatches: int = 1, pipeline_repeats: int = 1,
           data_source: Callable = make_source) -> TrainResult:
     """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
-    if mesh.shape["stage"] > 1 or pipeline_microbatches > 1:
-        raise ValueError("PIPELINE_PARALLEL > 1 / NUM_MICROBATCHES > 1 need pipeline parallelism, which this "
-                         "version does not include yet; set PIPELINE_PARALLEL=1 and NUM_MICROBATCHES=1.")
     if on_nonfinite not in ("stop", "skip"):
         raise ValueError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
     partitioner = Partitioner(mesh, rules)
@@ -94,7 +91,8 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
         skip_nonfinite=on_nonfinite == "skip")
-    module = models.build_model(config)
+    module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
+                       pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
     with partitioner.activate():
         state, shardings, num_params = create_state(
             module, optimizer, partitioner, seed, seq_len, step_config, config)
@@ -107,9 +105,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
                 restore_from, checkpoints.with_shardings(state.params, shardings.params)))
             logging.info("initialised parameters from %s (params only)", restore_from)
         batch_sharding = partitioner.batch_sharding()
-        step_fn = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
-                          in_shardings=(shardings, batch_sharding), out_shardings=(shardings, partitioner.replicated),
-                          donate_argnums=0)
+        step_fn = jit_train_step(module, optimizer, step_config, shardings, partitioner)
         eval_fn = jax.jit(trainer.make_eval_step(module), in_shardings=(shardings.params, batch_sharding),
                           out_shardings=partitioner.replicated)
         model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path}
@@ -200,19 +196,45 @@ def open_source(data_source: Callable, split: str, batch_size: int, seq_len: int
     return source
 
 
-def create_state(module, optimizer, partitioner, seed, seq_len, step_config, config):
-    """A sharded fresh state (initialised in place, no host holds the whole model) and its shardings."""
+def pipelined(module, config, stages: int, microbatches: int, repeats: int, rows: int, batch_shards: int):
+    """`module` with its layer stack pipelined over the 'stage' mesh axis (PIPELINE_PARALLEL > 1);
+    `rows` is a gradient-accumulation microbatch's row count."""
+    if stages == 1 and microbatches == 1 and repeats == 1:
+        return module
+    if stages == 1:
+        raise ValueError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
+                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
+    schedule = pipeline.Schedule(stages, microbatches, repeats)
+    schedule.check(config.num_layers, rows, batch_shards)
+    logging.info("%s", schedule.describe())
+    return module.clone(layer_stack=schedule.layer_stack)
+
+
+def abstract_state(module, optimizer, partitioner, seed, seq_len, step_config):
+    """(init function, its abstract state, the state's shardings), checked to divide over the mesh."""
     init = lambda rng: trainer.init_train_state(  # noqa: E731
         module, optimizer.tx, rng, jnp.zeros((1, seq_len), jnp.int32), step_config.loss_scale)
-    rng = jax.random.PRNGKey(seed)
-    abstract = jax.eval_shape(init, rng)
+    abstract = jax.eval_shape(init, jax.random.PRNGKey(seed))
     specs = nn.get_partition_spec(abstract)
     partitioner.check_divisible(abstract.params, specs.params)
     partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")
     if jax.process_index() == 0:
         logging.info("parameter layout:\n%s", partitioner.describe(abstract.params, specs.params))
     shardings = partitioner.shardings(specs).replace(opt_state=partitioner.shardings(specs.opt_state, "opt_state"))
-    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+    return init, abstract, shardings
+
+
+def jit_train_step(module, optimizer, step_config, shardings, partitioner):
+    """The train step, jitted with the state's and the batch's shardings, donating the old state."""
+    return jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
+                   in_shardings=(shardings, partitioner.batch_sharding()),
+                   out_shardings=(shardings, partitioner.replicated), donate_argnums=0)
+
+
+def create_state(module, optimizer, partitioner, seed, seq_len, step_config, config):
+    """A sharded fresh state (initialised in place, no host holds the whole model) and its shardings."""
+    init, _, shardings = abstract_state(module, optimizer, partitioner, seed, seq_len, step_config)
+    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(jax.random.PRNGKey(seed))
     num_params = count_params(state.params, config)
     logging.info("model: %s, %s parameters", config.family, f"{num_params:,}")
     return state, shardings, num_params
