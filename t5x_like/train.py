@@ -68,7 +68,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
           on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
           eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, pipeline_microbatches: int = 1, pipeline_repeats: int = 1,
+          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "xla", pipeline_repeats: int = 1,
           data_source: Callable = make_source) -> TrainResult:
     """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
     if on_nonfinite not in ("stop", "skip"):
@@ -86,11 +86,12 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
         if (resume_step is not None or restore_from) else None
     config = resolve_model_config(model, mesh.shape["tensor"], stored)
     source = open_source(data_source, "train", batch_size, seq_len, seed, config)
+    eval_source = open_source(data_source, "validation", batch_size, seq_len, seed, config) if eval_every else None
 
     step_config = trainer.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
-        skip_nonfinite=on_nonfinite == "skip")
+        skip_nonfinite=on_nonfinite == "skip", cross_entropy=cross_entropy)
     module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
                        pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
     with partitioner.activate():
@@ -106,7 +107,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
             logging.info("initialised parameters from %s (params only)", restore_from)
         batch_sharding = partitioner.batch_sharding()
         step_fn = jit_train_step(module, optimizer, step_config, shardings, partitioner)
-        eval_fn = jax.jit(trainer.make_eval_step(module), in_shardings=(shardings.params, batch_sharding),
+        eval_fn = jax.jit(trainer.make_eval_step(module, cross_entropy), in_shardings=(shardings.params, batch_sharding),
                           out_shardings=partitioner.replicated)
         model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path}
         writer = metrics.MetricsWriter(model_dir, enabled=primary)
@@ -129,21 +130,19 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
                 pending = (step, step_metrics)
                 throughput.step_done()
                 if step % checkpoint_every == 0:
-                    ckpt.save(step, params=state.params, train_state=train_state_item(state),
-                              data_state=source.get_state(), model=model_info)
+                    save(ckpt, step, state, source, model_info)
                 if eval_every and step % eval_every == 0:
-                    result.eval_loss = evaluate(eval_fn, state.params, data_source, batch_size, seq_len, seed,
-                                                eval_steps, batch_sharding, writer, step)
+                    result.eval_loss = evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding,
+                                                writer, step)
             if pending:
                 report(*pending, writer, throughput, train_steps, 1, on_nonfinite)
             if stop.signum:
                 logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
             if ckpt.latest_step() != step:
-                ckpt.save(step, params=state.params, train_state=train_state_item(state),
-                          data_state=source.get_state(), model=model_info)
+                save(ckpt, step, state, source, model_info)
             if eval_every and step % eval_every and step >= train_steps:
-                result.eval_loss = evaluate(eval_fn, state.params, data_source, batch_size, seq_len, seed,
-                                            eval_steps, batch_sharding, writer, step)
+                result.eval_loss = evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding,
+                                            writer, step)
         finally:
             ckpt.wait()
             ckpt.close()
@@ -281,10 +280,14 @@ def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinit
     logging.info(metrics.console_line(step, total, row, row["step_time"]))
 
 
-def evaluate(eval_fn, params, data_source, batch_size, seq_len, seed, eval_steps, sharding, writer, step) -> float:
-    """Validation loss over `eval_steps` batches from the start of the validation split."""
-    source = data_source("validation", batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
-                         shard_index=jax.process_index(), shard_count=jax.process_count())
+def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, source, model_info: dict) -> None:
+    ckpt.save(step, params=state.params, train_state=train_state_item(state), data_state=source.get_state(),
+              model=model_info)
+
+
+def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> float:
+    """Validation loss over the first `eval_steps` batches of the validation split."""
+    source.reset()
     nll = weight = 0.0
     for _ in range(eval_steps):
         out = jax.device_get(eval_fn(params, global_batch(next(source), sharding)))

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from models.kernels.cross_entropy import chunked_cross_entropy
+
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
@@ -82,6 +84,14 @@ class StepConfig:
     z_loss: float = 0.0
     loss_scale: LossScaleConfig | None = None  # set for float16 compute
     skip_nonfinite: bool = False  # skip (instead of apply) updates whose gradients are not finite
+    cross_entropy: str = "xla"  # 'xla': from full logits; 'chunked': never materialises them
+
+    def __post_init__(self):
+        if self.cross_entropy not in CROSS_ENTROPY:
+            raise ValueError(f"cross_entropy={self.cross_entropy!r}: choose one of {CROSS_ENTROPY}.")
+
+
+CROSS_ENTROPY = ("xla", "chunked")
 
 
 def init_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array,
@@ -109,14 +119,19 @@ def model_inputs(batch: Batch) -> dict[str, jax.Array]:
     return {k: batch[k] for k in ("positions", "segment_ids") if k in batch}
 
 
-def loss_sums(model: nn.Module, params: Any, batch: Batch, *, z_loss: float,
-              dropout_rng: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def loss_sums(model: nn.Module, params: Any, batch: Batch, *, z_loss: float, dropout_rng: jax.Array | None,
+              cross_entropy: str = "xla") -> tuple[jax.Array, jax.Array, jax.Array]:
     """(Σ nll, Σ z-loss, Σ weights) of one batch; dropout is on when a dropout_rng is given."""
-    logits = model.apply({"params": params}, batch["inputs"], **model_inputs(batch),
-                         deterministic=dropout_rng is None,
-                         rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
+    outputs = model.apply({"params": params}, batch["inputs"], **model_inputs(batch),
+                          deterministic=dropout_rng is None, return_hidden=cross_entropy == "chunked",
+                          rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
     weights = batch["weights"].astype(jnp.float32)
-    nll, z = cross_entropy_sums(logits, batch["targets"], weights, z_loss)
+    if cross_entropy == "chunked":
+        hidden, embedding = outputs
+        nll, z = chunked_cross_entropy(hidden, embedding, batch["targets"], weights,
+                                       vocab_size=model.config.vocab_size, z_loss=z_loss)
+    else:
+        nll, z = cross_entropy_sums(outputs, batch["targets"], weights, z_loss)
     return nll, z, weights.sum()
 
 
@@ -157,7 +172,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
 
     def grad_fn(params, batch, rng, scale):
         def scaled_loss(p):
-            nll, z, w = loss_sums(model, p, batch, z_loss=config.z_loss, dropout_rng=rng)
+            nll, z, w = loss_sums(model, p, batch, z_loss=config.z_loss, dropout_rng=rng,
+                                  cross_entropy=config.cross_entropy)
             return (nll + z) * scale, (nll, z, w)
         return jax.grad(scaled_loss, has_aux=True)(params)
 
@@ -194,11 +210,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
     return train_step
 
 
-def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(model: nn.Module, cross_entropy: str = "xla") -> Callable[[Any, Batch], Metrics]:
     """Σ nll and Σ weights of one batch, deterministic (no dropout)."""
 
     def eval_step(params: Any, batch: Batch) -> Metrics:
-        nll, _, weight = loss_sums(model, params, batch, z_loss=0.0, dropout_rng=None)
+        nll, _, weight = loss_sums(model, params, batch, z_loss=0.0, dropout_rng=None, cross_entropy=cross_entropy)
         return {"nll_sum": nll, "weight_sum": weight}
 
     return eval_step

@@ -42,6 +42,9 @@ class SyntheticSource:
     def set_state(self, state):
         self.index = state["index"]
 
+    def reset(self):
+        self.index = 0
+
 
 @pytest.fixture(scope="session")
 def synthetic_source():

@@ -41,11 +41,13 @@ def run(mesh, rules, data, *, config=CONFIG, step_config=trainer.StepConfig(), s
 
 
 MESHES = {
-    "data=8": (dict(data=8), "fsdp_tensor"),
-    "fsdp=8": (dict(data=1, fsdp=8), "fsdp"),
-    "tensor=8": (dict(data=1, tensor=8), "tensor"),
-    "data=2,fsdp=2,tensor=2": (dict(data=2, fsdp=2, tensor=2), "fsdp_tensor"),
-    "zero1 data=2,fsdp=4": (dict(data=2, fsdp=4), "zero1"),
+    "data=8": (dict(data=8), "fsdp_tensor", trainer.StepConfig()),
+    "fsdp=8": (dict(data=1, fsdp=8), "fsdp", trainer.StepConfig()),
+    "tensor=8": (dict(data=1, tensor=8), "tensor", trainer.StepConfig()),
+    "data=2,fsdp=2,tensor=2": (dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", trainer.StepConfig()),
+    "zero1 data=2,fsdp=4": (dict(data=2, fsdp=4), "zero1", trainer.StepConfig()),
+    "chunked cross-entropy, vocab over tensor=2": (
+        dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", trainer.StepConfig(cross_entropy="chunked")),
 }
 
 
@@ -54,8 +56,8 @@ def test_same_losses_on_every_mesh(synthetic_source):
     reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
     want = [m["loss"] for m in reference]
     assert want[-1] < want[0]  # it learns
-    for name, (sizes, rules) in MESHES.items():
-        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data)[0]]
+    for name, (sizes, rules, step_config) in MESHES.items():
+        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data, step_config=step_config)[0]]
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
 
 
