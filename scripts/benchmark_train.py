@@ -1,0 +1,113 @@
+"""Training throughput for a preset on a mesh: tokens/s, step time, TFLOP/s, MFU, memory.
+
+    python scripts/benchmark_train.py --preset=gpt2_small --batch_size=16 --seq_len=1024 \
+        --dtype=bfloat16 --attention=auto --cross_entropy=chunked --steps=20
+
+Random tokens stand in for data (the loader is benchmarked by benchmark_data.py). Timing starts
+after --warmup steps (compilation included there) and waits for the last step to finish. Peak
+memory is the device allocator's peak where the backend reports one (GPU/TPU), else XLA's
+compiled-memory estimate for the step (CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import jax
+import numpy as np
+
+import configs
+import models
+from partitioning import Partitioner, make_mesh
+from t5x_like import metrics, optim, train, trainer
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="gpt2_small")
+    p.add_argument("--overrides", default="{}", help="JSON dict of model config overrides")
+    p.add_argument("--batch_size", type=int, default=8, help="global batch, in sequences")
+    p.add_argument("--seq_len", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--attention", default="auto")
+    p.add_argument("--cross_entropy", default="xla", choices=list(trainer.CROSS_ENTROPY))
+    p.add_argument("--remat", default="none")
+    p.add_argument("--grad_accum", type=int, default=1)
+    p.add_argument("--data", type=int, default=-1)
+    p.add_argument("--fsdp", type=int, default=1)
+    p.add_argument("--tensor", type=int, default=1)
+    p.add_argument("--rules", default="fsdp_tensor")
+    p.add_argument("--json", help="also write the result row to this file")
+    return p.parse_args()
+
+
+def peak_memory_bytes(compiled) -> tuple[int | None, str]:
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "allocator peak"
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return None, "unknown"
+    total = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes \
+        - analysis.alias_size_in_bytes
+    return int(total), "compiled estimate"
+
+
+def main() -> None:
+    args = parse_args()
+    values = dict(configs.get_model_config(args.preset).to_dict(), dtype=args.dtype, attention=args.attention,
+                  remat_policy=args.remat, dropout_rate=0.0, attention_dropout_rate=0.0)
+    values.update(json.loads(args.overrides))
+    mesh = make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
+    config = dataclasses.replace(models.config_from_dict(values), vocab_pad_multiple=128 * mesh.shape["tensor"])
+    partitioner = Partitioner(mesh, args.rules)
+    train.check_batch(args.batch_size, args.grad_accum, partitioner.batch_shards)
+    optimizer = optim.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
+    step_config = trainer.StepConfig(grad_accum_steps=args.grad_accum, cross_entropy=args.cross_entropy,
+                                     loss_scale=trainer.LossScaleConfig() if args.dtype == "float16" else None)
+    module = models.build_model(config)
+    rng = np.random.default_rng(0)
+    with partitioner.activate():
+        state, shardings, num_params = train.create_state(module, optimizer, partitioner, 0, args.seq_len,
+                                                          step_config, config)
+        step_fn = train.jit_train_step(module, optimizer, step_config, shardings, partitioner)
+        tokens = rng.integers(0, config.vocab_size, (args.batch_size, args.seq_len + 1), dtype=np.int32)
+        batch = train.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+                                    "weights": np.ones((args.batch_size, args.seq_len), np.float32)},
+                                   partitioner.batch_sharding())
+        compiled = step_fn.lower(state, batch).compile()
+        for _ in range(args.warmup):
+            state, out = step_fn(state, batch)
+        jax.block_until_ready(out)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            state, out = step_fn(state, batch)
+        jax.block_until_ready((state, out))
+        step_time = (time.perf_counter() - start) / args.steps
+    flops = metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, args.seq_len) \
+        * args.batch_size * args.seq_len
+    tflops = flops / step_time / jax.device_count() / 1e12
+    peak = metrics.peak_tflops(jax.devices()[0].device_kind)
+    memory, memory_kind = peak_memory_bytes(compiled)
+    row = {
+        "preset": args.preset, "num_params": num_params, "device": jax.devices()[0].device_kind,
+        "devices": jax.device_count(), "mesh": dict(mesh.shape), "rules": args.rules, "dtype": args.dtype,
+        "attention": args.attention, "cross_entropy": args.cross_entropy, "remat": args.remat,
+        "batch_size": args.batch_size, "seq_len": args.seq_len, "grad_accum": args.grad_accum,
+        "step_time_s": step_time, "tokens_per_sec": args.batch_size * args.seq_len / step_time,
+        "tflops_per_device": tflops, "mfu": tflops / peak if peak else None,
+        "peak_memory_gib": memory / 2**30 if memory is not None else None, "memory_source": memory_kind,
+        "final_loss": float(out["loss"]),
+    }
+    print(json.dumps(row, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(row, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
