@@ -106,14 +106,15 @@ def pallas_attention(query, key, value, *, causal, segment_ids):
 
 # What 'auto' runs, per (platform, dtype). Every row records the evidence behind it.
 #
-# cpu, any dtype -> 'xla'. Measured (2-core shared CPU, jax 0.10.2, fp32, causal, fwd+bwd ms, xla vs
-# interpreted pallas; scripts/benchmark_attention.py --lengths 256,1024,2048 --head-dims 64,128
-# --tokens 2048 --hidden 256 --dtype float32 --repeats 5):
-#     T=256:  D=64 48 vs 250,  D=128 56 vs 86     -> xla faster
-#     T=1024: D=64 591 vs 323, D=128 289 vs 281   -> noisy; pallas equal or faster
-#     T=2048: D=64 1932 vs 543, D=128 749 vs 354  -> pallas faster (and 4x less temp memory)
-#   CPU runs here are tests and the quickstart (T <= 256), where xla wins, and interpret mode is
-#   jax's Pallas emulator rather than a supported fast path, so CPU stays on 'xla' at every length.
+# cpu, any dtype -> 'xla'. Measured (2-core CPU shared with other jobs, load ~9, jax 0.10.2, fp32,
+# causal; fwd+bwd ms, xla vs interpreted pallas; scripts/benchmark_attention.py --lengths
+# 256,1024,2048 --head-dims 64,128 --tokens 2048 --hidden 256 --dtype float32 --repeats 5):
+#     T=256:  D=64 90 vs 301,    D=128 34 vs 153   -> xla 3.3-4.5x faster
+#     T=1024: D=64 528 vs 156,   D=128 402 vs 107  -> pallas 3.4-3.7x faster, 2-4x less temp memory
+#     T=2048: D=64 1315 vs 200,  D=128 748 vs 280  -> pallas 2.7-6.6x faster, 4-8x less temp memory
+#   CPU stays on 'xla' at every length by project decision: CPU runs are tests and the quickstart
+#   (T <= 256, where xla wins) and interpret mode is jax's Pallas emulator, not a supported fast
+#   path. A length threshold (pallas from T >= 1024) is what these numbers would otherwise give.
 # gpu, bf16/fp16 -> 'cudnn'; gpu, fp32 -> 'xla' (cuDNN flash attention has no fp32 path).
 #   NOT YET MEASURED in this repository (no GPU was available): the choice rests on cuDNN's
 #   published H100 figures (~500-620 TFLOP/s forward, head dim 128). Our Pallas/Triton kernel
