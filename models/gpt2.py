@@ -118,7 +118,7 @@ class GPT2(nn.Module):
             return functools.partial(_apply_in_turn, blocks)
         stack = nn.scan(
             block,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, "cache": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,),
             length=c.num_layers,
@@ -137,10 +137,18 @@ class GPT2(nn.Module):
         positions default to 0..length-1; packed rows pass per-document positions and
         segment_ids (0 = padding). With return_hidden, returns (final hidden states, the tied
         embedding table) instead, for a loss that never materialises the logits.
+
+        KV-cache decoding: apply with mutable=['cache']. The first such call creates a cache as
+        long as its input (e.g. zeros [batch, prompt + new tokens]); each later call appends its
+        tokens at the cache index. Decoding passes positions (rows may be left-padded) and
+        segment_ids marking padding with 0.
         """
         c = self.config
         if tokens.shape[1] > c.max_len:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds the model's max_len {c.max_len}.")
+        if positions is None and self.is_mutable_collection("cache") and not self.is_initializing():
+            raise ValueError("decoding (mutable 'cache') needs explicit positions: each row's token positions, "
+                             "counting from its first real token.")
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None, :]
         x = self.wte(tokens) + self.wpe(positions)

@@ -21,6 +21,7 @@ Initializer = Callable[..., jax.Array]
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
 BATCH_LENGTH_HEADS_KV = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
 BATCH_LENGTH_MLP = ("activation_batch", "activation_length", "activation_mlp")
+CACHE_BATCH_LENGTH = ("activation_batch", "activation_length")
 
 
 def logical_param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
@@ -122,14 +123,52 @@ class SelfAttention(nn.Module):
         y = jnp.einsum("bte,ehd->bthd", x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
         return checkpoint_name(nn.with_logical_constraint(y, BATCH_LENGTH_HEADS_KV), f"{name}_proj")
 
+    def create_cache(self, key: jax.Array, value: jax.Array) -> None:
+        """Zeroed decoding cache as long as this input: keys, values, which slots hold real tokens,
+        and the next slot to write."""
+        batch, length = key.shape[:2]
+        for name, like in (("cached_key", key), ("cached_value", value)):
+            self.variable("cache", name, nn.with_logical_partitioning(jnp.zeros, BATCH_LENGTH_HEADS_KV),
+                          like.shape, like.dtype)
+        self.variable("cache", "cached_valid", nn.with_logical_partitioning(jnp.zeros, CACHE_BATCH_LENGTH),
+                      (batch, length), jnp.bool_)
+        self.variable("cache", "cache_index", nn.with_logical_partitioning(jnp.zeros, ()), (), jnp.int32)
+
+    def cached_attention(self, query: jax.Array, key: jax.Array, value: jax.Array,
+                         segment_ids: jax.Array | None) -> jax.Array:
+        """Write this chunk's keys/values at the cache index, then let each query attend to the
+        cached slots up to its own that hold real tokens (segment id != 0)."""
+        batch, length = query.shape[:2]
+        index = self.get_variable("cache", "cache_index")
+        valid = jnp.ones((batch, length), jnp.bool_) if segment_ids is None else segment_ids != 0
+        updates = {"cached_key": key, "cached_value": value, "cached_valid": valid}
+        for name, update in updates.items():
+            cached = self.get_variable("cache", name)
+            self.put_variable("cache", name, jax.lax.dynamic_update_slice_in_dim(cached, update, index, axis=1))
+        self.put_variable("cache", "cache_index", index + length)
+        slots = jnp.arange(self.get_variable("cache", "cached_key").shape[1])
+        causal = slots[None, :] <= (index + jnp.arange(length))[:, None]
+        mask = causal[None, None] & self.get_variable("cache", "cached_valid")[:, None, None, :]
+        return jax.nn.dot_product_attention(query, self.get_variable("cache", "cached_key"),
+                                            self.get_variable("cache", "cached_value"), mask=mask,
+                                            implementation="xla")
+
     @nn.compact
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None, deterministic: bool) -> jax.Array:
+        """Causal self-attention. Decoding: applied with a mutable 'cache' collection, the first call
+        creates a cache as long as its input and attends normally; later calls go through the cache."""
         embed = x.shape[-1]
         q, k, v = (self.projection(name, x) for name in ("query", "key", "value"))
-        dropout = 0.0 if deterministic else self.dropout_rate
-        rng = self.make_rng("dropout") if dropout > 0.0 else None
-        out = dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids,
-                                    implementation=self.attention, dropout_rate=dropout, dropout_rng=rng)
+        decoding = self.is_mutable_collection("cache") and not self.is_initializing()
+        if decoding and self.has_variable("cache", "cached_key"):
+            out = self.cached_attention(q, k, v, segment_ids)
+        else:
+            if decoding:
+                self.create_cache(k, v)
+            dropout = 0.0 if deterministic else self.dropout_rate
+            rng = self.make_rng("dropout") if dropout > 0.0 else None
+            out = dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids,
+                                        implementation=self.attention, dropout_rate=dropout, dropout_rng=rng)
         out = checkpoint_name(nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV), "attention_out")
         out_kernel = logical_param(self, "out_kernel", nn.initializers.normal(self.out_init_std),
                                    (self.num_heads, self.head_dim, embed), ("heads", "kv", "embed"),
