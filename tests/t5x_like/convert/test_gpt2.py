@@ -146,9 +146,10 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     torch.optim.AdamW with weight decay on the same matrices and clip_grad_norm_.
 
     Tolerance: Adam's first step is lr * g / (|g| + eps), which turns fp32 noise in a gradient
-    near 0 into a step of either sign (e.g. attention key biases, whose exact gradient is 0). So
-    entries whose (clipped) gradient is 0 or above 1e-6 must agree within 2e-6 (lr = 1e-3); the
-    rest, under 1% of the nonzero gradients, only within 2 * lr."""
+    near 0 into a step of either sign. The attention key biases have exact gradient 0 (softmax
+    ignores a per-query shift), so theirs is pure noise; other entries with 0 < |g| < 10 * eps are
+    as sensitive. Those (about 6% of the nonzero gradients, nearly all in embedding rows of ids
+    absent from the batch) must agree within 2 * lr, every other entry within 2e-6 (lr = 1e-3)."""
     src, model = hf_dir
     lr, weight_decay, eps = 1e-3, 0.1, 1e-8
     hf.from_hf(str(src), str(tmp_path))
@@ -184,8 +185,11 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     theirs = {n: p.detach().numpy() for n, p in torch_model.named_parameters()}
     assert sorted(ours) == sorted(theirs)
     grads = {n: p.grad.numpy() for n, p in torch_model.named_parameters()}
-    noisy = {n: (g != 0) & (np.abs(g) <= 1e-6) for n, g in grads.items()}  # exact zeros (unseen ids) stay put
-    assert sum(m.sum() for m in noisy.values()) < 0.01 * sum((g != 0).sum() for g in grads.values())
+    noisy = {n: (g != 0) & (np.abs(g) < 10 * eps) for n, g in grads.items()}  # exact zeros stay put
+    for name in noisy:
+        if name.endswith("attn.c_attn.bias"):
+            noisy[name][config.embed_dim:2 * config.embed_dim] = True  # key biases
+    assert sum(m.sum() for m in noisy.values()) < 0.1 * sum((g != 0).sum() for g in grads.values())
     for name, value in theirs.items():
         steady = ~noisy[name]
         np.testing.assert_allclose(ours[name][steady], value[steady], atol=2e-6, rtol=0, err_msg=name)

@@ -1,0 +1,171 @@
+"""Checkpoint <-> Hugging Face directory / torch state_dict, for every family in FAMILIES.
+
+    to_hf(src, dst)        MODEL_DIR or step dir -> dst/{config.json, model.safetensors, tokenizer files}
+    from_hf(src, dst)      HF directory -> dst/checkpoints/0 (params + model config; params-only)
+    to_torch(src, file)    MODEL_DIR or step dir -> a plain state_dict (HF names) saved with torch.save
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Iterator
+
+import jax
+import numpy as np
+
+from t5x_like import checkpoints
+from t5x_like import eval as evaluation
+from t5x_like.convert import gpt2, mapping
+
+FAMILIES = {"gpt2": gpt2}
+"""Our family name -> converter module (HF_MODEL_TYPE, HF_BLOCK_PREFIX, TOP, BLOCK, TIED, configs)."""
+HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
+                      "special_tokens_map.json")
+GPT2_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
+                  "merges.txt": "merges.txt"}
+
+
+def converter_for(family: str):
+    if family not in FAMILIES:
+        raise ValueError(f"no converter for model family {family!r}; converters exist for {sorted(FAMILIES)}.")
+    return FAMILIES[family]
+
+
+def hf_tensors(src: str) -> Iterator[tuple[str, np.ndarray]]:
+    """Named float32 arrays of our checkpoint `src` with HF names (tied names left out)."""
+    config, _ = evaluation.read_config(src)
+    family = converter_for(config.family)
+    flat = mapping.flatten(restore_on_host(src, config))
+    yield from mapping.to_hf_tensors(flat, config, family.TOP, family.BLOCK, family.HF_BLOCK_PREFIX)
+
+
+def restore_on_host(src: str, config) -> dict:
+    """The checkpoint's parameters as numpy arrays, restored onto one CPU device whatever the mesh
+    they were saved from."""
+    cpu = jax.local_devices(backend="cpu")[0]
+    params = evaluation.restore_params(src, config, lambda specs: jax.tree.map(
+        lambda _: jax.sharding.SingleDeviceSharding(cpu), specs,
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    return jax.tree.map(np.asarray, params)
+
+
+def to_hf(src: str, dst: str) -> None:
+    """Write dst/config.json + dst/model.safetensors (+ tokenizer files when src records a tokenizer)."""
+    from safetensors.numpy import save_file
+
+    config, tokenizer_path = evaluation.read_config(src)
+    tokenizer = evaluation.open_tokenizer(tokenizer_path, config) if tokenizer_path else None
+    os.makedirs(dst, exist_ok=True)
+    tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
+    write_json(os.path.join(dst, "config.json"), hf_config)
+    if tokenizer:
+        write_hf_tokenizer(tokenizer, dst, config.max_len)
+
+
+def to_torch(src: str, file: str) -> None:
+    """torch.save a state_dict with HF names (tied tensors shared), loadable into the HF model class."""
+    import torch
+
+    config, _ = evaluation.read_config(src)
+    state = {name: torch.from_numpy(np.ascontiguousarray(array, np.float32)) for name, array in hf_tensors(src)}
+    for name, same_as in converter_for(config.family).TIED.items():
+        state[name] = state[same_as]
+    os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
+    torch.save(state, file)
+
+
+def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
+    """Convert the HF directory `src` into a params-only checkpoint dst/checkpoints/<step>; returns its path.
+
+    `choices` are our own config fields (scan_layers, vocab_pad_multiple, dtype, attention, remat_policy).
+    The HF tokenizer files, when present, are copied to dst/tokenizer and recorded in the checkpoint.
+    """
+    config_file = os.path.join(src, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{config_file} does not exist; from-hf expects a Hugging Face model directory "
+                                "(config.json + model.safetensors or pytorch_model.bin).")
+    with open(config_file) as f:
+        hf_config = json.load(f)
+    family = family_for_hf(hf_config.get("model_type"), config_file)
+    config = family.config_from_hf(hf_config, config_file, **choices)
+    tokenizer_path = copy_hf_tokenizer(src, os.path.join(dst, "tokenizer"), config)
+    tensors = read_hf_weights(src)
+    flat = mapping.from_hf_tensors(tensors, config, family.TOP, family.BLOCK, family.HF_BLOCK_PREFIX, src)
+    del tensors
+    params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
+    checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer_path})
+    return os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR, str(step))
+
+
+def family_for_hf(model_type: str | None, source: str):
+    for family in FAMILIES.values():
+        if family.HF_MODEL_TYPE == model_type:
+            return family
+    known = sorted(f.HF_MODEL_TYPE for f in FAMILIES.values())
+    raise ValueError(f"{source}: model_type {model_type!r} has no converter; supported Hugging Face model types: "
+                     f"{known}.")
+
+
+def read_hf_weights(src: str) -> dict[str, np.ndarray]:
+    """float32 arrays from model.safetensors (single or sharded) or pytorch_model.bin (weights_only)."""
+    import torch
+    from safetensors.torch import load_file
+
+    index = os.path.join(src, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(src, "model.safetensors")):
+        files = ["model.safetensors"]
+    elif os.path.isfile(os.path.join(src, "pytorch_model.bin")):
+        state = torch.load(os.path.join(src, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        return {name: tensor.float().numpy() for name, tensor in state.items()}
+    else:
+        raise FileNotFoundError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
+    tensors = {}
+    for file in files:
+        tensors.update((name, t.float().numpy()) for name, t in load_file(os.path.join(src, file)).items())
+    return tensors
+
+
+def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
+    """Copy the HF tokenizer files in `src` to `dst` and return `dst`, or None when there are none."""
+    present = [name for name in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(src, name))]
+    if not ({"vocab.json", "merges.txt"} <= set(present) or "tokenizer.json" in present):
+        return None
+    os.makedirs(dst, exist_ok=True)
+    for name in present:
+        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    evaluation.open_tokenizer(dst, config)
+    return os.path.abspath(dst)
+
+
+def write_hf_tokenizer(tokenizer, dst: str, max_len: int) -> None:
+    """The tokenizer files transformers' AutoTokenizer reads: GPT-2 BPE files or tokenizer.json."""
+    path = tokenizer.path
+    eod = tokenizer.decode([tokenizer.eod_id])
+    special = {"bos_token": eod, "eos_token": eod, "unk_token": eod, "model_max_length": max_len}
+    if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n)) for n in ("encoder.json", "vocab.json")) \
+            and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        for name, hf_name in GPT2_BPE_FILES.items():
+            if os.path.isfile(os.path.join(path, name)):
+                shutil.copyfile(os.path.join(path, name), os.path.join(dst, hf_name))
+        write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "GPT2Tokenizer", **special})
+        return
+    source = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not source.endswith(".json"):
+        raise ValueError(f"tokenizer {path}: only GPT-2 BPE files and tokenizer.json can be written for "
+                         "Hugging Face; convert it to tokenizer.json first.")
+    shutil.copyfile(source, os.path.join(dst, "tokenizer.json"))
+    write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **special})
+
+
+def write_json(path: str, value: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,214 @@
+"""t5x_like.eval: the WikiText detokenizer, strided windows, and WikiText / LAMBADA / token-file numbers
+of a converted model against independent torch computations written here."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from partitioning import Partitioner, make_mesh
+from t5x_like import eval as evaluation
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+GPT2_BPE = DATA / "gpt2-bpe"
+SEQ_LEN, STRIDE = 32, 8
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a @-@ b 1 @,@ 000 3 @.@ 5", "a-b 1,000 3.5"),
+    ("He said : no ; then . Yes ! Why ? So , fine", "He said: no; then. Yes! Why? So, fine"),
+    ("( the 2000 film ) and [ 1 ] and { x }", "(the 2000 film) and [1] and {x}"),
+    ('in " Teddy \'s Story " of', 'in "Teddy\'s Story" of'),
+    ("the players ' union", "the players' union"),
+    (" = Robert Boulter = \n \n = = Career = = \n = = = 2000 = = = \n", " = Robert Boulter =\n\n== Career ==\n=== 2000 ===\n"),
+    ("at 40 \u00b0 C", "at 40\u00b0C"),
+    ("about N people", "about 1 people"),
+])
+def test_wikitext_detokenizer(text, expected):
+    assert evaluation.wikitext_detokenize(text) == expected
+
+
+@pytest.mark.parametrize("num_tokens, seq_len, stride", [(2, 4, 4), (9, 4, 4), (10, 4, 4), (23, 8, 3), (8, 8, 1)])
+def test_windows_score_every_target_once_with_enough_context(num_tokens, seq_len, stride):
+    tokens = np.arange(num_tokens)
+    count = evaluation.num_windows(num_tokens, seq_len, stride)
+    rows = evaluation.window_rows(tokens, seq_len, stride, 0, count)
+    scored = rows["targets"][rows["weights"] > 0]
+    assert sorted(scored) == list(range(1, num_tokens))
+    for window in range(1, count):  # later windows score targets with >= seq_len - stride tokens before them
+        assert (np.nonzero(rows["weights"][window])[0] >= seq_len - stride).all()
+    np.testing.assert_array_equal(rows["targets"][rows["weights"] > 0] - 1, rows["inputs"][rows["weights"] > 0])
+
+
+# ----------------------------------------------------------------- against torch (converted model)
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(our checkpoint dir, the HF torch model it came from, a transformers GPT-2 tokenizer)."""
+    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+    if not GPT2_BPE.exists():
+        pytest.skip(f"needs the GPT-2 BPE files in {GPT2_BPE}")
+    from t5x_like.convert import hf
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=50257, n_positions=40, n_embd=36, n_layer=2, n_head=4, n_inner=52,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    path = tmp_path_factory.mktemp("model")
+    model.save_pretrained(path / "hf")
+    hf.from_hf(str(path / "hf"), str(path / "ours"))
+    (path / "tok").mkdir()  # transformers reads OpenAI's encoder.json / vocab.bpe under HF names
+    shutil.copyfile(GPT2_BPE / "encoder.json", path / "tok" / "vocab.json")
+    shutil.copyfile(GPT2_BPE / "vocab.bpe", path / "tok" / "merges.txt")
+    tokenizer = transformers.GPT2TokenizerFast.from_pretrained(path / "tok")
+    assert tokenizer("Hello world")["input_ids"] == [15496, 995]
+    return path / "ours", model, tokenizer
+
+
+def reference_detokenize(s):
+    """Megatron-LM's wikitext_detokenizer, step by step (independent of t5x_like.eval)."""
+    s = s.replace("s '", "s'")
+    for sep in "-,.":
+        s = s.replace(f" @{sep}@ ", sep)
+    for p in ":;.!?,":
+        s = s.replace(f" {p} ", f"{p} ")
+    s = re.sub(r"\(\s*([^\)]*?)\s*\)", r"(\1)", s)
+    s = re.sub(r"\[\s*([^\]]*?)\s*\]", r"[\1]", s)
+    s = re.sub(r"{\s*([^}]*?)\s*}", r"{\1}", s)
+    s = re.sub(r"\"\s*([^\"]*?)\s*\"", r'"\1"', s)
+    s = re.sub(r"'\s*([^']*?)\s*'", r"'\1'", s)
+    s = s.replace("= = = =", "====").replace("= = =", "===").replace("= =", "==")
+    s = s.replace(" \u00b0 ", "\u00b0").replace(" \n", "\n").replace("\n ", "\n")
+    return s.replace(" N ", " 1 ").replace(" 's", "'s")
+
+
+def reference_stream_nll(model, ids, seq_len, stride):
+    """Σ nll of every target, each scored once in the window that first reaches it (torch)."""
+    import torch
+
+    total, scored_until, begin = 0.0, 0, 0
+    while scored_until < len(ids) - 1:
+        end = min(begin + seq_len, len(ids) - 1)
+        window = torch.tensor(ids[begin:end + 1])
+        with torch.no_grad():
+            logits = model(window[None, :-1]).logits[0].double()
+        nll = torch.nn.functional.cross_entropy(logits, window[1:], reduction="none")
+        total += float(nll[-(end - scored_until):].sum())
+        scored_until, begin = end, begin + stride
+    return total
+
+
+def wikitext_excerpt(tmp_path, name):
+    lines = (DATA / "wikitext" / name).read_text(encoding="utf-8").splitlines(keepends=True)[:14]
+    path = tmp_path / "excerpt.txt"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["wt103-tokenized/wiki.test.tokens", "wt-raw/wiki.test.raw"])
+def test_wikitext_equals_independent_torch_implementation(converted, tmp_path, name):
+    checkpoint, model, tokenizer = converted
+    data = wikitext_excerpt(tmp_path, name)
+    result = evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
+                              f"--tokenizer={GPT2_BPE}", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}",
+                              "--batch_size=8", "--tensor_parallel=2", f"--output={tmp_path / 'out.json'}"])
+    text = data.read_text(encoding="utf-8")
+    ids = tokenizer(reference_detokenize(text))["input_ids"]
+    original = len(text.strip().split(" "))
+    nll = reference_stream_nll(model, ids, SEQ_LEN, STRIDE)
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert written == pytest.approx(result)
+    assert (written["num_tokenized_tokens"], written["num_original_tokens"]) == (len(ids), original)
+    assert (written["seq_len"], written["stride"]) == (SEQ_LEN, STRIDE)
+    assert len(ids) > 20 * STRIDE
+    assert written["loss"] == pytest.approx(nll / (len(ids) - 1), rel=1e-5)
+    assert written["ppl"] == pytest.approx(np.exp(nll / (len(ids) - 1)), rel=1e-4)
+    assert written["adjusted_ppl"] == pytest.approx(np.exp(nll / (original - 1)), rel=1e-4)
+
+
+def test_lambada_equals_direct_computation(converted, tmp_path):
+    import torch
+
+    checkpoint, model, tokenizer = converted
+    texts = [json.loads(line)["text"] for line in
+             (DATA / "lambada" / "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()[:6]]
+    data = tmp_path / "lambada.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    for last_token in (False, True):
+        result = evaluation.main(["--task=lambada", f"--checkpoint={checkpoint}", f"--data={data}",
+                                  f"--tokenizer={GPT2_BPE}", "--batch_size=4"]
+                                 + ["--lambada_last_token"] * last_token)
+        correct, nll, count = 0, 0.0, 0
+        for text in texts:
+            if last_token:
+                ids = tokenizer(text)["input_ids"]
+                context, target = ids[:-1], ids[-1:]
+            else:
+                word = text.split()[-1]
+                context = tokenizer(text[:text.rfind(word)].strip())["input_ids"]
+                target = tokenizer(" " + word)["input_ids"]
+            ids = torch.tensor((context + target)[-41:])  # the model's 40 positions + the last target
+            with torch.no_grad():
+                logits = model(ids[None, :-1]).logits[0, -len(target):].double()
+            correct += bool((logits.argmax(-1) == ids[-len(target):]).all())
+            nll += float(torch.nn.functional.cross_entropy(logits, ids[-len(target):], reduction="sum"))
+            count += len(target)
+        assert (result["num_examples"], result["num_correct"], result["num_target_tokens"]) == (6, correct, count)
+        assert result["accuracy"] == correct / 6
+        assert result["loss"] == pytest.approx(nll / count, rel=1e-5)
+        assert result["method"] == ("last BPE token" if last_token else "strict whole word")
+
+
+def test_accuracy_counts_a_row_only_when_every_target_is_the_argmax(converted):
+    import models
+
+    checkpoint, _, _ = converted
+    config, _ = evaluation.read_config(str(checkpoint))
+    partitioner = Partitioner(make_mesh(), "fsdp_tensor")
+    params = evaluation.restore_sharded(str(checkpoint), config, partitioner)
+    inputs = np.random.default_rng(0).integers(0, 50257, (2, 8)).astype(np.int32)
+    with partitioner.activate():
+        logits = jax.jit(lambda p, t: models.build_model(config).apply({"params": p}, t))(params, inputs)
+    argmax = np.asarray(jax.device_get(logits)).argmax(-1).astype(np.int32)
+    targets = argmax.copy()
+    targets[1, 6] = (targets[1, 6] + 1) % 50257  # row 1: one scored target is not the argmax
+    weights = np.zeros((2, 8), np.float32)
+    weights[:, 5:7] = 1.0
+    scorer = evaluation.Scorer(config, params, partitioner, batch_size=2)
+    out = scorer.score([{"inputs": inputs, "targets": targets, "weights": weights}], 1, "test")
+    assert out["all_correct"].tolist() == [True, False]
+
+
+def test_token_file_loss_equals_torch(converted, tmp_path):
+    from t5x_like.data.token_file import TokenFileWriter
+
+    checkpoint, model, _ = converted
+    ids = np.random.default_rng(1).integers(0, 50257, 100)
+    with TokenFileWriter(tmp_path / "val", np.int32, {"tokenizer": "test"}) as writer:
+        writer.write(ids, np.array([60, 40]))
+    result = evaluation.main(["--task=tokens", f"--checkpoint={checkpoint}", f"--data={tmp_path / 'val'}",
+                              f"--seq_len={SEQ_LEN}"])
+    nll = reference_stream_nll(model, ids.tolist(), SEQ_LEN, SEQ_LEN)
+    assert (result["num_tokens"], result["stride"]) == (100, SEQ_LEN)
+    assert result["loss"] == pytest.approx(nll / 99, rel=1e-5)
+
+
+def test_bad_arguments_are_refused(converted, tmp_path):
+    checkpoint, _, _ = converted
+    data = tmp_path / "x.txt"
+    data.write_text(" = A = \n some text here , and more text . \n" * 20)
+    with pytest.raises(ValueError, match="--stride=40 must be between 1 and --seq_len=32"):
+        evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
+                         f"--tokenizer={GPT2_BPE}", "--seq_len=32", "--stride=40"])
+    with pytest.raises(ValueError, match="records no tokenizer; pass --tokenizer"):
+        evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}"])
+    with pytest.raises(ValueError, match="--seq_len=64 exceeds the model's max_len 40"):
+        evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
+                         f"--tokenizer={GPT2_BPE}", "--seq_len=64"])
