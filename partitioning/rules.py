@@ -37,6 +37,19 @@ FSDP_TENSOR: Rules = (
     ("vocab", "tensor"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("kv", None),
     ("layers", "stage"), ("position", None),
 )
+# Megatron sequence parallelism: the residual stream [batch, length, embed] (norms, dropout, residual
+# adds) is split over 'tensor' along its length between the tensor-parallel blocks. Rules apply in
+# order and a mesh axis is used once per array, so listing heads/mlp/vocab first keeps the blocks'
+# own arrays split by heads/mlp/vocab and only arrays without those axes take length -> 'tensor'.
+SEQUENCE_PARALLEL_ACTIVATIONS: Rules = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_heads", "tensor"),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("activation_length", "tensor"),
+    ("activation_embed", None),
+    ("activation_kv", None),
+)
 _NO_TENSOR_ACTIVATIONS: Rules = tuple(
     (name, None if axes == "tensor" else axes) for name, axes in ACTIVATIONS
 )
@@ -66,10 +79,13 @@ RULE_SETS = {
     "tensor": RuleSet("tensor", TENSOR, TENSOR, ACTIVATIONS),
     "fsdp_tensor": RuleSet("fsdp_tensor", FSDP_TENSOR, FSDP_TENSOR, ACTIVATIONS),
     "zero1_tensor": RuleSet("zero1_tensor", TENSOR, FSDP_TENSOR, ACTIVATIONS),
+    "tensor_sequence": RuleSet("tensor_sequence", TENSOR, TENSOR, SEQUENCE_PARALLEL_ACTIVATIONS),
+    "fsdp_tensor_sequence": RuleSet("fsdp_tensor_sequence", FSDP_TENSOR, FSDP_TENSOR, SEQUENCE_PARALLEL_ACTIVATIONS),
 }
 """Named rule sets. 'fsdp' is ZeRO-3; 'zero1' keeps parameters replicated and shards only
 the optimizer state over 'fsdp'; 'tensor' is Megatron tensor parallelism (column/row splits
-follow from heads/mlp/vocab -> 'tensor'); the *_tensor sets combine them."""
+follow from heads/mlp/vocab -> 'tensor'); the *_tensor sets combine them; *_sequence adds Megatron
+sequence parallelism to tensor parallelism."""
 
 
 def get_rule_set(name: str) -> RuleSet:

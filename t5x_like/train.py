@@ -213,7 +213,7 @@ def abstract_state(module, optimizer, partitioner, seed, seq_len, step_config):
     """(init function, its abstract state, the state's shardings), checked to divide over the mesh."""
     init = lambda rng: trainer.init_train_state(  # noqa: E731
         module, optimizer.tx, rng, jnp.zeros((1, seq_len), jnp.int32), step_config.loss_scale)
-    abstract = jax.eval_shape(init, jax.random.PRNGKey(seed))
+    abstract = jax.eval_shape(lambda: init(jax.random.PRNGKey(seed)))  # no eager op: the mesh may be compile-only
     specs = nn.get_partition_spec(abstract)
     partitioner.check_divisible(abstract.params, specs.params)
     partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")

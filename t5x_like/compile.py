@@ -1,0 +1,219 @@
+"""`python -m t5x_like.compile --gin_file=gpt2.gin --topology=v5p:8x8x16 --output=report.json`.
+
+Compiles one train step of a gin configuration ahead of time for a target mesh, without its
+hardware, and reports what one device would hold: parameter count, argument (train state + batch),
+temporary and total bytes per device, FLOPs per step and, where XLA estimates it, the step time.
+Exits with an error naming the numbers when the state alone, or after compiling the whole step,
+does not fit the device's memory.
+
+Topologies: `v5p:8x8x16`, `v4:4x4x4`, `v5e:16x16`, `v6e:16x16`, ... (TPU, through libtpu's topology
+descriptions: `pip install 'jax[tpu]'` on any machine); `cpu:N` (N simulated CPU devices); none =
+this machine's devices. The train CLI's pieces build the state and the step, so what compiles here
+is what `python -m t5x_like.train` runs.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import json
+import math
+import sys
+import time
+from typing import Any, Sequence
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import models
+from partitioning import Partitioner, make_mesh
+from t5x_like import checkpoints, metrics, train, trainer
+
+GiB = 1 << 30
+# HBM per chip by jax device_kind; a chip's TensorCores shown as separate devices share it.
+HBM_PER_CHIP = {"TPU v4": 32 * GiB, "TPU v5 lite": 16 * GiB, "TPU v5": 95 * GiB, "TPU v6 lite": 32 * GiB}
+# Macros the train CLI requires that compiling does not use.
+UNUSED_MACROS = ("MODEL_DIR = None", "DATA_PATH = None")
+
+flags.DEFINE_string("topology", None, "Target: a TPU topology such as v5p:8x8x16, or cpu:N; default: this machine.")
+flags.DEFINE_string("output", None, "Write the report (JSON) here.")
+flags.DEFINE_float("device_memory_gib", None, "Device memory to check against; default: the device's own.")
+
+
+class DoesNotFit(Exception):
+    """The step needs more memory per device than the device has."""
+
+
+def target_devices(topology: str | None) -> list:
+    """The devices to compile for: a TPU topology's compile-only devices, N CPU devices, or local ones."""
+    if topology is None:
+        return jax.devices()
+    platform, _, shape = topology.partition(":")
+    if platform == "cpu":
+        count = int(shape)
+        jax.config.update("jax_num_cpu_devices", count)  # only before the CPU backend starts
+        devices = jax.devices("cpu")
+        if len(devices) < count:
+            raise ValueError(f"--topology={topology}: only {len(devices)} CPU devices exist in this process; "
+                             f"start it with XLA_FLAGS=--xla_force_host_platform_device_count={count}.")
+        return devices[:count]
+    from jax.experimental import topologies
+
+    try:
+        return list(topologies.get_topology_desc(topology, "tpu").devices)
+    except RuntimeError as e:
+        raise ValueError(f"--topology={topology} needs libtpu's topology descriptions, which are not installed "
+                         f"({e}); pip install 'jax[tpu]' (it works on a CPU-only machine).") from e
+
+
+def device_memory(devices: Sequence, override_gib: float | None) -> int | None:
+    """Bytes of memory per device: the override, the TPU chip's HBM shared by its cores, or what the
+    runtime reports; None when unknown (CPU)."""
+    if override_gib is not None:
+        return int(override_gib * GiB)
+    kind = devices[0].device_kind
+    if kind in HBM_PER_CHIP:
+        cores = sum(1 for d in devices if d.coords == devices[0].coords)
+        return HBM_PER_CHIP[kind] // cores
+    stats = devices[0].memory_stats() if devices[0].platform != "cpu" else None
+    return stats.get("bytes_limit") if stats else None
+
+
+def train_settings(devices: Sequence) -> dict[str, Any]:
+    """train()'s arguments as the parsed gin files set them (defaults filled in), with the mesh
+    that partitioning.make_mesh's bindings describe built over `devices`."""
+    defaults = {name: p.default for name, p in inspect.signature(train.train).parameters.items()}
+    bound = gin.get_bindings("train", resolve_references=False)
+    bound.pop("mesh", None)
+    settings = {**defaults, **copy.deepcopy(bound)}  # deepcopy evaluates gin references and macros
+    settings["mesh"] = make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
+    return settings
+
+
+def step_config_from(settings: dict[str, Any], config) -> trainer.StepConfig:
+    """The StepConfig train() builds from the same settings."""
+    shared = {f.name for f in dataclasses.fields(trainer.StepConfig)} & set(settings) - {"loss_scale"}
+    return trainer.StepConfig(**{name: settings[name] for name in shared},
+                              loss_scale=settings["loss_scale"] if config.dtype == "float16" else None,
+                              skip_nonfinite=settings["on_nonfinite"] == "skip")
+
+
+def bytes_per_device(abstract: Any, shardings: Any) -> int:
+    """Bytes the largest shard of each array takes on one device, summed."""
+    def shard_bytes(a, s):
+        return math.prod(s.shard_shape(a.shape)) * np.dtype(a.dtype).itemsize
+    return sum(jax.tree.leaves(jax.tree.map(shard_bytes, abstract, shardings)))
+
+
+def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any], jax.stages.Compiled]:
+    """Compile one train step of the parsed gin configuration for `devices`: (report, executable)."""
+    s = train_settings(devices)
+    mesh, batch_size, seq_len = s["mesh"], s["batch_size"], s["seq_len"]
+    partitioner = Partitioner(mesh, s["rules"])
+    train.check_batch(batch_size, s["grad_accum_steps"], partitioner.batch_shards)
+    config = train.resolve_model_config(s["model"], mesh.shape["tensor"], None)
+    step_config = step_config_from(s, config)
+    module = train.pipelined(models.build_model(config), config, mesh.shape["stage"],
+                             s["pipeline_microbatches"], s["pipeline_repeats"],
+                             batch_size // s["grad_accum_steps"], partitioner.batch_shards)
+    optimizer = s["optimizer"]
+    with partitioner.activate():
+        _, abstract, shardings = train.abstract_state(module, optimizer, partitioner, s["seed"], seq_len, step_config)
+        state = checkpoints.with_shardings(jax.tree.map(_unbox, abstract, is_leaf=_is_box), shardings)
+        num_params = train.count_params(state.params, config)
+        state_bytes = bytes_per_device(state, shardings)
+        check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
+        batch = abstract_batch(batch_size, seq_len, partitioner.batch_sharding())
+        start = time.perf_counter()
+        compiled = train.jit_train_step(module, optimizer, step_config, shardings, partitioner).lower(
+            state, batch).compile()
+        compile_seconds = time.perf_counter() - start
+    report = {
+        "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(mesh.shape),
+        "rules": partitioner.rules.name, "model": config.family, "num_layers": config.num_layers,
+        "embed_dim": config.embed_dim, "dtype": config.dtype, "remat_policy": config.remat_policy,
+        "batch_size": batch_size, "seq_len": seq_len, "grad_accum_steps": s["grad_accum_steps"],
+        "pipeline_microbatches": s["pipeline_microbatches"], "pipeline_repeats": s["pipeline_repeats"],
+        "num_params": num_params, "state_bytes_per_device": state_bytes,
+        **memory_report(compiled), **cost_report(compiled, len(devices)),
+        "analytic_flops_per_step": metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len)
+        * batch_size * seq_len,
+        "device_memory_bytes": memory, "compile_seconds": round(compile_seconds, 1),
+    }
+    report["fits"] = memory is None or report["total_bytes_per_device"] <= memory
+    return report, compiled
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _unbox(x):
+    return x.unbox(apply_constraint=False) if _is_box(x) else x
+
+
+def abstract_batch(batch_size: int, seq_len: int, sharding) -> dict[str, jax.ShapeDtypeStruct]:
+    shape = (batch_size, seq_len)
+    return {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding),
+            "targets": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding),
+            "weights": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)}
+
+
+def memory_report(compiled) -> dict[str, int]:
+    """XLA's per-device buffer assignment: arguments, outputs (the new state mostly aliases the
+    donated old one), temporaries, and their total live at once."""
+    m = compiled.memory_analysis()
+    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    return {"argument_bytes_per_device": m.argument_size_in_bytes, "output_bytes_per_device": m.output_size_in_bytes,
+            "alias_bytes_per_device": m.alias_size_in_bytes, "temp_bytes_per_device": m.temp_size_in_bytes,
+            "generated_code_bytes": m.generated_code_size_in_bytes, "total_bytes_per_device": total}
+
+
+def cost_report(compiled, num_devices: int) -> dict[str, float | None]:
+    """XLA's cost analysis of the per-device program. It counts a loop body once, so with scanned
+    layers its FLOPs undercount; analytic_flops_per_step is the model's count."""
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = cost.get("flops")
+    seconds = cost.get("optimal_seconds")
+    return {"xla_flops_per_step": flops * num_devices if flops is not None else None,
+            "estimated_step_seconds": seconds if seconds is not None and seconds > 0 else None}
+
+
+def check_fits(what: str, needed: int, memory: int | None) -> None:
+    if memory is not None and needed > memory:
+        raise DoesNotFit(
+            f"{what} needs {needed / GiB:.2f} GiB per device but a device has {memory / GiB:.2f} GiB. Shard it over "
+            "more devices (FSDP_PARALLEL, TENSOR_PARALLEL, PIPELINE_PARALLEL), keep activations smaller "
+            "(model_config.remat_policy='full', a smaller BATCH_SIZE or more GRAD_ACCUM_STEPS), or use bigger chips.")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    f = flags.FLAGS
+    train.quiet_library_logs()
+    devices = target_devices(f.topology)
+    train.parse_gin(f.gin_file, [*UNUSED_MACROS, *f.gin_bindings], f.gin_search_paths)
+    memory = device_memory(devices, f.device_memory_gib)
+    try:
+        report, _ = compile_step(devices, memory)
+    except DoesNotFit as e:
+        sys.exit(f"does not fit: {e}")
+    report["topology"] = f.topology or "local"
+    text = json.dumps(report, indent=2)
+    if f.output:
+        with open(f.output, "w") as out:
+            out.write(text + "\n")
+    print(text)
+    try:
+        check_fits("one train step (state, batch and temporaries)", report["total_bytes_per_device"], memory)
+    except DoesNotFit as e:
+        sys.exit(f"does not fit: {e}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=train.parse_flags)
