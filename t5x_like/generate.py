@@ -1,0 +1,228 @@
+"""`python -m t5x_like.generate`: text generation with a KV cache, under jit, on any mesh.
+
+    python -m t5x_like.generate --checkpoint=MODEL_DIR --prompt="hangzhou is a beautiful city" \
+        --max_new_tokens=64 --temperature=0.8 --top_p=0.95 --seed=0 --output=out.jsonl
+
+Prompts of different lengths share a batch: they are left-padded, padding is masked out of the
+attention (segment id 0) and positions count from each row's first real token, so every row
+decodes exactly as it would alone. A row stops at the tokenizer's end-of-document id; the loop
+stops when every row has. Temperature 0 is greedy decoding. Each output line is a JSON object
+with `prompt`, `completion`, `tokens` (the generated ids, without the end-of-document id) and
+`finish_reason` ('eod' or 'length').
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import models
+from partitioning import Partitioner
+from t5x_like import eval as evaluation
+
+PROMPT_BUCKET = 64
+"""Padded prompt lengths are multiples of this (capped by max_len), so few shapes compile."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """temperature 0 = greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
+
+
+def sample(logits: jax.Array, rng: jax.Array, settings: Sampling) -> jax.Array:
+    """One id per row from fp32 logits [batch, vocab]."""
+    if settings.temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits / settings.temperature
+    lowest = jnp.finfo(jnp.float32).min
+    if settings.top_k:
+        kth = jax.lax.top_k(logits, settings.top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, lowest, logits)
+    if settings.top_p < 1:
+        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(ordered, axis=-1)
+        keep = jnp.cumsum(probs, axis=-1) - probs < settings.top_p  # the most likely id is always kept
+        cutoff = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, lowest, logits)
+    return jax.random.categorical(rng, logits).astype(jnp.int32)
+
+
+def cache_layout(module: nn.Module, batch: int, length: int) -> tuple[Any, Any]:
+    """(ShapeDtypeStructs, logical PartitionSpecs) of the decoding cache for [batch, length]."""
+    def create(params):
+        zeros = jnp.zeros((batch, length), jnp.int32)
+        return module.apply({"params": params}, zeros, positions=zeros, mutable=["cache"])[1]["cache"]
+
+    abstract, _ = evaluation.abstract_params(module.config)
+    boxed = jax.eval_shape(create, abstract)
+    return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+
+
+def make_decode_fn(module: nn.Module, max_new_tokens: int, eod_id: int, settings: Sampling,
+                   cache_shardings: Any, cache_shapes: Any) -> Callable:
+    """decode(params, tokens [B, P] left-padded, valid [B, P], rng) -> generated ids [B, max_new_tokens]
+    (eod_id after a row's end of document)."""
+
+    def step(params, cache, tokens, positions, valid):
+        logits, variables = module.apply({"params": params, "cache": cache}, tokens, positions=positions,
+                                         segment_ids=valid.astype(jnp.int32), mutable=["cache"])
+        return logits[:, -1], variables["cache"]
+
+    def decode(params, tokens, valid, rng):
+        batch = tokens.shape[0]
+        cache = jax.tree.map(lambda s, sharding: jax.lax.with_sharding_constraint(
+            jnp.zeros(s.shape, s.dtype), sharding), cache_shapes, cache_shardings)
+        positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+        logits, cache = step(params, cache, tokens, positions, valid)
+        out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
+        state = (0, out, jnp.zeros(batch, bool), positions[:, -1] + 1, logits, cache)
+
+        def unfinished(state):
+            i, _, done, *_ = state
+            return (i < max_new_tokens) & ~done.all()
+
+        def body(state):
+            i, out, done, position, logits, cache = state
+            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i), settings))
+            out = out.at[:, i].set(token)
+            logits, cache = step(params, cache, token[:, None], position[:, None], jnp.ones((batch, 1), bool))
+            return i + 1, out, done | (token == eod_id), position + 1, logits, cache
+
+        return jax.lax.while_loop(unfinished, body, state)[1]
+
+    return decode
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad each prompt to `length` (extra rows are one-token dummies): (tokens, valid)."""
+    tokens = np.zeros((rows, length), np.int32)
+    valid = np.zeros((rows, length), bool)
+    for row in range(rows):
+        ids = prompts[row] if row < len(prompts) else [0]
+        tokens[row, length - len(ids):] = ids
+        valid[row, length - len(ids):] = True
+    return tokens, valid
+
+
+class Generator:
+    """Generates continuations of token-id prompts; compiles once per padded prompt length."""
+
+    def __init__(self, config, params, partitioner: Partitioner, *, eod_id: int, max_new_tokens: int,
+                 settings: Sampling, batch_size: int = 8):
+        if not 0 < max_new_tokens < config.max_len:
+            raise ValueError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
+                             f"max_len - 1 ({config.max_len - 1}).")
+        self.config, self.params, self.partitioner = config, params, partitioner
+        self.eod_id, self.max_new_tokens, self.settings = eod_id, max_new_tokens, settings
+        shards = partitioner.batch_shards
+        self.batch_size = -(-batch_size // shards) * shards
+        self.module = models.build_model(config)
+        self._compiled: dict[int, Callable] = {}
+
+    def decode_fn(self, prompt_len: int) -> Callable:
+        if prompt_len not in self._compiled:
+            shapes, specs = cache_layout(self.module, self.batch_size, prompt_len + self.max_new_tokens)
+            fn = make_decode_fn(self.module, self.max_new_tokens, self.eod_id, self.settings,
+                                self.partitioner.shardings(specs), shapes)
+            self._compiled[prompt_len] = jax.jit(fn, out_shardings=self.partitioner.replicated)
+        return self._compiled[prompt_len]
+
+    def prompt_length(self, prompts: Sequence[Sequence[int]]) -> int:
+        room = self.config.max_len - self.max_new_tokens
+        return min(room, -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET)
+
+    def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[list[int]]:
+        """Generated ids per prompt, cut before the first end-of-document id. Prompts longer than
+        max_len - max_new_tokens keep their last tokens; an empty prompt starts from end-of-document."""
+        room = self.config.max_len - self.max_new_tokens
+        prompts = [list(p)[-room:] if len(p) else [self.eod_id] for p in prompts]
+        results = []
+        sharding = self.partitioner.batch_sharding()
+        for first in range(0, len(prompts), self.batch_size):
+            batch = prompts[first:first + self.batch_size]
+            length = self.prompt_length(batch)
+            tokens, valid = pad_prompts(batch, self.batch_size, length)
+            rng = jax.random.fold_in(jax.random.PRNGKey(seed), first)
+            decode = self.decode_fn(length)
+            with self.partitioner.activate():
+                out = jax.device_get(decode(self.params, evaluation.global_array(tokens, sharding),
+                                            evaluation.global_array(valid, sharding), rng))
+            results.extend(cut_at(row, self.eod_id) for row in out[:len(batch)])
+        return results
+
+
+def cut_at(ids: np.ndarray, eod_id: int) -> list[int]:
+    ids = [int(i) for i in ids]
+    return ids[:ids.index(eod_id)] if eod_id in ids else ids
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """--prompt values, then --prompts_file (a .jsonl with 'prompt' fields, or one prompt per line)."""
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f if line.strip()]
+        if args.prompts_file.endswith(".jsonl"):
+            lines = [json.loads(line)["prompt"] for line in lines]
+        prompts.extend(lines)
+    if not prompts:
+        raise ValueError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
+    return prompts
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="MODEL_DIR (latest step) or a step directory")
+    parser.add_argument("--tokenizer", default=None, help="default: the tokenizer the checkpoint records")
+    parser.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    parser.add_argument("--prompts_file", default=None, help="one prompt per line, or .jsonl with 'prompt'")
+    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top_k", type=int, default=0, help="keep the k most likely ids (0 = all)")
+    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus: smallest set with this much mass")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch_size", type=int, default=8, help="prompts decoded together (global)")
+    parser.add_argument("--output", default=None, help="JSONL file (default: JSONL on stdout)")
+    evaluation.add_mesh_flags(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    prompts = read_prompts(args)
+    settings = Sampling(args.temperature, args.top_k, args.top_p)
+    config, params, tokenizer, partitioner = evaluation.load_for_inference(args)
+    generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
+                          max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size)
+    generated = generator.generate([tokenizer.encode(p) for p in prompts], seed=args.seed)
+    records = [{"prompt": prompt, "completion": tokenizer.decode(ids), "tokens": ids,
+                "finish_reason": "length" if len(ids) == args.max_new_tokens else "eod"}
+               for prompt, ids in zip(prompts, generated)]
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(lines)
+        for r in records:
+            print(f"{r['prompt']}{r['completion']}\n{'-' * 40}")
+    else:
+        sys.stdout.write(lines)
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""t5x_like.generate: greedy decoding equals transformers' generate token for token (batched prompts of
+different lengths, on a data x tensor mesh), sampling is reproducible by seed, rows stop at EOD, and the
+CLI writes the documented JSONL."""
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from partitioning import Partitioner, make_mesh
+from t5x_like import eval as evaluation
+from t5x_like import generate
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+GPT2_BPE = DATA / "gpt2-bpe"
+EOD = 50256
+NEW = 10
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(our checkpoint dir, the HF torch model it came from)."""
+    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+    from t5x_like.convert import hf
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=50257, n_positions=40, n_embd=36, n_layer=2, n_head=4, n_inner=52,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # spread the logits: no near-ties for argmax
+    path = tmp_path_factory.mktemp("model")
+    model.save_pretrained(path / "hf")
+    if GPT2_BPE.exists():  # a HF directory with its tokenizer, which from-hf copies and records
+        shutil.copyfile(GPT2_BPE / "encoder.json", path / "hf" / "vocab.json")
+        shutil.copyfile(GPT2_BPE / "vocab.bpe", path / "hf" / "merges.txt")
+    hf.from_hf(str(path / "hf"), str(path / "ours"), scan_layers=False)
+    return path / "ours", model
+
+
+@pytest.fixture(scope="module")
+def loaded(converted):
+    checkpoint, _ = converted
+    config, _ = evaluation.read_config(str(checkpoint))
+    partitioner = Partitioner(make_mesh(data=4, tensor=2), "fsdp_tensor")
+    return config, evaluation.restore_sharded(str(checkpoint), config, partitioner), partitioner
+
+
+PROMPTS = [[464, 1748, 286], list(range(1000, 1009)), [31, 7, 1999, 2, 50, 311, 4, 8000, 9, 10, 11, 12, 13, 1, 2, 3, 77]]
+
+
+def generator(loaded, settings, eod_id=EOD):
+    config, params, partitioner = loaded
+    return generate.Generator(config, params, partitioner, eod_id=eod_id, max_new_tokens=NEW, settings=settings,
+                              batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def greedy(loaded):
+    return generator(loaded, generate.Sampling(temperature=0.0)).generate(PROMPTS)
+
+
+def test_greedy_equals_transformers_generate(converted, greedy):
+    import torch
+
+    _, model = converted
+    for prompt, ours in zip(PROMPTS, greedy):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=NEW, eos_token_id=EOD, pad_token_id=EOD)
+        theirs = generate.cut_at(out[0, len(prompt):].numpy(), EOD)
+        assert ours == theirs
+    assert len(set(map(tuple, greedy))) == len(PROMPTS) and all(len(g) == NEW for g in greedy)
+
+
+def test_rows_stop_at_end_of_document(loaded, greedy):
+    stop = greedy[1][3]
+    first = greedy[1].index(stop)
+    got = generator(loaded, generate.Sampling(temperature=0.0), eod_id=stop).generate(PROMPTS)
+    assert got[1] == greedy[1][:first]
+    for ours, full in zip(got, greedy):
+        assert ours == generate.cut_at(np.array(full), stop)
+
+
+def test_sampling_is_reproducible_by_seed(loaded, greedy):
+    sampler = generator(loaded, generate.Sampling(temperature=1.0, top_k=50, top_p=0.95))
+    first, again, other = sampler.generate(PROMPTS, seed=1), sampler.generate(PROMPTS, seed=1), \
+        sampler.generate(PROMPTS, seed=2)
+    assert first == again
+    assert first != other
+    assert first != greedy
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy():
+    logits = jnp.array([[0.1, 2.0, 1.0, -1.0], [3.0, 0.0, 2.9, 1.0]])
+    for settings in (generate.Sampling(1.0, top_k=1), generate.Sampling(1.0, top_p=1e-6)):
+        samples = jax.vmap(lambda k: generate.sample(logits, k, settings))(jax.random.split(jax.random.PRNGKey(0), 64))
+        assert (samples == jnp.array([1, 0])).all()
+
+
+def test_top_p_keeps_the_smallest_set_with_that_mass():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    settings = generate.Sampling(1.0, top_p=0.7)
+    samples = jax.vmap(lambda k: generate.sample(logits, k, settings))(jax.random.split(jax.random.PRNGKey(0), 400))
+    assert set(np.asarray(samples).ravel().tolist()) == {0, 1}
+
+
+def test_cli_writes_jsonl(converted, tmp_path):
+    if not GPT2_BPE.exists():
+        pytest.skip(f"needs the GPT-2 BPE files in {GPT2_BPE}")
+    checkpoint, _ = converted
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "The city of"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    records = generate.main([f"--checkpoint={checkpoint}", "--prompt=hangzhou is a beautiful city",
+                             f"--prompts_file={prompts}", "--max_new_tokens=6", "--temperature=0",
+                             f"--output={out}"])
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written == records
+    assert [r["prompt"] for r in written] == ["hangzhou is a beautiful city", "The city of"]
+    from t5x_like.data import load_tokenizer
+
+    tokenizer = load_tokenizer(GPT2_BPE)
+    for record in written:
+        assert record["completion"] == tokenizer.decode(record["tokens"])
+        assert record["finish_reason"] == ("length" if len(record["tokens"]) == 6 else "eod")
+
+
+def test_bad_requests_are_refused(loaded, tmp_path):
+    config, params, partitioner = loaded
+    with pytest.raises(ValueError, match="--max_new_tokens=40 must be between 1 and the model's max_len - 1"):
+        generate.Generator(config, params, partitioner, eod_id=EOD, max_new_tokens=40,
+                           settings=generate.Sampling())
+    with pytest.raises(ValueError, match="need temperature >= 0"):
+        generate.Sampling(temperature=-1.0)
+    with pytest.raises(ValueError, match="no prompts"):
+        generate.main([f"--checkpoint={tmp_path}"])
