@@ -139,3 +139,16 @@ def test_pipeline_needs_scanned_layers():
     module = train.pipelined(GPT2(config), config, 2, 2, 1, BATCH, 1)
     with pytest.raises(ValueError, match="scan_layers=True"):
         jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.numpy.zeros((2, SEQ_LEN), "int32"))
+
+
+def test_pipeline_dropout_is_seeded():
+    config = dataclasses.replace(CONFIG, dropout_rate=0.5, attention_dropout_rate=0.5)
+    module = train.pipelined(GPT2(config), config, 2, 2, 1, 4, 1)
+    tokens = jax.numpy.arange(4 * SEQ_LEN).reshape(4, SEQ_LEN) % 256
+    params = jax.jit(module.init)(jax.random.PRNGKey(0), tokens[:1])
+    run = jax.jit(lambda seed, deterministic: module.apply(params, tokens, deterministic=deterministic,
+                                                           rngs={"dropout": jax.random.PRNGKey(seed)}),
+                  static_argnums=1)
+    np.testing.assert_array_equal(run(1, False), run(1, False))
+    assert not np.allclose(run(1, False), run(2, False))
+    assert not np.allclose(run(1, False), run(1, True))
