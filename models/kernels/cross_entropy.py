@@ -2,9 +2,14 @@
 
 `chunked_cross_entropy` walks the sequence in chunks of `chunk_size` positions: each step forms
 that chunk's fp32 logits (hidden @ embedding.T), reduces them to a log-sum-exp and the target
-logit, and drops them. The custom VJP saves only the per-token log-sum-exp and recomputes each
-chunk's logits in the backward pass, so peak memory holds batch × chunk_size × vocab logits instead
-of batch × length × vocab (the unfused loss keeps all of them, in fp32, for its backward).
+logit, and drops them, so peak memory holds batch × chunk_size × vocab logits instead of
+batch × length × vocab (the unfused loss keeps all of them, in fp32, for its backward).
+
+Gradients (custom VJP): with z_loss == 0 the forward pass under differentiation also forms each
+chunk's gradients for a unit cotangent (the loss is linear in it) and the backward rescales them —
+three matmuls per chunk, the unfused loss's count. With z_loss > 0 the two outputs' cotangents
+are only known in the backward, which recomputes each chunk's logits from the saved per-token
+log-sum-exp (four matmuls). Without differentiation only the forward reduction runs.
 
 Under a mesh (read from the ambient `jax.set_mesh` and the Flax logical-axis rules) it runs inside
 `jax.shard_map`, vocabulary-parallel as in Megatron: each shard holds the embedding rows of its
@@ -63,17 +68,34 @@ def from_chunks(x: jax.Array) -> jax.Array:
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
+def softmax_stats(logits, ids, targets, layout: Layout):
+    """Per token: log-sum-exp over the whole vocabulary and the target's logit (fp32 [batch, chunk])."""
+    row_max = over(lax.pmax, jnp.max(logits, axis=-1), layout.vocab_axes)
+    sum_exp = over(lax.psum, jnp.sum(jnp.exp(logits - row_max[..., None]), axis=-1), layout.vocab_axes)
+    target_logit = jnp.sum(jnp.where(ids == targets[..., None], logits, 0.0), axis=-1)
+    return row_max + jnp.log(sum_exp), over(lax.psum, target_logit, layout.vocab_axes)
+
+
+def chunk_gradients(layout: Layout, h, embedding, logits, ids, t, w, lse, g_loss, g_z):
+    """d hidden (all-reduced over the vocabulary) and this shard's d embedding for one chunk, from
+    d logits = w·[(g_loss + 2·z·g_z·lse)·softmax − g_loss·onehot]."""
+    probs = jnp.exp(logits - lse[..., None])
+    scale = w * (g_loss + 2.0 * layout.z_loss * g_z * lse)
+    target_term = jnp.where(ids == t[..., None], (w * g_loss)[..., None], 0.0)
+    d_logits = (scale[..., None] * probs - target_term).astype(h.dtype)
+    d_h = jnp.einsum("bcv,ve->bce", d_logits, embedding, preferred_element_type=jnp.float32)
+    d_embedding = jnp.einsum("bcv,bce->ve", d_logits, h, preferred_element_type=jnp.float32)
+    return over(lax.psum, d_h, layout.vocab_axes).astype(h.dtype), d_embedding
+
+
 def forward_local(layout: Layout, hidden, embedding, targets, weights):
     """Per shard: the two sums (all-reduced) and per-token log-sum-exp and lse - target logit."""
 
     def one_chunk(_, chunk):
         h, t = chunk
         logits, ids = chunk_logits(h, embedding, layout)
-        row_max = over(lax.pmax, jnp.max(logits, axis=-1), layout.vocab_axes)
-        sum_exp = over(lax.psum, jnp.sum(jnp.exp(logits - row_max[..., None]), axis=-1), layout.vocab_axes)
-        lse = row_max + jnp.log(sum_exp)
-        target_logit = jnp.sum(jnp.where(ids == t[..., None], logits, 0.0), axis=-1)
-        return None, (lse, lse - over(lax.psum, target_logit, layout.vocab_axes))
+        lse, target_logit = softmax_stats(logits, ids, t, layout)
+        return None, (lse, lse - target_logit)
 
     _, (lse, nll) = lax.scan(one_chunk, None, (in_chunks(hidden, layout.chunk_size),
                                                in_chunks(targets, layout.chunk_size)))
@@ -83,19 +105,36 @@ def forward_local(layout: Layout, hidden, embedding, targets, weights):
     return loss_sum, z_loss_sum, lse, nll
 
 
+def forward_with_gradients_local(layout: Layout, hidden, embedding, targets, weights):
+    """Per shard, z_loss == 0: the loss sum and its gradients for a unit cotangent in one pass.
+
+    The loss is linear in its cotangent, so the backward only rescales these: three matmuls per
+    chunk in all, as the unfused loss, instead of four with the logits recomputed.
+    """
+
+    def one_chunk(d_embedding, chunk):
+        h, t, w = chunk
+        logits, ids = chunk_logits(h, embedding, layout)
+        lse, target_logit = softmax_stats(logits, ids, t, layout)
+        d_h, d_e = chunk_gradients(layout, h, embedding, logits, ids, t, w, lse, 1.0, 0.0)
+        return d_embedding + d_e, (lse - target_logit, d_h)
+
+    chunks = tuple(in_chunks(x, layout.chunk_size) for x in (hidden, targets, weights))
+    d_embedding, (nll, d_hidden) = lax.scan(one_chunk, jnp.zeros(embedding.shape, jnp.float32), chunks)
+    nll = from_chunks(nll)
+    loss_sum = over(lax.psum, jnp.sum(weights * nll), layout.batch_axes)
+    d_embedding = over(lax.psum, d_embedding, layout.batch_axes).astype(embedding.dtype)
+    return loss_sum, nll, from_chunks(d_hidden), d_embedding
+
+
 def backward_local(layout: Layout, hidden, embedding, targets, weights, lse, nll, g_loss, g_z):
-    """Per shard: d logits = w·[(g_loss + 2·z·g_z·lse)·softmax − g_loss·onehot], chunk by chunk."""
+    """Per shard, z_loss > 0: the gradients, recomputing each chunk's logits."""
 
     def one_chunk(d_embedding, chunk):
         h, t, w, chunk_lse = chunk
         logits, ids = chunk_logits(h, embedding, layout)
-        probs = jnp.exp(logits - chunk_lse[..., None])
-        scale = w * (g_loss + 2.0 * layout.z_loss * g_z * chunk_lse)
-        target_term = jnp.where(ids == t[..., None], (w * g_loss)[..., None], 0.0)
-        d_logits = (scale[..., None] * probs - target_term).astype(h.dtype)
-        d_h = jnp.einsum("bcv,ve->bce", d_logits, embedding, preferred_element_type=jnp.float32)
-        d_embedding += jnp.einsum("bcv,bce->ve", d_logits, h, preferred_element_type=jnp.float32)
-        return d_embedding, over(lax.psum, d_h, layout.vocab_axes).astype(h.dtype)
+        d_h, d_e = chunk_gradients(layout, h, embedding, logits, ids, t, w, chunk_lse, g_loss, g_z)
+        return d_embedding + d_e, d_h
 
     chunks = tuple(in_chunks(x, layout.chunk_size) for x in (hidden, targets, weights, lse))
     d_embedding, d_hidden = lax.scan(one_chunk, jnp.zeros(embedding.shape, jnp.float32), chunks)
@@ -122,21 +161,33 @@ def specs(layout: Layout):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def fused_loss(layout: Layout, hidden, embedding, targets, weights):
-    return fused_loss_fwd(layout, hidden, embedding, targets, weights)[0]
+    batch, table, scalar = specs(layout)
+    forward = per_shard(forward_local, layout, (batch, table, batch, batch), (scalar, scalar, batch, batch))
+    return forward(hidden, embedding, targets, weights)[:2]
 
 
 def fused_loss_fwd(layout: Layout, hidden, embedding, targets, weights):
     batch, table, scalar = specs(layout)
+    if layout.z_loss == 0.0:
+        forward = per_shard(forward_with_gradients_local, layout, (batch, table, batch, batch),
+                            (scalar, batch, batch, table))
+        loss_sum, nll, d_hidden, d_embedding = forward(hidden, embedding, targets, weights)
+        return (loss_sum, jnp.zeros((), jnp.float32)), (nll, d_hidden, d_embedding)
     forward = per_shard(forward_local, layout, (batch, table, batch, batch), (scalar, scalar, batch, batch))
     loss_sum, z_loss_sum, lse, nll = forward(hidden, embedding, targets, weights)
     return (loss_sum, z_loss_sum), (hidden, embedding, targets, weights, lse, nll)
 
 
 def fused_loss_bwd(layout: Layout, residuals, cotangents):
+    g_loss, g_z = cotangents
+    if layout.z_loss == 0.0:  # gradients came with the forward; z_loss_sum is the constant 0
+        nll, d_hidden, d_embedding = residuals
+        return ((g_loss * d_hidden).astype(d_hidden.dtype), (g_loss * d_embedding).astype(d_embedding.dtype),
+                None, g_loss * nll)
     batch, table, scalar = specs(layout)
     backward = per_shard(backward_local, layout, (batch, table, batch, batch, batch, batch, scalar, scalar),
                          (batch, table, batch))
-    d_hidden, d_embedding, d_weights = backward(*residuals, *cotangents)
+    d_hidden, d_embedding, d_weights = backward(*residuals, g_loss, g_z)
     return d_hidden, d_embedding, None, d_weights
 
 

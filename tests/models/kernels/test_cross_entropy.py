@@ -45,7 +45,7 @@ def fused(z_loss, chunk_size):
 def sums_and_grads(loss_fn, hidden, embedding, targets, weights):
     def total(h, e, w):
         loss, z = loss_fn(h, e, targets, w)
-        return loss + 0.5 * z, (loss, z)  # distinct cotangents on the two outputs
+        return 0.7 * loss + 0.5 * z, (loss, z)  # distinct, non-unit cotangents on the two outputs
 
     (_, sums), grads = jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True))(
         hidden, embedding, weights)
@@ -86,20 +86,21 @@ def test_bfloat16_equals_optax_on_the_rounded_inputs():
     assert got[1][1].dtype == jnp.float32
 
 
-def test_vocabulary_parallel_under_a_mesh_equals_unsharded():
+@pytest.mark.parametrize("z_loss", [0.0, 1e-4])  # gradients in the forward pass / recomputed
+def test_vocabulary_parallel_under_a_mesh_equals_unsharded(z_loss):
     """Embedding rows over 'tensor', batch over 'data', inside shard_map: the sums and gradients of
     the unsharded loss, with no all-gather (only [batch, chunk] / d_hidden / d_embedding all-reduces)."""
     mesh = jax.make_mesh((2, 1, 1, 4), ("data", "stage", "fsdp", "tensor"),
                          axis_types=(AxisType.Auto,) * 4)
     rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None), ("vocab", "tensor")]
     hidden, embedding, targets, weights = problem(9, 2, 16)
-    want = sums_and_grads(fused(1e-4, 8), hidden, embedding, targets, weights)
+    want = sums_and_grads(fused(z_loss, 8), hidden, embedding, targets, weights)
     batch = NamedSharding(mesh, P("data"))
     hidden, targets, weights = (jax.device_put(x, batch) for x in (hidden, targets, weights))
     embedding = jax.device_put(embedding, NamedSharding(mesh, P("tensor", None)))
-    loss = lambda h, e, w: sum(fused(1e-4, 8)(h, e, targets, w))
+    loss = lambda h, e, w: sum(fused(z_loss, 8)(h, e, targets, w))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        got = sums_and_grads(fused(1e-4, 8), hidden, embedding, targets, weights)
+        got = sums_and_grads(fused(z_loss, 8), hidden, embedding, targets, weights)
         hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, embedding, weights).compile().as_text()
     assert_matches(got, want, sum_rtol=1e-5, grad_atol=1e-5)
     assert "all-reduce" in hlo and "all-gather" not in hlo
