@@ -159,11 +159,15 @@ def specs(layout: Layout):
     return batch, P(layout.vocab_axes or None, None), P()
 
 
+def sums_and_statistics(layout: Layout):
+    """forward_local, per shard under a mesh."""
+    batch, table, scalar = specs(layout)
+    return per_shard(forward_local, layout, (batch, table, batch, batch), (scalar, scalar, batch, batch))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def fused_loss(layout: Layout, hidden, embedding, targets, weights):
-    batch, table, scalar = specs(layout)
-    forward = per_shard(forward_local, layout, (batch, table, batch, batch), (scalar, scalar, batch, batch))
-    return forward(hidden, embedding, targets, weights)[:2]
+    return sums_and_statistics(layout)(hidden, embedding, targets, weights)[:2]
 
 
 def fused_loss_fwd(layout: Layout, hidden, embedding, targets, weights):
@@ -173,8 +177,7 @@ def fused_loss_fwd(layout: Layout, hidden, embedding, targets, weights):
                             (scalar, batch, batch, table))
         loss_sum, nll, d_hidden, d_embedding = forward(hidden, embedding, targets, weights)
         return (loss_sum, jnp.zeros((), jnp.float32)), (nll, d_hidden, d_embedding)
-    forward = per_shard(forward_local, layout, (batch, table, batch, batch), (scalar, scalar, batch, batch))
-    loss_sum, z_loss_sum, lse, nll = forward(hidden, embedding, targets, weights)
+    loss_sum, z_loss_sum, lse, nll = sums_and_statistics(layout)(hidden, embedding, targets, weights)
     return (loss_sum, z_loss_sum), (hidden, embedding, targets, weights, lse, nll)
 
 
