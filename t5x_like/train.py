@@ -68,7 +68,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
           on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
           eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "xla", pipeline_repeats: int = 1,
+          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "chunked", pipeline_repeats: int = 1,
           data_source: Callable = make_source) -> TrainResult:
     """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
     if on_nonfinite not in ("stop", "skip"):
