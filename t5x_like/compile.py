@@ -132,6 +132,8 @@ def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any],
         compiled = train.jit_train_step(module, optimizer, step_config, shardings, partitioner).lower(
             state, batch).compile()
         compile_seconds = time.perf_counter() - start
+    analytic_flops = metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len) \
+        * batch_size * seq_len
     report = {
         "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(mesh.shape),
         "rules": partitioner.rules.name, "model": config.family, "num_layers": config.num_layers,
@@ -140,8 +142,8 @@ def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any],
         "pipeline_microbatches": s["pipeline_microbatches"], "pipeline_repeats": s["pipeline_repeats"],
         "num_params": num_params, "state_bytes_per_device": state_bytes,
         **memory_report(compiled), **cost_report(compiled, len(devices)),
-        "analytic_flops_per_step": metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len)
-        * batch_size * seq_len,
+        "analytic_flops_per_step": analytic_flops,
+        "step_seconds_at_peak": step_seconds_at_peak(analytic_flops, devices),
         "device_memory_bytes": memory, "compile_seconds": round(compile_seconds, 1),
     }
     report["fits"] = memory is None or report["total_bytes_per_device"] <= memory
@@ -175,13 +177,20 @@ def memory_report(compiled) -> dict[str, int]:
 
 def cost_report(compiled, num_devices: int) -> dict[str, float | None]:
     """XLA's cost analysis of the per-device program. It counts a loop body once, so with scanned
-    layers its FLOPs undercount; analytic_flops_per_step is the model's count."""
+    layers its FLOPs undercount (analytic_flops_per_step is the model's count); its step-time
+    estimate is reported only when positive (libtpu returns negative values when it has none)."""
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
     flops = cost.get("flops")
     seconds = cost.get("optimal_seconds")
     return {"xla_flops_per_step": flops * num_devices if flops is not None else None,
             "estimated_step_seconds": seconds if seconds is not None and seconds > 0 else None}
+
+
+def step_seconds_at_peak(flops: float, devices: Sequence) -> float | None:
+    """The step time at the devices' dense bf16 peak (a lower bound; MFU = this / the real time)."""
+    peak = metrics.peak_tflops(devices[0].device_kind)
+    return flops / (len(devices) * peak * 1e12) if peak else None
 
 
 def check_fits(what: str, needed: int, memory: int | None) -> None:

@@ -114,4 +114,5 @@ def test_tpu_topology_compiles_without_tpus(quickstart):
     quickstart("FSDP_PARALLEL=4")
     report, _ = compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))
     assert report["device_kind"] == "TPU v5 lite" and report["device_memory_bytes"] == 16 << 30
-    assert report["fits"] and report["estimated_step_seconds"] > 0
+    assert report["fits"] and report["state_bytes_per_device"] < report["argument_bytes_per_device"]
+    assert report["step_seconds_at_peak"] == pytest.approx(report["analytic_flops_per_step"] / (4 * 197e12))
