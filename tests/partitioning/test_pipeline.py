@@ -4,7 +4,9 @@ import dataclasses
 import functools
 import json
 import os
+import re
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -104,6 +106,23 @@ def test_pipeline_checkpoint_restores_onto_a_plain_mesh(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)
     assert restored.params["blocks"]["mlp"]["fc_kernel"].sharding.spec == shardings.params["blocks"]["mlp"][
         "fc_kernel"].spec
+
+
+def test_gpipe_moves_activations_not_weights():
+    """Each stage keeps its own layers: the compiled gradient has collective permutes (the rotation)
+    and no all-gather or all-to-all of weights."""
+    partitioner = Partitioner(make_mesh(data=2, stage=4), "data_parallel")
+    module = train.pipelined(GPT2(CONFIG), CONFIG, 4, 4, 1, BATCH, partitioner.batch_shards)
+    tokens = jax.ShapeDtypeStruct((BATCH, SEQ_LEN), "int32", sharding=partitioner.batch_sharding())
+    boxed = jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.numpy.zeros((1, SEQ_LEN), "int32"))
+    params = checkpoints.with_shardings(nn.meta.unbox(boxed)["params"],
+                                        partitioner.shardings(nn.get_partition_spec(boxed))["params"])
+    with partitioner.activate():
+        grad = jax.jit(jax.grad(lambda p, t: module.apply({"params": p}, t).mean()))
+        hlo = grad.lower(params, tokens).compile().as_text()
+    count = lambda op: len(re.findall(rf"\b{op}(-start)?\(", hlo))  # noqa: E731
+    assert count("collective-permute") > 0
+    assert count("all-gather") == count("all-to-all") == 0
 
 
 def test_bubble_fraction():
