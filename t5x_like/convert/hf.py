@@ -44,9 +44,12 @@ def hf_tensors(src: str) -> Iterator[tuple[str, np.ndarray]]:
 def restore_on_host(src: str, config) -> dict:
     """The checkpoint's parameters as numpy arrays, restored onto one CPU device whatever the mesh
     they were saved from."""
-    cpu = jax.local_devices(backend="cpu")[0]
+    try:
+        host = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS excludes cpu: the first local accelerator then
+        host = jax.local_devices()[0]
     params = evaluation.restore_params(src, config, lambda specs: jax.tree.map(
-        lambda _: jax.sharding.SingleDeviceSharding(cpu), specs,
+        lambda _: jax.sharding.SingleDeviceSharding(host), specs,
         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
     return jax.tree.map(np.asarray, params)
 
@@ -72,7 +75,7 @@ def to_torch(src: str, file: str) -> None:
     import torch
 
     config, _ = evaluation.read_config(src)
-    state = {name: torch.from_numpy(np.ascontiguousarray(array, np.float32)) for name, array in hf_tensors(src)}
+    state = {name: torch.from_numpy(np.array(array, np.float32)) for name, array in hf_tensors(src)}
     for name, same_as in converter_for(config.family).TIED.items():
         state[name] = state[same_as]
     os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)

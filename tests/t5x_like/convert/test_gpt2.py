@@ -230,3 +230,24 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
     small = GPT2Config(vocab_size=300, max_len=16, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=8)
     with pytest.raises(ValueError, match=r"gpt2-bpe has 50257 ids but the model's vocab_size is 300"):
         evaluation.open_tokenizer(str(DATA / "gpt2-bpe"), small)
+
+
+def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_source):
+    """RESTORE_FROM a from-hf checkpoint: the first step's loss is the converted model's loss."""
+    from partitioning import make_mesh
+    from t5x_like import train
+
+    src, _ = hf_dir
+    hf.from_hf(str(src), str(tmp_path / "ours"))
+    config, _ = evaluation.read_config(str(tmp_path / "ours"))
+    train.train(model_dir=str(tmp_path / "run"), model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2),
+                optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
+                train_steps=1, batch_size=8, seq_len=16, data_source=synthetic_source, log_every=1,
+                restore_from=str(tmp_path / "ours"))
+    batch = next(synthetic_source("train", batch_size=8, seq_len=16, seed=0, shard_index=0, shard_count=1))
+    logits = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), batch["inputs"])
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    expected = float((log_z - np.take_along_axis(logits, batch["targets"][..., None], -1)[..., 0]).mean())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 1
+    assert rows[0]["loss"] == pytest.approx(expected, rel=1e-5)
