@@ -120,10 +120,12 @@ def run(apply_layer: Callable, params: Any, x: jax.Array, args: tuple, rng: jax.
     with each layer's slice of `params` ([length, ...] leaves), in layer order."""
     s, m, r = schedule.stages, schedule.microbatches, schedule.repeats
     weights = jax.tree.map(lambda w: stage_major(w, s, r), params)
+    if r == 1:  # loop-invariant weights: the backward pass reuses them instead of saving one copy per iteration
+        weights = jax.tree.map(lambda w: w[:, 0], weights)
     buffer = split_microbatches(x, m)
     micro_args = jax.tree.map(lambda a: split_microbatches(a, m), args)
     stage_ids = jnp.arange(s)
-    run_stage = jax.vmap(_stage_fn(apply_layer, rng is not None), spmd_axis_name=STAGE_AXIS)
+    run_stage = jax.vmap(_stage_fn(apply_layer, rng is not None, r > 1), spmd_axis_name=STAGE_AXIS)
 
     def iteration(carry, t):
         state, buffer = carry
@@ -146,11 +148,12 @@ def run(apply_layer: Callable, params: Any, x: jax.Array, args: tuple, rng: jax.
     return merge_microbatches(buffer)
 
 
-def _stage_fn(apply_layer: Callable, with_rng: bool) -> Callable:
-    """One stage's work in one iteration: its repeat's layers, in order, on one microbatch."""
+def _stage_fn(apply_layer: Callable, with_rng: bool, select_repeat: bool) -> Callable:
+    """One stage's work in one iteration: its (current repeat's) layers, in order, on one microbatch."""
 
     def stage(weights, x, args, repeat, rng):
-        layers = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, repeat, keepdims=False), weights)
+        layers = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, repeat, keepdims=False), weights) \
+            if select_repeat else weights
 
         def one_layer(x, inputs):
             params, i = inputs

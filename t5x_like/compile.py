@@ -36,6 +36,9 @@ from t5x_like import checkpoints, metrics, train, trainer
 GiB = 1 << 30
 # HBM per chip by jax device_kind; a chip's TensorCores shown as separate devices share it.
 HBM_PER_CHIP = {"TPU v4": 32 * GiB, "TPU v5 lite": 16 * GiB, "TPU v5": 95 * GiB, "TPU v6 lite": 32 * GiB}
+HOW_TO_FIT = ("Shard it over more devices (FSDP_PARALLEL, TENSOR_PARALLEL, PIPELINE_PARALLEL), keep activations "
+              "smaller (RULES='fsdp_tensor_sequence', model_config.remat_policy='full', a smaller BATCH_SIZE or more "
+              "GRAD_ACCUM_STEPS), or use chips with more memory.")
 # Macros the train CLI requires that compiling does not use.
 UNUSED_MACROS = ("MODEL_DIR = None", "DATA_PATH = None")
 
@@ -129,8 +132,8 @@ def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any],
         check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
         batch = abstract_batch(batch_size, seq_len, partitioner.batch_sharding())
         start = time.perf_counter()
-        compiled = train.jit_train_step(module, optimizer, step_config, shardings, partitioner).lower(
-            state, batch).compile()
+        compiled = compile_or_explain(train.jit_train_step(module, optimizer, step_config, shardings, partitioner),
+                                      state, batch)
         compile_seconds = time.perf_counter() - start
     analytic_flops = metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len) \
         * batch_size * seq_len
@@ -195,10 +198,18 @@ def step_seconds_at_peak(flops: float, devices: Sequence) -> float | None:
 
 def check_fits(what: str, needed: int, memory: int | None) -> None:
     if memory is not None and needed > memory:
-        raise DoesNotFit(
-            f"{what} needs {needed / GiB:.2f} GiB per device but a device has {memory / GiB:.2f} GiB. Shard it over "
-            "more devices (FSDP_PARALLEL, TENSOR_PARALLEL, PIPELINE_PARALLEL), keep activations smaller "
-            "(model_config.remat_policy='full', a smaller BATCH_SIZE or more GRAD_ACCUM_STEPS), or use bigger chips.")
+        raise DoesNotFit(f"{what} needs {needed / GiB:.2f} GiB per device but a device has {memory / GiB:.2f} GiB. "
+                         + HOW_TO_FIT)
+
+
+def compile_or_explain(step, state, batch) -> jax.stages.Compiled:
+    """Compile; when the compiler itself runs out of device memory (TPU), say so and how to fit."""
+    try:
+        return step.lower(state, batch).compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise DoesNotFit(f"XLA could not fit one train step: {str(e).splitlines()[0]} " + HOW_TO_FIT) from None
 
 
 def main(argv: list[str]) -> None:
