@@ -255,10 +255,14 @@ def evaluate_wikitext(scorer: Scorer, tokenizer, path: str, seq_len: int, stride
             "seq_len": seq_len, "stride": stride}
 
 
-def evaluate_tokens(scorer: Scorer, prefix: str, seq_len: int, stride: int) -> dict:
+def evaluate_tokens(scorer: Scorer, prefix: str, seq_len: int, stride: int, vocab_size: int) -> dict:
     from t5x_like.data import open_token_file
 
     tokens = open_token_file(prefix).tokens
+    largest = int(tokens.max(initial=0))
+    if largest >= vocab_size:
+        raise ValueError(f"token file {prefix} holds id {largest} but the model's vocab_size is {vocab_size}; "
+                         "it was made with another tokenizer. Re-run preprocess with the model's tokenizer.")
     nll = score_stream(scorer, tokens, seq_len, stride, "tokens")
     loss = nll / (len(tokens) - 1)
     return {"task": "tokens", "loss": loss, "ppl": safe_exp(loss), "num_tokens": len(tokens),
@@ -360,7 +364,7 @@ def run(args: argparse.Namespace) -> dict:
     elif args.task == "lambada":
         result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, strict=not args.lambada_last_token)
     else:
-        result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len)
+        result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len, config.vocab_size)
     result.update(checkpoint=args.checkpoint, data=args.data, tokenizer=getattr(tokenizer, "path", None))
     return result
 

@@ -198,6 +198,10 @@ def test_token_file_loss_equals_torch(converted, tmp_path):
     nll = reference_stream_nll(model, ids.tolist(), SEQ_LEN, SEQ_LEN)
     assert (result["num_tokens"], result["stride"]) == (100, SEQ_LEN)
     assert result["loss"] == pytest.approx(nll / 99, rel=1e-5)
+    with TokenFileWriter(tmp_path / "other", np.int32, {"tokenizer": "test"}) as writer:
+        writer.write(np.array([5, 60000, 7]), np.array([3]))
+    with pytest.raises(ValueError, match="holds id 60000 but the model's vocab_size is 50257"):
+        evaluation.main(["--task=tokens", f"--checkpoint={checkpoint}", f"--data={tmp_path / 'other'}"])
 
 
 def test_bad_arguments_are_refused(converted, tmp_path):
