@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collected no tests: treat that as a failure, loudly.
 test: $(STAMP)
-	@$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests; rc=$$?; \
+	@$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:
