@@ -15,17 +15,15 @@ lambada: last-word accuracy; strict (default): the target is " " + last word and
 every target token is the argmax; --lambada_last_token: only the last BPE token is predicted.
 tokens: loss / ppl over a preprocessed token file (documents back to back, as stored).
 
-Checkpoint loading here is shared with t5x_like.generate and t5x_like.convert.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import flax.linen as nn
 import jax
@@ -34,84 +32,8 @@ import numpy as np
 from tqdm import tqdm
 
 import models
-from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints
-
-# ---------------------------------------------------------------- checkpoint loading (shared)
-
-
-def read_config(checkpoint: str):
-    """(model config, recorded tokenizer path or None) of a checkpoint (MODEL_DIR or step dir)."""
-    info = checkpoints.read_model_info(checkpoint)
-    if not info.get("config"):
-        raise ValueError(f"checkpoint {checkpoint} records no model config; it was not written by "
-                         "t5x_like.train or t5x_like.convert. Re-save it with a current version.")
-    return models.config_from_dict(info["config"]), info.get("tokenizer")
-
-
-def open_tokenizer(path: str | None, config, checkpoint: str = ""):
-    """The tokenizer at `path`, checked to fit the model's vocabulary."""
-    from t5x_like.data import load_tokenizer
-
-    if not path:
-        raise ValueError(f"checkpoint {checkpoint} records no tokenizer; pass --tokenizer=PATH.")
-    tokenizer = load_tokenizer(path)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
-                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
-                         "was trained with (--tokenizer).")
-    return tokenizer
-
-
-def abstract_params(config) -> tuple[Any, Any]:
-    """(unboxed ShapeDtypeStructs, logical PartitionSpecs) of the model's parameters."""
-    module = models.build_model(config)
-    boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
-    return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
-
-
-def restore_params(checkpoint: str, config, shardings_for: Callable[[Any], Any]) -> Any:
-    """The checkpoint's parameters laid out by `shardings_for(logical specs)` (any mesh)."""
-    abstract, specs = abstract_params(config)
-    return checkpoints.restore_params(checkpoint, checkpoints.with_shardings(abstract, shardings_for(specs)))
-
-
-def restore_sharded(checkpoint: str, config, partitioner: Partitioner) -> Any:
-    """Parameters sharded by the partitioner's rules, after checking every dimension divides."""
-    abstract, specs = abstract_params(config)
-    partitioner.check_divisible(abstract, specs)
-    return restore_params(checkpoint, config, partitioner.shardings)
-
-
-def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data_parallel", type=int, default=-1, help="mesh 'data' size (-1 = fill)")
-    parser.add_argument("--fsdp_parallel", type=int, default=1, help="mesh 'fsdp' size")
-    parser.add_argument("--tensor_parallel", type=int, default=1, help="mesh 'tensor' size")
-    parser.add_argument("--rules", default="fsdp_tensor", help="logical-axis rule set (partitioning/rules.py)")
-    parser.add_argument("--dtype", default=None, choices=sorted(models.gpt2.DTYPES),
-                        help="compute dtype (default: the checkpoint's)")
-
-
-def partitioner_from(args: argparse.Namespace) -> Partitioner:
-    mesh = make_mesh(data=args.data_parallel, fsdp=args.fsdp_parallel, tensor=args.tensor_parallel)
-    return Partitioner(mesh, args.rules)
-
-
-def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True):
-    """(config, params, tokenizer or None, partitioner) for the --checkpoint / --tokenizer / mesh flags."""
-    config, recorded_tokenizer = read_config(args.checkpoint)
-    if args.dtype:
-        config = dataclasses.replace(config, dtype=args.dtype)
-    tokenizer = open_tokenizer(args.tokenizer or recorded_tokenizer, config, args.checkpoint) \
-        if with_tokenizer else None
-    partitioner = partitioner_from(args)
-    return config, restore_sharded(args.checkpoint, config, partitioner), tokenizer, partitioner
-
-
-def global_array(rows: np.ndarray, sharding) -> jax.Array:
-    """A host array (the same on every host) laid out as `sharding`."""
-    return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
-
+from partitioning import Partitioner
+from t5x_like import inference
 
 # ---------------------------------------------------------------- scoring
 
@@ -153,7 +75,7 @@ class Scorer:
             for rows in tqdm(batches, total=total, desc=description, unit="batch", file=sys.stderr):
                 count = len(rows["inputs"])
                 padded = {k: pad_rows(v, self.batch_size) for k, v in rows.items()}
-                out = jax.device_get(self._fn(self.params, {k: global_array(v, self.sharding)
+                out = jax.device_get(self._fn(self.params, {k: inference.global_array(v, self.sharding)
                                                             for k, v in padded.items()}))
                 for key in results:
                     results[key].append(np.asarray(out[key][:count]))
@@ -349,12 +271,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lambada_last_token", action="store_true",
                         help="LAMBADA: predict only the last BPE token instead of the whole last word")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
-    add_mesh_flags(parser)
+    inference.add_mesh_flags(parser)
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> dict:
-    config, params, tokenizer, partitioner = load_for_inference(args, with_tokenizer=args.task != "tokens")
+    config, params, tokenizer, partitioner = inference.load_for_inference(args, with_tokenizer=args.task != "tokens")
     seq_len = args.seq_len or config.max_len
     if seq_len > config.max_len:
         raise ValueError(f"--seq_len={seq_len} exceeds the model's max_len {config.max_len}.")

@@ -25,7 +25,7 @@ import numpy as np
 
 import models
 from partitioning import Partitioner
-from t5x_like import eval as evaluation
+from t5x_like import inference
 
 PROMPT_BUCKET = 64
 """Padded prompt lengths are multiples of this (capped by max_len), so few shapes compile."""
@@ -68,7 +68,7 @@ def cache_layout(module: nn.Module, batch: int, length: int) -> tuple[Any, Any]:
         zeros = jnp.zeros((batch, length), jnp.int32)
         return module.apply({"params": params}, zeros, positions=zeros, mutable=["cache"])[1]["cache"]
 
-    abstract, _ = evaluation.abstract_params(module.config)
+    abstract, _ = inference.abstract_params(module.config)
     boxed = jax.eval_shape(create, abstract)
     return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
 
@@ -160,8 +160,8 @@ class Generator:
             rng = jax.random.fold_in(jax.random.PRNGKey(seed), first)
             decode = self.decode_fn(length)
             with self.partitioner.activate():
-                out = jax.device_get(decode(self.params, evaluation.global_array(tokens, sharding),
-                                            evaluation.global_array(valid, sharding), rng))
+                out = jax.device_get(decode(self.params, inference.global_array(tokens, sharding),
+                                            inference.global_array(valid, sharding), rng))
             results.extend(cut_at(row, self.eod_id) for row in out[:len(batch)])
         return results
 
@@ -198,7 +198,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch_size", type=int, default=8, help="prompts decoded together (global)")
     parser.add_argument("--output", default=None, help="JSONL file (default: JSONL on stdout)")
-    evaluation.add_mesh_flags(parser)
+    inference.add_mesh_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prompts = read_prompts(args)
     settings = Sampling(args.temperature, args.top_k, args.top_p)
-    config, params, tokenizer, partitioner = evaluation.load_for_inference(args)
+    config, params, tokenizer, partitioner = inference.load_for_inference(args)
     generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
                           max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size)
     generated = generator.generate([tokenizer.encode(p) for p in prompts], seed=args.seed)

@@ -12,7 +12,7 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 import flax.linen as nn
 import gin

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from t5x_like import checkpoints
-from t5x_like import eval as evaluation
+from t5x_like import inference
 from t5x_like.convert import gpt2, mapping
 
 FAMILIES = {"gpt2": gpt2}
@@ -35,7 +35,7 @@ def converter_for(family: str):
 
 def hf_tensors(src: str) -> Iterator[tuple[str, np.ndarray]]:
     """Named float32 arrays of our checkpoint `src` with HF names (tied names left out)."""
-    config, _ = evaluation.read_config(src)
+    config, _ = inference.read_config(src)
     family = converter_for(config.family)
     flat = mapping.flatten(restore_on_host(src, config))
     yield from mapping.to_hf_tensors(flat, config, family.TOP, family.BLOCK, family.HF_BLOCK_PREFIX)
@@ -48,7 +48,7 @@ def restore_on_host(src: str, config) -> dict:
         host = jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS excludes cpu: the first local accelerator then
         host = jax.local_devices()[0]
-    params = evaluation.restore_params(src, config, lambda specs: jax.tree.map(
+    params = inference.restore_params(src, config, lambda specs: jax.tree.map(
         lambda _: jax.sharding.SingleDeviceSharding(host), specs,
         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
     return jax.tree.map(np.asarray, params)
@@ -58,8 +58,8 @@ def to_hf(src: str, dst: str) -> None:
     """Write dst/config.json + dst/model.safetensors (+ tokenizer files when src records a tokenizer)."""
     from safetensors.numpy import save_file
 
-    config, tokenizer_path = evaluation.read_config(src)
-    tokenizer = evaluation.open_tokenizer(tokenizer_path, config) if tokenizer_path else None
+    config, tokenizer_path = inference.read_config(src)
+    tokenizer = inference.open_tokenizer(tokenizer_path, config) if tokenizer_path else None
     os.makedirs(dst, exist_ok=True)
     tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}
     save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
@@ -74,7 +74,7 @@ def to_torch(src: str, file: str) -> None:
     """torch.save a state_dict with HF names (tied tensors shared), loadable into the HF model class."""
     import torch
 
-    config, _ = evaluation.read_config(src)
+    config, _ = inference.read_config(src)
     state = {name: torch.from_numpy(np.array(array, np.float32)) for name, array in hf_tensors(src)}
     for name, same_as in converter_for(config.family).TIED.items():
         state[name] = state[same_as]
@@ -144,7 +144,7 @@ def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     os.makedirs(dst, exist_ok=True)
     for name in present:
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    evaluation.open_tokenizer(dst, config)
+    inference.open_tokenizer(dst, config)
     return os.path.abspath(dst)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from partitioning import Partitioner, make_mesh
 from t5x_like import eval as evaluation
+from t5x_like import inference
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GPT2_BPE = DATA / "gpt2-bpe"
@@ -170,9 +171,9 @@ def test_accuracy_counts_a_row_only_when_every_target_is_the_argmax(converted):
     import models
 
     checkpoint, _, _ = converted
-    config, _ = evaluation.read_config(str(checkpoint))
+    config, _ = inference.read_config(str(checkpoint))
     partitioner = Partitioner(make_mesh(), "fsdp_tensor")
-    params = evaluation.restore_sharded(str(checkpoint), config, partitioner)
+    params = inference.restore_sharded(str(checkpoint), config, partitioner)
     inputs = np.random.default_rng(0).integers(0, 50257, (2, 8)).astype(np.int32)
     with partitioner.activate():
         logits = jax.jit(lambda p, t: models.build_model(config).apply({"params": p}, t))(params, inputs)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from partitioning import Partitioner, make_mesh
-from t5x_like import eval as evaluation
+from t5x_like import inference
 from t5x_like import generate
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -46,9 +46,9 @@ def converted(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(converted):
     checkpoint, _ = converted
-    config, _ = evaluation.read_config(str(checkpoint))
+    config, _ = inference.read_config(str(checkpoint))
     partitioner = Partitioner(make_mesh(data=4, tensor=2), "fsdp_tensor")
-    return config, evaluation.restore_sharded(str(checkpoint), config, partitioner), partitioner
+    return config, inference.restore_sharded(str(checkpoint), config, partitioner), partitioner
 
 
 PROMPTS = [[464, 1748, 286], list(range(1000, 1009)), [31, 7, 1999, 2, 50, 311, 4, 8000, 9, 10, 11, 12, 13, 1, 2, 3, 77]]

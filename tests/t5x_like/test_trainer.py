@@ -4,7 +4,6 @@ import logging
 
 import jax
 import numpy as np
-import pytest
 
 from models.gpt2 import GPT2, GPT2Config
 from partitioning import Partitioner, make_mesh

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 import models  # noqa: E402
 from models.gpt2 import GPT2Config  # noqa: E402
 from t5x_like import checkpoints, optim, trainer  # noqa: E402
-from t5x_like import eval as evaluation  # noqa: E402
+from t5x_like import inference  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import gpt2, hf, mapping  # noqa: E402
 
@@ -64,7 +64,7 @@ def hf_logits(model, tokens):
 def test_from_hf_logits_equal_transformers(hf_dir, tmp_path, tokens, scan_layers):
     src, model = hf_dir
     hf.from_hf(str(src), str(tmp_path), scan_layers=scan_layers)
-    config, tokenizer = evaluation.read_config(str(tmp_path))
+    config, tokenizer = inference.read_config(str(tmp_path))
     assert (config.scan_layers, config.vocab_size, config.padded_vocab_size, tokenizer) == (scan_layers, 50257,
                                                                                             50304, None)
     params = hf.restore_on_host(str(tmp_path), config)
@@ -95,7 +95,7 @@ def test_pytorch_bin_imports_like_safetensors(tmp_path, tokens):
     model.config.save_pretrained(tmp_path / "bin")  # an older HF layout: config.json + pytorch_model.bin
     torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     hf.from_hf(str(tmp_path / "bin"), str(tmp_path / "ours"))
-    config, _ = evaluation.read_config(str(tmp_path / "ours"))
+    config, _ = inference.read_config(str(tmp_path / "ours"))
     ours = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), tokens)
     np.testing.assert_allclose(ours[..., :50257], hf_logits(model, tokens), atol=LOGITS_ATOL, rtol=0)
 
@@ -153,7 +153,7 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     src, model = hf_dir
     lr, weight_decay, eps = 1e-3, 0.1, 1e-8
     hf.from_hf(str(src), str(tmp_path))
-    config, _ = evaluation.read_config(str(tmp_path))
+    config, _ = inference.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))
     batch_tokens = np.random.default_rng(5).integers(0, 50257, (2, 13))
     batch = {"inputs": batch_tokens[:, :-1], "targets": batch_tokens[:, 1:],
@@ -229,7 +229,7 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
         pytest.skip(f"needs the GPT-2 BPE files in {DATA / 'gpt2-bpe'}")
     small = GPT2Config(vocab_size=300, max_len=16, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=8)
     with pytest.raises(ValueError, match=r"gpt2-bpe has 50257 ids but the model's vocab_size is 300"):
-        evaluation.open_tokenizer(str(DATA / "gpt2-bpe"), small)
+        inference.open_tokenizer(str(DATA / "gpt2-bpe"), small)
 
 
 def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_source):
@@ -239,7 +239,7 @@ def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_so
 
     src, _ = hf_dir
     hf.from_hf(str(src), str(tmp_path / "ours"))
-    config, _ = evaluation.read_config(str(tmp_path / "ours"))
+    config, _ = inference.read_config(str(tmp_path / "ours"))
     train.train(model_dir=str(tmp_path / "run"), model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2),
                 optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
                 train_steps=1, batch_size=8, seq_len=16, data_source=synthetic_source, log_every=1,

@@ -1,0 +1,89 @@
+"""Loading a checkpoint for inference (shared by eval, generate and convert): its model config and
+tokenizer, its parameters restored sharded onto a mesh chosen by command-line flags."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import models
+from partitioning import Partitioner, make_mesh
+from t5x_like import checkpoints
+
+
+def read_config(checkpoint: str):
+    """(model config, recorded tokenizer path or None) of a checkpoint (MODEL_DIR or step dir)."""
+    info = checkpoints.read_model_info(checkpoint)
+    if not info.get("config"):
+        raise ValueError(f"checkpoint {checkpoint} records no model config; it was not written by "
+                         "t5x_like.train or t5x_like.convert. Re-save it with a current version.")
+    return models.config_from_dict(info["config"]), info.get("tokenizer")
+
+
+def open_tokenizer(path: str | None, config, checkpoint: str = ""):
+    """The tokenizer at `path`, checked to fit the model's vocabulary."""
+    from t5x_like.data import load_tokenizer
+
+    if not path:
+        raise ValueError(f"checkpoint {checkpoint} records no tokenizer; pass --tokenizer=PATH.")
+    tokenizer = load_tokenizer(path)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
+                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
+                         "was trained with (--tokenizer).")
+    return tokenizer
+
+
+def abstract_params(config) -> tuple[Any, Any]:
+    """(unboxed ShapeDtypeStructs, logical PartitionSpecs) of the model's parameters."""
+    module = models.build_model(config)
+    boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
+    return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+
+
+def restore_params(checkpoint: str, config, shardings_for: Callable[[Any], Any]) -> Any:
+    """The checkpoint's parameters laid out by `shardings_for(logical specs)` (any mesh)."""
+    abstract, specs = abstract_params(config)
+    return checkpoints.restore_params(checkpoint, checkpoints.with_shardings(abstract, shardings_for(specs)))
+
+
+def restore_sharded(checkpoint: str, config, partitioner: Partitioner) -> Any:
+    """Parameters sharded by the partitioner's rules, after checking every dimension divides."""
+    abstract, specs = abstract_params(config)
+    partitioner.check_divisible(abstract, specs)
+    return restore_params(checkpoint, config, partitioner.shardings)
+
+
+def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data_parallel", type=int, default=-1, help="mesh 'data' size (-1 = fill)")
+    parser.add_argument("--fsdp_parallel", type=int, default=1, help="mesh 'fsdp' size")
+    parser.add_argument("--tensor_parallel", type=int, default=1, help="mesh 'tensor' size")
+    parser.add_argument("--rules", default="fsdp_tensor", help="logical-axis rule set (partitioning/rules.py)")
+    parser.add_argument("--dtype", default=None, choices=sorted(models.gpt2.DTYPES),
+                        help="compute dtype (default: the checkpoint's)")
+
+
+def partitioner_from(args: argparse.Namespace) -> Partitioner:
+    mesh = make_mesh(data=args.data_parallel, fsdp=args.fsdp_parallel, tensor=args.tensor_parallel)
+    return Partitioner(mesh, args.rules)
+
+
+def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True):
+    """(config, params, tokenizer or None, partitioner) for the --checkpoint / --tokenizer / mesh flags."""
+    config, recorded_tokenizer = read_config(args.checkpoint)
+    if args.dtype:
+        config = dataclasses.replace(config, dtype=args.dtype)
+    tokenizer = open_tokenizer(args.tokenizer or recorded_tokenizer, config, args.checkpoint) \
+        if with_tokenizer else None
+    partitioner = partitioner_from(args)
+    return config, restore_sharded(args.checkpoint, config, partitioner), tokenizer, partitioner
+
+
+def global_array(rows: np.ndarray, sharding) -> jax.Array:
+    """A host array (the same on every host) laid out as `sharding`."""
+    return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
