@@ -68,6 +68,7 @@ def target_devices(topology: str | None) -> list:
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling uses no chip: let compiles run side by side
+    jax.config.update("jax_platforms", "cpu")  # eager work on the CPU; the TPU devices only compile
     try:
         return list(topologies.get_topology_desc(topology, "tpu").devices)
     except RuntimeError as e:
