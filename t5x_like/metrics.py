@@ -11,7 +11,8 @@ from typing import Any, Mapping
 # Dense bf16 peak TFLOP/s per device, by a substring of jax's device_kind (lower case).
 PEAK_TFLOPS = (
     ("h200", 989.0), ("h100", 989.0), ("a100", 312.0),
-    ("tpu v5p", 459.0), ("tpu v5 lite", 197.0), ("tpu v5e", 197.0), ("tpu v4", 275.0),
+    ("tpu v5p", 459.0), ("tpu v5 lite", 197.0), ("tpu v5e", 197.0), ("tpu v5", 459.0),  # v5p reports "TPU v5"
+    ("tpu v4", 275.0),
 )
 
 

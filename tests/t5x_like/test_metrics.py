@@ -1,0 +1,44 @@
+import json
+import math
+
+import pytest
+
+from t5x_like import metrics
+
+
+@pytest.mark.parametrize("kind, peak", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("TPU v4", 275.0), ("TPU v5 lite", 197.0), ("TPU v5e", 197.0), ("TPU v5p", 459.0), ("TPU v5", 459.0),
+    ("cpu", None), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_peak_tflops_by_device_kind(kind, peak):
+    assert metrics.peak_tflops(kind) == peak
+
+
+def test_flops_per_token_is_6n_plus_causal_attention():
+    # GPT-2 small at 1024 tokens: 6 * 124.4M + 6 * 12 * 1024 * 768
+    assert metrics.flops_per_token(124_439_808, 12, 768, 1024) == 6 * 124_439_808 + 6 * 12 * 1024 * 768
+
+
+def test_writer_appends_rows_and_keeps_nonfinite_values_readable(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(10, {"loss": 2.5, "mfu": None})
+    writer.write(20, {"loss": math.nan})
+    writer.close()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows == [{"step": 10, "loss": 2.5, "mfu": None}, {"step": 20, "loss": "nan"}]
+    assert list((tmp_path / "tensorboard").iterdir())
+
+
+def test_non_primary_writer_writes_nothing(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path / "x"), enabled=False)
+    writer.write(1, {"loss": 1.0})
+    writer.close()
+    assert not (tmp_path / "x").exists()
+
+
+def test_console_line_has_progress_and_eta():
+    row = {"loss": 3.25, "grad_norm": 0.5, "learning_rate": 3e-4, "tokens_per_sec": 12345.0,
+           "step_time": 0.5, "mfu": 0.41}
+    line = metrics.console_line(100, 300, row, 0.5)
+    assert "step 100/300 (33.3%)" in line and "MFU 41.0%" in line and "ETA 0:01:40" in line
