@@ -49,3 +49,23 @@ class SyntheticSource:
 @pytest.fixture(scope="session")
 def synthetic_source():
     return SyntheticSource
+
+
+@pytest.fixture(scope="session")
+def random_hf_gpt2():
+    """A builder of small transformers GPT2LMHeadModels with every tensor perturbed by `scale`
+    (odd sizes, the full 50257-id vocabulary so padding is exercised); skips without the torch extra."""
+    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+
+    def build(scale: float, seed: int = 0):
+        torch.manual_seed(seed)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=50257, n_positions=40, n_embd=36, n_layer=2, n_head=4, n_inner=52,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * scale)
+        return model
+
+    return build

@@ -21,19 +21,11 @@ NEW = 10
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted(tmp_path_factory, random_hf_gpt2):
     """(our checkpoint dir, the HF torch model it came from)."""
-    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
-    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
     from t5x_like.convert import hf
 
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=50257, n_positions=40, n_embd=36, n_layer=2, n_head=4, n_inner=52,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)  # spread the logits: no near-ties for argmax
+    model = random_hf_gpt2(0.3)  # spread the logits: no near-ties for argmax
     path = tmp_path_factory.mktemp("model")
     model.save_pretrained(path / "hf")
     if GPT2_BPE.exists():  # a HF directory with its tokenizer, which from-hf copies and records
