@@ -184,8 +184,10 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "save_dots": jax.checkpoint_policies.checkpoint_dots,
     "save_qkv_proj": jax.checkpoint_policies.save_only_these_names(
         "query_proj", "key_proj", "value_proj"),
+    "minimal_offloaded": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
-"""Named rematerialisation policies ('none' = keep every activation, no remat)."""
+"""Named rematerialisation policies ('none' = keep every activation, no remat). 'minimal_offloaded'
+saves what 'minimal' saves in host memory instead of device memory (GPU/TPU)."""
 
 
 def remat(block: type[nn.Module], policy: str) -> type[nn.Module]:

@@ -4,7 +4,8 @@ each row compiled ahead of time by `python -m t5x_like.compile` (no accelerator 
     python scripts/benchmark_memory.py --topology=cpu:8 --output_dir=runs/memory
     python scripts/benchmark_memory.py --topology=v5p:2x2x2 --gin_file=gpt2_medium.gin   # with libtpu
 
-Prints a markdown table (GiB per device: train state, XLA's arguments, temporaries, total).
+Prints a markdown table (GiB per device: train state in device memory, XLA's arguments,
+temporaries, total, and the train state offloaded to host memory).
 """
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ ROWS = {
     "FSDP / ZeRO-3 (fsdp=8)": dict(DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'"),
     "FSDP=8, remat full": dict(DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'full'"),
     "FSDP=8, remat save_dots": dict(DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'save_dots'"),
+    "FSDP=8, remat minimal": dict(DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'minimal'"),
+    "FSDP=8, remat minimal_offloaded (saved activations in host memory)": dict(
+        DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'minimal_offloaded'"),
+    "data parallel, optimizer state offloaded to host": dict(
+        DATA_PARALLEL=8, RULES="'data_parallel'", **{"train.offload_optimizer_state": True}),
+    "FSDP=8, remat full, optimizer state offloaded to host": dict(
+        DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'full'", **{"train.offload_optimizer_state": True}),
     "FSDP=2 x tensor=4, remat full": dict(DATA_PARALLEL=1, FSDP_PARALLEL=2, TENSOR_PARALLEL=4,
                                           RULES="'fsdp_tensor'", remat="'full'"),
     "FSDP=2 x tensor=4 + sequence parallel, remat full": dict(DATA_PARALLEL=1, FSDP_PARALLEL=2, TENSOR_PARALLEL=4,
@@ -54,13 +62,14 @@ def compile_row(name: str, row: dict, args) -> dict:
 
 
 def table(reports: list[dict]) -> str:
-    lines = ["| configuration | state GiB | arguments GiB | temporaries GiB | total GiB |", "|---|---|---|---|---|"]
+    lines = ["| configuration | state GiB | arguments GiB | temporaries GiB | total GiB | host state GiB |",
+             "|---|---|---|---|---|---|"]
     for r in reports:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error']} | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | |")
             continue
         cells = [r[k] / GiB for k in ("state_bytes_per_device", "argument_bytes_per_device", "temp_bytes_per_device",
-                                      "total_bytes_per_device")]
+                                      "total_bytes_per_device", "host_state_bytes_per_device")]
         lines.append(f"| {r['name']} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return "\n".join(lines)
 

@@ -110,9 +110,15 @@ def step_config_from(settings: dict[str, Any], config) -> trainer.StepConfig:
                               skip_nonfinite=settings["on_nonfinite"] == "skip")
 
 
-def bytes_per_device(abstract: Any, shardings: Any) -> int:
-    """Bytes the largest shard of each array takes on one device, summed."""
+HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
+
+
+def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> int:
+    """Bytes the largest shard of each array takes on one device, summed over the arrays kept in
+    device memory (or, with host=True, over those offloaded to host memory)."""
     def shard_bytes(a, s):
+        if (s.memory_kind in HOST_MEMORY_KINDS) != host:
+            return 0
         return math.prod(s.shard_shape(a.shape)) * np.dtype(a.dtype).itemsize
     return sum(jax.tree.leaves(jax.tree.map(shard_bytes, abstract, shardings)))
 
@@ -149,6 +155,7 @@ def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any],
         "batch_size": batch_size, "seq_len": seq_len, "grad_accum_steps": s["grad_accum_steps"],
         "pipeline_microbatches": s["pipeline_microbatches"], "pipeline_repeats": s["pipeline_repeats"],
         "num_params": num_params, "state_bytes_per_device": state_bytes,
+        "host_state_bytes_per_device": bytes_per_device(state, shardings, host=True),
         **memory_report(compiled), **cost_report(compiled, len(devices)),
         "analytic_flops_per_step": analytic_flops,
         "step_seconds_at_peak": step_seconds_at_peak(analytic_flops, devices),
@@ -180,7 +187,9 @@ def memory_report(compiled) -> dict[str, int]:
     total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
     return {"argument_bytes_per_device": m.argument_size_in_bytes, "output_bytes_per_device": m.output_size_in_bytes,
             "alias_bytes_per_device": m.alias_size_in_bytes, "temp_bytes_per_device": m.temp_size_in_bytes,
-            "generated_code_bytes": m.generated_code_size_in_bytes, "total_bytes_per_device": total}
+            "generated_code_bytes": m.generated_code_size_in_bytes, "total_bytes_per_device": total,
+            "host_argument_bytes_per_device": m.host_argument_size_in_bytes,
+            "host_temp_bytes_per_device": m.host_temp_size_in_bytes}
 
 
 def cost_report(compiled, num_devices: int) -> dict[str, float | None]:

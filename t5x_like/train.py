@@ -68,7 +68,8 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
           on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
           eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "chunked", pipeline_repeats: int = 1,
+          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "chunked",
+          offload_optimizer_state: bool = False, pipeline_repeats: int = 1,
           data_source: Callable = make_source) -> TrainResult:
     """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
     if on_nonfinite not in ("stop", "skip"):
@@ -91,7 +92,8 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
     step_config = trainer.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
-        skip_nonfinite=on_nonfinite == "skip", cross_entropy=cross_entropy)
+        skip_nonfinite=on_nonfinite == "skip", cross_entropy=cross_entropy,
+        offload_optimizer_state=offload_optimizer_state)
     module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
                        pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
     with partitioner.activate():
@@ -219,7 +221,10 @@ def abstract_state(module, optimizer, partitioner, seed, seq_len, step_config):
     partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")
     if jax.process_index() == 0:
         logging.info("parameter layout:\n%s", partitioner.describe(abstract.params, specs.params))
-    shardings = partitioner.shardings(specs).replace(opt_state=partitioner.shardings(specs.opt_state, "opt_state"))
+    opt_shardings = partitioner.shardings(specs.opt_state, "opt_state")
+    if step_config.offload_optimizer_state:
+        opt_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), opt_shardings)
+    shardings = partitioner.shardings(specs).replace(opt_state=opt_shardings)
     return init, abstract, shardings
 
 

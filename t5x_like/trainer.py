@@ -85,6 +85,7 @@ class StepConfig:
     loss_scale: LossScaleConfig | None = None  # set for float16 compute
     skip_nonfinite: bool = False  # skip (instead of apply) updates whose gradients are not finite
     cross_entropy: str = "xla"  # 'xla': from full logits; 'chunked': never materialises them
+    offload_optimizer_state: bool = False  # optimizer state lives in host memory, visits the device to update
 
     def __post_init__(self):
         if self.cross_entropy not in CROSS_ENTROPY:
@@ -185,14 +186,17 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
         weight = jnp.maximum(weight, 1.0)
         grads = jax.tree.map(lambda g: g / (weight * scale), grads)
         finite = all_finite(grads) & jnp.isfinite(nll)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        old_opt_state = state.opt_state
+        if config.offload_optimizer_state:
+            old_opt_state = jax.device_put(old_opt_state, jax.memory.Space.Device)
+        updates, opt_state = tx.update(grads, old_opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         skip = ~finite if (config.loss_scale is not None or config.skip_nonfinite) else jnp.bool_(False)
         keep_old = functools.partial(jax.tree.map, lambda old, new: jnp.where(skip, old, new))
         new_state = state.replace(
             step=state.step + 1,
             params=keep_old(state.params, params),
-            opt_state=keep_old(state.opt_state, opt_state),
+            opt_state=keep_old(old_opt_state, opt_state),
             loss_scale=state.loss_scale.update(finite, config.loss_scale) if state.loss_scale is not None else None,
         )
         metrics = {

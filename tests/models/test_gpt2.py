@@ -86,7 +86,7 @@ def test_remat_policies_keep_gradients():
         return jax.jit(jax.grad(lambda p: GPT2(config).apply({"params": p}, tokens)[..., :300].mean()))(params)
 
     want = grad(SMALL)
-    for policy in ("full", "minimal", "save_dots", "save_qkv_proj"):
+    for policy in ("full", "minimal", "save_dots", "save_qkv_proj", "minimal_offloaded"):
         got = grad(dataclasses.replace(SMALL, remat_policy=policy))
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, err_msg=policy), want, got)
 

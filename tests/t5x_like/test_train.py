@@ -69,6 +69,14 @@ def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path)
     np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-5)
 
 
+def test_resume_with_the_optimizer_state_offloaded_to_host(straight_and_half, synthetic_source, tmp_path):
+    moved = tmp_path / "offloaded"
+    shutil.copytree(straight_and_half / "half", moved)
+    run(moved, synthetic_source, steps=20, offload_optimizer_state=True)
+    straight, got = losses(straight_and_half / "straight"), losses(moved)
+    np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-6)
+
+
 def test_restore_from_takes_parameters_only(straight_and_half, synthetic_source, tmp_path):
     fresh = tmp_path / "finetune"
     result = run(fresh, synthetic_source, steps=0, restore_from=str(straight_and_half / "half"))

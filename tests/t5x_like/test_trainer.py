@@ -152,3 +152,13 @@ def test_nothing_recompiles_after_the_first_step(synthetic_source):
         jax.config.update("jax_log_compiles", False)
         jax_logger.removeHandler(handler)
     assert handler.messages == []
+
+
+def test_offloaded_optimizer_state_lives_in_host_memory_and_trains_the_same(synthetic_source):
+    data = batches(synthetic_source, 3)
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    want, _ = run(mesh, "fsdp_tensor", data)
+    got, state = run(mesh, "fsdp_tensor", data, step_config=trainer.StepConfig(offload_optimizer_state=True))
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)} == {"pinned_host"}
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(state.params)} == {"device"}
+    np.testing.assert_allclose([m["loss"] for m in got], [m["loss"] for m in want], rtol=1e-6)
