@@ -24,7 +24,7 @@ from absl import app, flags, logging
 import configs
 import models
 from partitioning import Partitioner, make_mesh, pipeline
-from t5x_like import checkpoints, data, metrics, optim, trainer
+from t5x_like import checkpoints, data, distributed, metrics, optim, trainer
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -57,7 +57,6 @@ def model_config(preset: str = gin.REQUIRED, *, dtype: str = "bfloat16", attenti
 class TrainResult:
     step: int
     stopped_by_signal: int | None = None
-    eval_loss: float | None = None
 
 
 @gin.configurable(denylist=["data_source"])
@@ -76,7 +75,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
         raise ValueError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
-    primary = jax.process_index() == 0
+    primary = distributed.is_primary()
     if primary:
         os.makedirs(model_dir, exist_ok=True)
         with open(os.path.join(model_dir, "config.gin"), "w") as f:
@@ -121,7 +120,6 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
         stop = StopSignal()
         step = int(state.step)
         pending = None
-        result = TrainResult(step)
         try:
             while step < train_steps and not stop.signum:
                 batch = global_batch(next(source), batch_sharding)
@@ -134,8 +132,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
                 if step % checkpoint_every == 0:
                     save(ckpt, step, state, source, model_info)
                 if eval_every and step % eval_every == 0:
-                    result.eval_loss = evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding,
-                                                writer, step)
+                    evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
             if pending:
                 report(*pending, writer, throughput, train_steps, 1, on_nonfinite)
             if stop.signum:
@@ -143,15 +140,13 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
             if ckpt.latest_step() != step:
                 save(ckpt, step, state, source, model_info)
             if eval_every and step % eval_every and step >= train_steps:
-                result.eval_loss = evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding,
-                                            writer, step)
+                evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
         finally:
             ckpt.wait()
             ckpt.close()
             writer.close()
             stop.restore()
-    result.step, result.stopped_by_signal = step, stop.signum
-    return result
+    return TrainResult(step, stop.signum)
 
 
 def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
@@ -219,7 +214,7 @@ def abstract_state(module, optimizer, partitioner, seed, seq_len, step_config):
     specs = nn.get_partition_spec(abstract)
     partitioner.check_divisible(abstract.params, specs.params)
     partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")
-    if jax.process_index() == 0:
+    if distributed.is_primary():
         logging.info("parameter layout:\n%s", partitioner.describe(abstract.params, specs.params))
     opt_shardings = partitioner.shardings(specs.opt_state, "opt_state")
     if step_config.offload_optimizer_state:
@@ -276,7 +271,7 @@ def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinit
                 "or set train.on_nonfinite='skip' to skip such steps.")
     if values["skipped"]:
         logging.warning("step %d: non-finite gradients, update skipped%s", step,
-                        f" (loss scale now {values['loss_scale'] / 2:g} or lower)" if "loss_scale" in values else "")
+                        f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
     if step % log_every and step != total:
         return
     row = {k: v for k, v in values.items() if k != "tokens"}
@@ -290,7 +285,7 @@ def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, s
               model=model_info)
 
 
-def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> float:
+def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> None:
     """Validation loss over the first `eval_steps` batches of the validation split."""
     source.reset()
     nll = weight = 0.0
@@ -300,7 +295,6 @@ def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> flo
     loss = nll / max(weight, 1.0)
     writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0))})
     logging.info("step %d: validation loss %.4f, perplexity %.2f", step, loss, math.exp(min(loss, 80.0)))
-    return loss
 
 
 class StopSignal:
@@ -366,8 +360,6 @@ def quiet_library_logs() -> None:
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()
-    from t5x_like import distributed
-
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
     result = train()
