@@ -1,0 +1,33 @@
+"""User errors: one clear message and exit 1, no traceback. Bugs keep their traceback.
+
+Code that detects a mistake the user can fix (a bad flag or macro value, a missing or damaged
+file, a config that does not fit) raises `UserError` with a message naming the file or value and
+the fix. Every CLI's entry point runs through `exit_on_user_error`, which prints that message
+alone and exits 1; anything else propagates with its traceback, as a bug should.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UserError(ValueError):
+    """A mistake the user can fix; the message says what and how. A ValueError, so callers that
+    validate with `except ValueError` keep working."""
+
+
+def exit_on_user_error(main: F) -> F:
+    """Wrap a CLI main: a UserError becomes `error: <message>` on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    return wrapped  # type: ignore[return-value]
