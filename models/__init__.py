@@ -1,22 +1,46 @@
-"""Flax model families. `build_model(config_dict)` turns a stored config into a module."""
+"""Flax model families and the family registry: the one list of families.
+
+`FAMILIES` maps a family name to (config class, module class, kind). The kind says which
+LanguageModel wraps the module (t5x_like/lm.py): 'decoder_only' or 'encoder_decoder'.
+configs/ and t5x_like/convert/ register presets and converters against these names (a test
+checks that the three agree). `build_model(config)` turns a config into its module.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import flax.linen as nn
 
 from models import gpt2
+from models.config import DTYPES, FamilyConfig
 
-FAMILIES = {"gpt2": (gpt2.GPT2Config, gpt2.GPT2)}
+KINDS = ("decoder_only", "encoder_decoder")
 
 
-def config_from_dict(values: Mapping[str, Any]):
+class Family(NamedTuple):
+    config: type[FamilyConfig]
+    module: type[nn.Module]
+    kind: str
+
+
+FAMILIES: dict[str, Family] = {
+    "gpt2": Family(gpt2.GPT2Config, gpt2.GPT2, "decoder_only"),
+}
+
+__all__ = ["DTYPES", "FAMILIES", "Family", "FamilyConfig", "KINDS", "build_model", "config_from_dict", "family_of"]
+
+
+def family_of(config: FamilyConfig) -> Family:
+    return FAMILIES[config.family]
+
+
+def config_from_dict(values: Mapping[str, Any]) -> FamilyConfig:
     """The family's config dataclass from a plain mapping (e.g. a checkpoint's config.json)."""
     family = values.get("family")
     if family not in FAMILIES:
         raise ValueError(f"model family {family!r} is unknown; known families: {sorted(FAMILIES)}.")
-    config_cls, _ = FAMILIES[family]
+    config_cls = FAMILIES[family].config
     names = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(values) - names)
     if unknown:
@@ -24,7 +48,6 @@ def config_from_dict(values: Mapping[str, Any]):
     return config_cls(**values)
 
 
-def build_model(config) -> nn.Module:
+def build_model(config: FamilyConfig) -> nn.Module:
     """The Flax module for a family config dataclass."""
-    _, module_cls = FAMILIES[config.family]
-    return module_cls(config)
+    return family_of(config).module(config)

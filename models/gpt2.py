@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, ClassVar, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from models import layers
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+from models.config import FamilyConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(FamilyConfig):
     """Hyper-parameters of one GPT-2; plain values only, so it round-trips through JSON."""
+
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate", "attention_dropout_rate")
 
     vocab_size: int = 50257
     max_len: int = 1024
@@ -45,27 +46,40 @@ class GPT2Config:
     family: str = "gpt2"
 
     def __post_init__(self):
+        self.check_common()
         if self.embed_dim % self.num_heads:
             raise ValueError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
                 "choose a head count that divides the width."
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is unknown; choose one of {sorted(DTYPES)}.")
 
     @property
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
 
-    @property
-    def padded_vocab_size(self) -> int:
-        """vocab_size rounded up to a multiple of vocab_pad_multiple (rows past vocab_size are padding)."""
-        m = self.vocab_pad_multiple
-        return -(-self.vocab_size // m) * m
+    def matmul_params(self) -> int:
+        """Weights each token multiplies with: the blocks and the (tied) output head, not the lookups."""
+        e, m = self.embed_dim, self.mlp_dim
+        block = 4 * e * e + 2 * e * m
+        return self.num_layers * block + self.vocab_size * e
 
-    @property
-    def compute_dtype(self):
-        return DTYPES[self.dtype]
+    def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
+        """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
+        scores, 3x for forward + backward): 6·L·T²·d."""
+        t = lengths["targets"]
+        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.embed_dim
+
+    def check_lengths(self, lengths: Mapping[str, int]) -> None:
+        if set(lengths) != {"targets"}:
+            raise ValueError(f"FEATURE_LENGTHS={dict(lengths)}: a decoder-only model takes only 'targets' "
+                             "(set SEQ_LEN, or FEATURE_LENGTHS={'targets': N}).")
+        if lengths["targets"] > self.max_len:
+            raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
+
+    def summary(self) -> str:
+        return (f"gpt2: {self.num_layers} layers, width {self.embed_dim}, {self.num_heads} heads x "
+                f"{self.head_dim}, mlp {self.mlp_dim}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), "
+                f"max_len {self.max_len}, {self.dtype}")
 
 
 class Block(nn.Module):

@@ -64,7 +64,7 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fsdp_parallel", type=int, default=1, help="mesh 'fsdp' size")
     parser.add_argument("--tensor_parallel", type=int, default=1, help="mesh 'tensor' size")
     parser.add_argument("--rules", default="fsdp_tensor", help="logical-axis rule set (partitioning/rules.py)")
-    parser.add_argument("--dtype", default=None, choices=sorted(models.gpt2.DTYPES),
+    parser.add_argument("--dtype", default=None, choices=sorted(models.DTYPES),
                         help="compute dtype (default: the checkpoint's)")
 
 

@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                          help="store blocks as block_0, block_1, ... (default: stacked for nn.scan)")
     from_hf.add_argument("--vocab_pad_multiple", type=int, default=128,
                          help="pad the vocabulary to a multiple of this (padding rows are zeros)")
-    from_hf.add_argument("--dtype", default="float32", choices=sorted(models.gpt2.DTYPES),
+    from_hf.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES),
                          help="compute dtype recorded in the model config (weights stay float32)")
     return parser.parse_args(argv)
 

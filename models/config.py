@@ -1,0 +1,66 @@
+"""What every family config shares (DESIGN.md, "Model families").
+
+A family config is a frozen dataclass of plain values (it round-trips through JSON) that
+subclasses `FamilyConfig` and has at least these fields:
+
+    family             the registry name ('gpt2', 'neox', 't5')
+    vocab_size         the tokenizer's real size; rows past it are padding and never take probability
+    vocab_pad_multiple embedding rows are padded to a multiple of this (128 x TENSOR_PARALLEL by the runtime)
+    dtype              compute dtype name ('float32' | 'bfloat16' | 'float16'); parameters stay fp32
+    attention          models.attention implementation ('auto' | 'xla' | 'cudnn' | 'pallas')
+    remat_policy       'none' or a name in models.layers.REMAT_POLICIES
+    scan_layers        stack the blocks with nn.scan (needed for pipeline parallelism)
+
+and implements `train_flops_per_example`, `check_lengths` and `summary`. The runtime asks these
+instead of reading a family's own fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class FamilyConfig:
+    """Mixin for family config dataclasses: padded vocabulary, compute dtype, architecture."""
+
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = (
+        "vocab_pad_multiple", "dtype", "attention", "remat_policy", "scan_layers")
+    """Fields a run may change without changing the weights; families add their dropout rates."""
+
+    def check_common(self) -> None:
+        """Validation every family's __post_init__ calls."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is unknown; choose one of {sorted(DTYPES)}.")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size {self.vocab_size} must be positive.")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """vocab_size rounded up to a multiple of vocab_pad_multiple (rows past vocab_size are padding)."""
+        m = self.vocab_pad_multiple
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def compute_dtype(self):
+        return DTYPES[self.dtype]
+
+    def architecture(self) -> dict[str, Any]:
+        """The fields that decide the weights (a checkpoint and a config must agree on these)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.RUN_FIELDS}
+
+    def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
+        """Forward + backward FLOPs of one example (row) at these feature lengths
+        ({'targets': T} or {'inputs': I, 'targets': T}): matmuls with every weight and attention."""
+        raise NotImplementedError
+
+    def check_lengths(self, lengths: Mapping[str, int]) -> None:
+        """Raise ValueError naming the length and the limit when the model cannot take these lengths."""
+        raise NotImplementedError
+
+    def summary(self) -> str:
+        """One line on the model's shape, for the start-up log (layers, width, heads, vocabulary)."""
+        raise NotImplementedError
