@@ -23,7 +23,7 @@ FAMILIES = {"gpt2": gpt2}
 """Our family name -> converter module (HF_MODEL_TYPE, HF_BLOCK_PREFIX, TOP, BLOCK, TIED, configs)."""
 HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
                       "special_tokens_map.json")
-GPT2_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
+OPENAI_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
                   "merges.txt": "merges.txt"}
 
 
@@ -155,7 +155,7 @@ def write_hf_tokenizer(tokenizer, dst: str, max_len: int) -> None:
     special = {"bos_token": eod, "eos_token": eod, "unk_token": eod, "model_max_length": max_len}
     if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n)) for n in ("encoder.json", "vocab.json")) \
             and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        for name, hf_name in GPT2_BPE_FILES.items():
+        for name, hf_name in OPENAI_BPE_FILES.items():
             if os.path.isfile(os.path.join(path, name)):
                 shutil.copyfile(os.path.join(path, name), os.path.join(dst, hf_name))
         write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "GPT2Tokenizer", **special})

@@ -1,7 +1,8 @@
 """Data: tokenizers, corpus preprocessing, token files and the batch sources the trainer iterates.
 
-    source = make_source('train', batch_size=8, seq_len=1024, seed=0, shard_index=0, shard_count=1)
-    batch = next(source)   # {'inputs', 'targets', 'weights'} (+ 'segment_ids', 'positions' when packing)
+    source = make_source('train', batch_size=8, feature_lengths={'targets': 1024}, seed=0, shard_index=0,
+                         shard_count=1)
+    batch = next(source)   # t5x_like/features.py: decoder_input_tokens, decoder_target_tokens, ...
 
 Names are imported on first use, so the preprocessing CLI and its worker processes start without grain.
 """

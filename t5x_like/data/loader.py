@@ -5,15 +5,16 @@ continues from a step number with no replay:
 
     rows of a token file split -> shuffle (seeded, reshuffled every epoch; train only) -> repeat forever
       -> mix blended files by weight -> batch(rows per host) -> every shard_count-th batch from shard_index
-      -> inputs / targets / weights (+ segment_ids / positions when packing)
+      -> decoder_input_tokens / decoder_target_tokens / decoder_loss_weights (+ decoder_segment_ids /
+         decoder_positions when packing): t5x_like/features.py
 
 Global batch k is the concatenation of host batches k of hosts 0..shard_count-1, i.e. exactly batch k of
 a single host reading batch_size * shard_count rows.
 
-Rows are SEQ_LEN+1 tokens: `inputs = row[:-1]`, `targets = row[1:]`. Without packing a row is a window of
+Rows are SEQ_LEN+1 tokens: inputs are `row[:-1]`, targets `row[1:]`. Without packing a row is a window of
 the concatenated documents (windows overlap by one token), every target counts. With packing a row holds
 whole documents back to back (a document longer than a row is cut into row-sized pieces), padded at the
-end; `segment_ids` number the documents 1, 2, ... (0 = padding), `positions` restart at 0 for each, and a
+end; segment ids number the documents 1, 2, ... (0 = padding), positions restart at 0 for each, and a
 target counts only when it is in the same document as its input.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ import numpy as np
 from absl import flags
 
 from t5x_like.data.token_file import TokenFile
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
+                               DECODER_TARGET_TOKENS)
 
 SPLITS = ("train", "validation", "test")
 _PLAN_WINDOW = 1 << 20  # pieces per step of the packing plan's walk
@@ -51,6 +54,9 @@ class BatchSource(Protocol):
 
     def reset(self) -> None:
         """Back to the first batch (used before every evaluation pass over the validation split)."""
+
+    def close(self) -> None:
+        """Release files and worker processes."""
 
 
 class GrainBatchSource:
@@ -226,12 +232,13 @@ def ensure_absl_flags_parsed() -> None:
 
 def window_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     tokens = rows["tokens"]
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-            "weights": np.ones(tokens[:, 1:].shape, np.float32)}
+    return {DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+            DECODER_LOSS_WEIGHTS: np.ones(tokens[:, 1:].shape, np.float32)}
 
 
 def packed_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     tokens, segments = rows["tokens"], rows["segments"]
     same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, :-1] > 0)
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": same_document.astype(np.float32),
-            "segment_ids": segments[:, :-1], "positions": rows["positions"][:, :-1]}
+    return {DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+            DECODER_LOSS_WEIGHTS: same_document.astype(np.float32), DECODER_SEGMENT_IDS: segments[:, :-1],
+            DECODER_POSITIONS: rows["positions"][:, :-1]}
