@@ -106,7 +106,8 @@ def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Gener
     return np.diff(np.concatenate([[0], cuts, [num_items]]))
 
 
-def span_corrupt(tokens: np.ndarray, mask: np.ndarray, first_sentinel: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+def span_corrupt(tokens: np.ndarray, mask: np.ndarray, first_sentinel: int,
+                 eos_id: int) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) of T5's span corruption: inputs are the tokens with each noise span replaced by one
     sentinel (`first_sentinel`, then one lower for each next span); targets are the tokens with each
     non-noise span replaced, i.e. every sentinel followed by the span it stands for. Both end with EOS."""

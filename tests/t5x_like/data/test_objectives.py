@@ -272,7 +272,8 @@ def test_span_corruption_configuration_errors(corpus):
 
 def write_pairs(path, pairs, fmt):
     if fmt == "jsonl":
-        path.write_text("".join(json.dumps({"inputs": i, "targets": t, "id": n}) + "\n" for n, (i, t) in enumerate(pairs)))
+        lines = [json.dumps({"inputs": i, "targets": t, "id": n}) for n, (i, t) in enumerate(pairs)]
+        path.write_text("".join(line + "\n" for line in lines))
     else:
         path.write_text("id\tinputs\ttargets\n" + "".join(f"{n}\t{i}\t{t}\n" for n, (i, t) in enumerate(pairs)))
     return str(path)
@@ -366,3 +367,13 @@ def test_seq2seq_configuration_errors(tmp_path, tokenizer_path, pairs):
     (tmp_path / "pairs.json").write_text("{}")
     with pytest.raises(UserError, match=r"pairs\.json: pairs must be in a file named \*\.jsonl or \*\.tsv"):
         pair_source(str(tmp_path / "pairs.json"), tokenizer=tokenizer_path)
+
+
+def test_worker_processes_give_the_same_batches(corpus):
+    prefix, _ = corpus
+    expected = take(span_source(prefix, packing=True), 3)
+    src = span_source(prefix, packing=True, worker_count=1)
+    try:
+        assert_same_batches(take(src, 3), expected)
+    finally:
+        src.close()
