@@ -127,7 +127,7 @@ class PackedRows:
 
     def __init__(self, tokens: np.ndarray, document_offsets: np.ndarray, seq_len: int):
         self._tokens, self._row_len = tokens, seq_len + 1
-        self._bounds = _piece_bounds(np.asarray(document_offsets, np.int64), self._row_len)
+        self._bounds = piece_bounds(np.asarray(document_offsets, np.int64), self._row_len)
         self._rows = _next_fit_rows(self._bounds, self._row_len)
 
     def __len__(self) -> int:
@@ -146,7 +146,7 @@ class PackedRows:
         return {"tokens": tokens, "segments": segments, "positions": positions}
 
 
-def _piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
+def piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
     """Document offsets with extra cuts every `row_len` tokens inside documents longer than a row."""
     lengths = np.diff(offsets)
     pieces = np.maximum(1, -(-lengths // row_len))
@@ -157,9 +157,15 @@ def _piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
 
 def _next_fit_rows(bounds: np.ndarray, row_len: int) -> np.ndarray:
     """Indices into `bounds` where rows start: each row takes pieces while they fit in `row_len` tokens."""
-    next_row = np.searchsorted(bounds, bounds + row_len, side="right") - 1  # > i: every piece fits in a row
+    return walk_rows(np.searchsorted(bounds, bounds + row_len, side="right") - 1)
+
+
+def walk_rows(next_row: np.ndarray) -> np.ndarray:
+    """Where rows start, plus the end: a row starting at item i ends before item `next_row[i]` (> i).
+
+    `next_row` has one entry per item and one for the end."""
     rows = array.array("q")
-    piece, end = 0, len(bounds) - 1
+    piece, end = 0, len(next_row) - 1
     while piece < end:  # walk the jumps a window at a time: Python ints only for one window
         base = piece
         window = next_row[base:base + _PLAN_WINDOW].tolist()
@@ -196,6 +202,11 @@ def token_file_rows(file: TokenFile, split: str, *, data_split: str, seq_len: in
     if len(source) == 0:
         raise ValueError(f"{name}: {file.offsets[last] - file.offsets[first]} tokens, fewer than one row of "
                          f"SEQ_LEN+1 = {seq_len + 1}; lower SEQ_LEN or give the split more documents")
+    return endless_rows(source, name, split, seed)
+
+
+def endless_rows(source, name: str, split: str, seed: int) -> grain.MapDataset:
+    """A grain data source's rows forever: shuffled per epoch when training, in order otherwise."""
     rows = grain.MapDataset.source(source)
     if split == "train":
         rows = rows.shuffle(seed=seed)
@@ -213,10 +224,20 @@ def blend(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None)
 def host_batches(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int,
                  packing: bool, worker_count: int) -> grain.IterDataset:
     """This host's slice of every global batch, as training arrays."""
+    batches = host_slice(rows, batch_size=batch_size, shard_index=shard_index, shard_count=shard_count)
+    return prefetched(batches.map(packed_arrays if packing else window_arrays), worker_count)
+
+
+def host_slice(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int) -> grain.MapDataset:
+    """Batches of `batch_size` rows, every `shard_count`-th from `shard_index`: this host's part of each
+    global batch."""
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index={shard_index} is not in [0, shard_count={shard_count})")
-    batches = rows.batch(batch_size, drop_remainder=True)[shard_index::shard_count]
-    batches = batches.map(packed_arrays if packing else window_arrays)
+    return rows.batch(batch_size, drop_remainder=True)[shard_index::shard_count]
+
+
+def prefetched(batches: grain.MapDataset, worker_count: int) -> grain.IterDataset:
+    """Batches read ahead by threads, and prepared in `worker_count` processes when > 0."""
     dataset = batches.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
     if worker_count > 0:
         ensure_absl_flags_parsed()

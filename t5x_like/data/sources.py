@@ -49,7 +49,7 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
         data_path, tokenizer = builtin.builtin_corpus()
     prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
     files = [open_token_file(p) for p in prefixes]
-    vocab_size, eod_id, tokenizer_path = _vocabulary(files, tokenizer)
+    vocab_size, eod_id, tokenizer_path = token_files_vocabulary(files, tokenizer)
     rows = [loader.token_file_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing, seed=seed)
             for f in files]
     batches = loader.host_batches(loader.blend(rows, blend_weights), batch_size=batch_size,
@@ -58,7 +58,7 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path)
 
 
-def _vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
+def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
     """(vocab_size, eod_id, tokenizer path) for the files, checking they were made with that tokenizer."""
     if tokenizer is None:
         return _vocabulary_from_metadata(files)

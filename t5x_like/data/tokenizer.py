@@ -43,6 +43,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of the piece spelled `token`, None when the vocabulary has no such piece."""
+        raise NotImplementedError
+
     def encode_documents(self, texts: Sequence[str], append_eod: bool) -> tuple[np.ndarray, np.ndarray]:
         """The documents' ids back to back (EOD after each when `append_eod`) and their lengths."""
         encoded = self.encode_batch(texts)
@@ -72,6 +76,9 @@ class HuggingFaceTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
 
 class SentencePieceTokenizer(Tokenizer):
     """A sentencepiece `.model` (e.g. T5's spiece.model); EOD is the model's `</s>`."""
@@ -91,6 +98,10 @@ class SentencePieceTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._processor.decode(list(ids))
+
+    def token_to_id(self, token: str) -> int | None:
+        piece_id = self._processor.piece_to_id(token)  # the unknown piece's id when there is no such piece
+        return piece_id if self._processor.id_to_piece(piece_id) == token else None
 
 
 def _find_eod(path: str, token_to_id) -> int:
