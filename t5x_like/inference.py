@@ -42,7 +42,9 @@ def open_tokenizer(path: str | None, config, checkpoint: str = ""):
 def abstract_params(config) -> tuple[Any, Any]:
     """(unboxed ShapeDtypeStructs, logical PartitionSpecs) of the model's parameters."""
     module = models.build_model(config)
-    boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
+    token_inputs = 2 if models.family_of(config).kind == "encoder_decoder" else 1
+    tokens = [jnp.zeros((1, 1), jnp.int32)] * token_inputs
+    boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *tokens)["params"])
     return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
 
 

@@ -88,10 +88,11 @@ def layout(config: T5Config) -> tuple[tuple[Entry, ...], list[Stack]]:
                  Stack("decoder/", "decoder.block.{}.", decoder, config.num_decoder_layers)]
 
 
-def tokenizer_config(config: T5Config, eod: str) -> dict:
-    """tokenizer_config.json for T5's sentencepiece tokenizer (pad 0, </s> 1, <unk> 2, 100 sentinels)."""
-    return {"tokenizer_class": "T5Tokenizer", "eos_token": eod, "unk_token": "<unk>", "pad_token": "<pad>",
-            "extra_ids": SPIECE_EXTRA_IDS, "model_max_length": 512}
+def tokenizer_config(config: T5Config, tokenizer) -> dict:
+    """tokenizer_config.json for T5's sentencepiece tokenizer (its pieces <pad>, </s>, <unk>); the ids
+    past the tokenizer's own are its sentinels (<extra_id_0> the highest)."""
+    return {"tokenizer_class": "T5Tokenizer", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+            "extra_ids": config.vocab_size - tokenizer.vocab_size, "model_max_length": 512}
 
 
 def config_to_hf(config: T5Config, eod_id: int | None) -> dict:
