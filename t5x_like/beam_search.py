@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 NEG = -1.0e9
 """Score of an impossible hypothesis (HF's value)."""
@@ -24,14 +24,13 @@ NEG = -1.0e9
 Step = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def cache_batch_axes(boxed_cache: Any) -> Any:
-    """Per cache leaf, the axis named 'activation_batch' in its logical partitioning, or None
+def cache_batch_axes(specs: Any) -> Any:
+    """Per cache leaf, from its logical PartitionSpec, the axis named 'activation_batch', or None
     (e.g. a scalar cache index): where beam_search reorders the cache."""
-    def axis(leaf):
-        names = leaf.names if isinstance(leaf, nn.LogicallyPartitioned) else ()
-        return names.index("activation_batch") if "activation_batch" in names else None
+    def axis(spec):
+        return tuple(spec).index("activation_batch") if "activation_batch" in tuple(spec) else None
 
-    return jax.tree.map(axis, boxed_cache, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    return jax.tree.map(axis, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def gather_beams(x: jax.Array, indices: jax.Array) -> jax.Array:

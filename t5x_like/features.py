@@ -14,6 +14,9 @@ ENCODER_INPUT_TOKENS = "encoder_input_tokens"
 ENCODER_SEGMENT_IDS = "encoder_segment_ids"
 ENCODER_POSITIONS = "encoder_positions"
 
+DECODER_START_ID = 0
+"""An encoder-decoder's first decoder input: the targets are shifted right with it (seqio, T5)."""
+
 
 def decoder_only_length(feature_lengths: dict[str, int]) -> int:
     """The row length of a decoder-only objective: FEATURE_LENGTHS must be {'targets': T}."""

@@ -6,7 +6,10 @@
 Prompts of different lengths share a batch: they are left-padded, padding is masked out of the
 attention (segment id 0) and positions count from each row's first real token, so every row
 decodes exactly as it would alone. A row stops at the tokenizer's end-of-document id; the loop
-stops when every row has. Temperature 0 is greedy decoding. Each output line is a JSON object
+stops when every row has. Temperature 0 is greedy decoding; --num_beams=N beam search (with
+--length_penalty). For an encoder-decoder checkpoint (T5) each prompt is the encoder's input and
+the completion is the decoded target text; the decoder starts from id 0 and caches its own and the
+cross-attention keys/values (the encoder runs once). Each output line is a JSON object
 with `prompt`, `completion`, `tokens` (the generated ids, without the end-of-document id) and
 `finish_reason` ('eod' or 'length').
 """
@@ -25,6 +28,7 @@ import numpy as np
 
 from partitioning import Partitioner
 from t5x_like import inference
+from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.lm import make_lm
 
 PROMPT_BUCKET = 64
@@ -74,17 +78,19 @@ def pad_prompts(prompts: Sequence[Sequence[int]], rows: int, length: int) -> tup
 
 
 class Generator:
-    """Generates continuations of token-id prompts; compiles once per padded prompt length."""
+    """Generates ids from token-id prompts (continuations for a decoder-only model, decoded targets
+    for an encoder-decoder, whose prompts are the encoder input); compiles once per padded prompt
+    length. num_beams > 1: beam search with this length penalty instead of `settings`."""
 
     def __init__(self, config, params, partitioner: Partitioner, *, eod_id: int, max_new_tokens: int,
-                 settings: Sampling, batch_size: int = 8):
+                 settings: Sampling, batch_size: int = 8, num_beams: int = 1, length_penalty: float = 1.0):
+        if num_beams < 1:
+            raise UserError(f"--num_beams={num_beams} must be at least 1 (1 = no beam search).")
         self.lm = make_lm(config)
-        self.max_length = self.lm.max_length
-        if not 0 < max_new_tokens < self.max_length:
-            raise ValueError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
-                             f"max_len - 1 ({self.max_length - 1}).")
+        self.room = self.lm.max_prompt_length(max_new_tokens)
         self.config, self.params, self.partitioner = config, params, partitioner
         self.eod_id, self.max_new_tokens, self.settings = eod_id, max_new_tokens, settings
+        self.num_beams, self.length_penalty = num_beams, length_penalty
         shards = partitioner.batch_shards
         self.batch_size = -(-batch_size // shards) * shards
         self._compiled: dict[int, Callable] = {}
@@ -93,23 +99,29 @@ class Generator:
         """decode(params, tokens [B, P] left-padded, valid [B, P], rng) -> ids [B, max_new_tokens]
         (eod_id after a row's end of document), compiled once per padded prompt length."""
         if prompt_len not in self._compiled:
-            shapes, specs = self.lm.cache_layout(self.batch_size, prompt_len + self.max_new_tokens)
-            fn = functools.partial(
-                self.lm.decode, max_new_tokens=self.max_new_tokens, eod_id=self.eod_id,
-                sample=functools.partial(sample, settings=self.settings),
-                cache_layout=(shapes, self.partitioner.shardings(specs)))
+            rows = self.batch_size * self.num_beams
+            shapes, specs = self.lm.cache_layout(rows, prompt_len, self.max_new_tokens)
+            layout = (shapes, self.partitioner.shardings(specs))
+            if self.num_beams > 1:
+                search = functools.partial(self.lm.beam_search, num_beams=self.num_beams,
+                                           max_new_tokens=self.max_new_tokens, eod_id=self.eod_id,
+                                           length_penalty=self.length_penalty, cache_layout=layout)
+                fn = lambda params, tokens, valid, rng: search(params, tokens, valid)  # noqa: E731 (deterministic)
+            else:
+                fn = functools.partial(self.lm.decode, max_new_tokens=self.max_new_tokens, eod_id=self.eod_id,
+                                       sample=functools.partial(sample, settings=self.settings), cache_layout=layout)
             self._compiled[prompt_len] = self.partitioner.partition(fn, None, self.partitioner.replicated)
         return self._compiled[prompt_len]
 
     def prompt_length(self, prompts: Sequence[Sequence[int]]) -> int:
-        room = self.max_length - self.max_new_tokens
-        return min(room, -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET)
+        bucketed = -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET
+        return bucketed if self.room is None else min(self.room, bucketed)
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[list[int]]:
-        """Generated ids per prompt, cut before the first end-of-document id. Prompts longer than
-        max_len - max_new_tokens keep their last tokens; an empty prompt starts from end-of-document."""
-        room = self.max_length - self.max_new_tokens
-        prompts = [list(p)[-room:] if len(p) else [self.eod_id] for p in prompts]
+        """Generated ids per prompt, cut before the first end-of-document id. Prompts longer than the
+        model's room (decoder-only: max_len - max_new_tokens) keep their last tokens; an empty prompt
+        starts from end-of-document."""
+        prompts = [list(p)[-(self.room or len(p)):] if len(p) else [self.eod_id] for p in prompts]
         results = []
         sharding = self.partitioner.batch_sharding()
         for first in range(0, len(prompts), self.batch_size):
@@ -154,6 +166,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=0, help="keep the k most likely ids (0 = all)")
     parser.add_argument("--top_p", type=float, default=1.0, help="nucleus: smallest set with this much mass")
+    parser.add_argument("--num_beams", type=int, default=1,
+                        help="beam search with this many beams (1 = greedy or sampling, as set above)")
+    parser.add_argument("--length_penalty", type=float, default=1.0,
+                        help="beam search: a finished beam scores sum(log p) / length ** length_penalty")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch_size", type=int, default=8, help="prompts decoded together (global)")
     parser.add_argument("--output", default=None, help="JSONL file (default: JSONL on stdout)")
@@ -161,13 +177,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def sampling_settings(args: argparse.Namespace) -> Sampling:
+    settings = Sampling(args.temperature, args.top_k, args.top_p)
+    if args.num_beams > 1 and (args.top_k or args.top_p < 1 or args.temperature not in (0.0, 1.0)):
+        raise UserError(f"--num_beams={args.num_beams} searches deterministically; --temperature, --top_k and "
+                        "--top_p apply to sampling only: drop them, or set --num_beams=1.")
+    return settings
+
+
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prompts = read_prompts(args)
-    settings = Sampling(args.temperature, args.top_k, args.top_p)
+    settings = sampling_settings(args)
     config, params, tokenizer, partitioner = inference.load_for_inference(args)
     generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
-                          max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size)
+                          max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size,
+                          num_beams=args.num_beams, length_penalty=args.length_penalty)
     generated = generator.generate([tokenizer.encode(p) for p in prompts], seed=args.seed)
     records = [{"prompt": prompt, "completion": tokenizer.decode(ids), "tokens": ids,
                 "finish_reason": "length" if len(ids) == args.max_new_tokens else "eod"}

@@ -25,8 +25,11 @@ from jax.sharding import PartitionSpec
 
 import models
 from models.kernels.cross_entropy import chunked_cross_entropy
+from t5x_like import beam_search
+from t5x_like.errors import UserError
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
-                               DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS)
+                               DECODER_TARGET_TOKENS, DECODER_START_ID, ENCODER_INPUT_TOKENS, ENCODER_POSITIONS,
+                               ENCODER_SEGMENT_IDS)
 
 Batch = dict[str, jax.Array]
 Lengths = Mapping[str, int]
@@ -142,6 +145,69 @@ class LanguageModel:
         """Training FLOPs (forward + backward) of one step of `batch_size` rows."""
         return self.config.train_flops_per_example(lengths) * batch_size
 
+    # -- decoding (generate, eval): each kind prefills its prompts, then steps one token at a time
+    def max_prompt_length(self, max_new_tokens: int) -> int | None:
+        """The longest prompt that leaves room for max_new_tokens new ones (None: no limit)."""
+        raise NotImplementedError
+
+    def cache_layout(self, batch: int, prompt_length: int, max_new_tokens: int) -> tuple[Any, Any]:
+        """(ShapeDtypeStructs, logical PartitionSpecs) of the decoding cache for `batch` rows."""
+        raise NotImplementedError
+
+    def prefill(self, params: Any, tokens: jax.Array, valid: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """Left-padded prompts `tokens` [batch, P] (`valid` marks real tokens) and an empty cache ->
+        (logits [batch, padded_vocab] of the first new token, decoding state)."""
+        raise NotImplementedError
+
+    def step(self, params: Any, tokens: jax.Array, state: Any) -> tuple[jax.Array, Any]:
+        """tokens [batch, 1] -> (logits [batch, padded_vocab] of the next token, state)."""
+        raise NotImplementedError
+
+    def state_batch_axes(self, cache_specs: Any) -> Any:
+        """Per leaf of the decoding state, its batch axis (or None): where beam search reorders it."""
+        raise NotImplementedError
+
+    def _empty_cache(self, cache_layout: tuple[Any, Any]) -> Any:
+        shapes, shardings = cache_layout
+        return jax.tree.map(lambda s, sharding: jax.lax.with_sharding_constraint(jnp.zeros(s.shape, s.dtype), sharding),
+                            shapes, shardings)
+
+    def decode(self, params: Any, tokens: jax.Array, valid: jax.Array, rng: jax.Array, *, max_new_tokens: int,
+               eod_id: int, sample: Callable[[jax.Array, jax.Array], jax.Array], cache_layout: tuple[Any, Any]
+               ) -> jax.Array:
+        """Generated ids [batch, max_new_tokens] for left-padded prompts `tokens` [batch, P] (`valid`
+        marks real tokens); `sample(logits [batch, vocab], rng)` picks each id; rows stop at eod_id
+        (eod_id fills the rest). `cache_layout`: (shapes, shardings) from cache_layout(batch, P, max_new_tokens)."""
+        batch = tokens.shape[0]
+        logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))
+        out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
+
+        def unfinished(loop):
+            i, _, done, *_ = loop
+            return (i < max_new_tokens) & ~done.all()
+
+        def body(loop):
+            i, out, done, logits, state = loop
+            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i)))
+            logits, state = self.step(params, token[:, None], state)
+            return i + 1, out.at[:, i].set(token), done | (token == eod_id), logits, state
+
+        return jax.lax.while_loop(unfinished, body, (0, out, jnp.zeros(batch, bool), logits, state))[1]
+
+    def beam_search(self, params: Any, tokens: jax.Array, valid: jax.Array, *, num_beams: int, max_new_tokens: int,
+                    eod_id: int, length_penalty: float, cache_layout: tuple[Any, Any]) -> jax.Array:
+        """The best beam's ids [batch, max_new_tokens] (eod_id after its end) for prompts as in decode;
+        t5x_like/beam_search.py scores and stops. `cache_layout` is for batch·num_beams rows."""
+        rows, prompt_length = tokens.shape[0] * num_beams, tokens.shape[1]
+        tokens, valid = jnp.repeat(tokens, num_beams, axis=0), jnp.repeat(valid, num_beams, axis=0)
+        logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))
+        batch_axes = self.state_batch_axes(self.cache_layout(rows, prompt_length, max_new_tokens)[1])
+        sequences, _ = beam_search.beam_search(
+            lambda token, state: self.step(params, token, state), logits, state, batch_axes, num_beams=num_beams,
+            max_new_tokens=max_new_tokens, start_id=eod_id, eos_id=eod_id, pad_id=eod_id,
+            vocab_size=self.config.vocab_size, length_penalty=length_penalty)
+        return sequences[:, 0, 1:]
+
 
 class DecoderOnlyLM(LanguageModel):
     """GPT-style models: the decoder reads decoder_input_tokens and predicts decoder_target_tokens."""
@@ -171,49 +237,40 @@ class DecoderOnlyLM(LanguageModel):
             kwargs["segment_ids"] = batch[DECODER_SEGMENT_IDS]
         return (batch[DECODER_INPUT_TOKENS],), kwargs
 
-    # -- KV-cache decoding
-    def cache_layout(self, batch: int, length: int) -> tuple[Any, Any]:
-        """(ShapeDtypeStructs, logical PartitionSpecs) of the decoding cache for [batch, length]."""
+    # -- KV-cache decoding: the prompt's tokens through the cache, then one token per step
+    def max_prompt_length(self, max_new_tokens: int) -> int:
+        if not 0 < max_new_tokens < self.max_length:
+            raise UserError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's max_len - 1 "
+                            f"({self.max_length - 1}).")
+        return self.max_length - max_new_tokens
+
+    def cache_layout(self, batch: int, prompt_length: int, max_new_tokens: int) -> tuple[Any, Any]:
         def create(params):
-            zeros = jnp.zeros((batch, length), jnp.int32)
+            zeros = jnp.zeros((batch, prompt_length + max_new_tokens), jnp.int32)
             return self.module.apply({"params": params}, zeros, positions=zeros, mutable=["cache"])[1]["cache"]
 
         boxed = jax.eval_shape(create, self.abstract_params()[0])
         return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
 
-    def decode(self, params: Any, tokens: jax.Array, valid: jax.Array, rng: jax.Array, *, max_new_tokens: int,
-               eod_id: int, sample: Callable[[jax.Array, jax.Array], jax.Array], cache_layout: tuple[Any, Any]
-               ) -> jax.Array:
-        """Generated ids [batch, max_new_tokens] after left-padded prompts `tokens` [batch, P] (`valid`
-        marks real tokens); `sample(logits [batch, vocab], rng)` picks each id; rows stop at eod_id.
-        `cache_layout`: (shapes, shardings) of the cache for [batch, P + max_new_tokens]."""
-        batch = tokens.shape[0]
-        shapes, shardings = cache_layout
-        cache = jax.tree.map(lambda s, sharding: jax.lax.with_sharding_constraint(
-            jnp.zeros(s.shape, s.dtype), sharding), shapes, shardings)
-
-        def step(cache, tokens, positions, valid):
-            logits, variables = self.module.apply({"params": params, "cache": cache}, tokens, positions=positions,
-                                                  segment_ids=valid.astype(jnp.int32), mutable=["cache"])
-            return logits[:, -1], variables["cache"]
-
+    def prefill(self, params: Any, tokens: jax.Array, valid: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """Left-padded prompts: positions count from each row's first real token, padding is segment 0.
+        The state is (cache, each row's next position)."""
         positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-        logits, cache = step(cache, tokens, positions, valid)
-        out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
-        state = (0, out, jnp.zeros(batch, bool), positions[:, -1] + 1, logits, cache)
+        logits, cache = self._apply(params, cache, tokens, positions, valid.astype(jnp.int32))
+        return logits, (cache, positions[:, -1] + 1)
 
-        def unfinished(state):
-            i, _, done, *_ = state
-            return (i < max_new_tokens) & ~done.all()
+    def step(self, params: Any, tokens: jax.Array, state: Any) -> tuple[jax.Array, Any]:
+        cache, position = state
+        logits, cache = self._apply(params, cache, tokens, position[:, None], jnp.ones_like(tokens))
+        return logits, (cache, position + 1)
 
-        def body(state):
-            i, out, done, position, logits, cache = state
-            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i)))
-            out = out.at[:, i].set(token)
-            logits, cache = step(cache, token[:, None], position[:, None], jnp.ones((batch, 1), bool))
-            return i + 1, out, done | (token == eod_id), position + 1, logits, cache
+    def state_batch_axes(self, cache_specs: Any) -> Any:
+        return beam_search.cache_batch_axes(cache_specs), 0
 
-        return jax.lax.while_loop(unfinished, body, state)[1]
+    def _apply(self, params, cache, tokens, positions, segment_ids) -> tuple[jax.Array, Any]:
+        logits, variables = self.module.apply({"params": params, "cache": cache}, tokens, positions=positions,
+                                              segment_ids=segment_ids, mutable=["cache"])
+        return logits[:, -1], variables["cache"]
 
 
 class EncoderDecoderLM(LanguageModel):
@@ -239,6 +296,44 @@ class EncoderDecoderLM(LanguageModel):
     def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
         names = (ENCODER_SEGMENT_IDS, DECODER_SEGMENT_IDS, ENCODER_POSITIONS, DECODER_POSITIONS)
         return (batch[ENCODER_INPUT_TOKENS], batch[DECODER_INPUT_TOKENS]), {k: batch[k] for k in names if k in batch}
+
+    # -- decoding: encode the prompts once; the decoder starts from DECODER_START_ID and caches its
+    # self-attention keys/values and the encoder output's cross-attention keys/values
+    def max_prompt_length(self, max_new_tokens: int) -> None:
+        if max_new_tokens < 1:
+            raise UserError(f"--max_new_tokens={max_new_tokens} must be at least 1.")
+        return None
+
+    def cache_layout(self, batch: int, prompt_length: int, max_new_tokens: int) -> tuple[Any, Any]:
+        def create(params):
+            inputs = jnp.zeros((batch, prompt_length), jnp.int32)
+            encoded = self.module.apply({"params": params}, inputs, method="encode")
+            return self.module.apply({"params": params}, encoded, jnp.zeros((batch, 1 + max_new_tokens), jnp.int32),
+                                     encoder_segment_ids=inputs, method="decode", mutable=["cache"])[1]["cache"]
+
+        boxed = jax.eval_shape(create, self.abstract_params()[0])
+        return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+
+    def prefill(self, params: Any, tokens: jax.Array, valid: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """The prompts are the encoder's input; the state is (cache, the encoder's padding mask)."""
+        mask = valid.astype(jnp.int32)
+        positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+        encoded = self.module.apply({"params": params}, tokens, encoder_segment_ids=mask,
+                                    encoder_positions=positions, method="encode")
+        start = jnp.full((tokens.shape[0], 1), DECODER_START_ID, jnp.int32)
+        return self._decode(params, cache, encoded, start, mask)
+
+    def step(self, params: Any, tokens: jax.Array, state: Any) -> tuple[jax.Array, Any]:
+        cache, mask = state
+        return self._decode(params, cache, None, tokens, mask)
+
+    def state_batch_axes(self, cache_specs: Any) -> Any:
+        return beam_search.cache_batch_axes(cache_specs), 0
+
+    def _decode(self, params, cache, encoded, tokens, mask) -> tuple[jax.Array, Any]:
+        logits, variables = self.module.apply({"params": params, "cache": cache}, encoded, tokens,
+                                              encoder_segment_ids=mask, method="decode", mutable=["cache"])
+        return logits[:, -1], (variables["cache"], mask)
 
 
 LANGUAGE_MODELS: dict[str, type[LanguageModel]] = {cls.KIND: cls for cls in (DecoderOnlyLM, EncoderDecoderLM)}

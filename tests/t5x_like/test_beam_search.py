@@ -35,7 +35,7 @@ def our_beam_search(config, params, inputs, mask, *, eos_id, length_penalty):
                                                    mutable=["cache"])[1]["cache"])
         cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nn.meta.unbox(boxed))
         logits, cache = decode(cache, encoded, jnp.zeros((rows, 1), jnp.int32))
-        return beam_search(lambda tokens, c: decode(c, None, tokens), logits, cache, cache_batch_axes(boxed),
+        return beam_search(lambda tokens, c: decode(c, None, tokens), logits, cache, cache_batch_axes(nn.get_partition_spec(boxed)),
                            num_beams=BEAMS, max_new_tokens=STEPS, start_id=0, eos_id=eos_id, pad_id=0,
                            vocab_size=config.vocab_size, length_penalty=length_penalty)
 
