@@ -166,7 +166,7 @@ def measure(*, preset: str, batch_size: int, seq_len: int, steps: int, warmup: i
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {
         "framework": "torch", "torch": torch.__version__, "preset": preset, "num_params": num_params,
-        "device": device_name(device), "dtype": dtype, "compiled": compile_model,
+        "device": device_name(device), "devices": 1, "dtype": dtype, "compiled": compile_model,
         "batch_size": batch_size, "seq_len": seq_len, "steps": steps, "warmup": warmup,
         "step_time_s": step_time, "tokens_per_sec": batch_size * seq_len / step_time,
         "tflops_per_device": tflops, "mfu": tflops / peak if peak else None,

@@ -34,7 +34,7 @@ def test_first_loss_near_uniform(rows):
 
 def test_same_flops_formula(rows):
     ours, torch_row = rows
-    flops = lambda r: r["tflops_per_device"] * r["step_time_s"]  # noqa: E731
+    flops = lambda r: r["tflops_per_device"] * r["devices"] * r["step_time_s"]  # noqa: E731
     assert flops(ours) == pytest.approx(flops(torch_row), rel=1e-9)
     assert ours["tokens_per_sec"] > 0 and torch_row["tokens_per_sec"] > 0
 
