@@ -15,6 +15,7 @@ device to itself), then ours, and prints both rows and ours/torch ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fsdp", type=int, default=1)
     p.add_argument("--tensor", type=int, default=1)
     p.add_argument("--rules", default="fsdp_tensor")
+    p.add_argument("--profile_dir", help="write a jax.profiler trace of the timed steps here")
     p.add_argument("--compare", choices=["torch"], help="also run the PyTorch reference and print the ratio")
     p.add_argument("--json", help="also write the result row (rows, with --compare) to this file")
     return p.parse_args(argv)
@@ -94,11 +96,12 @@ def measure(args: argparse.Namespace) -> dict:
         for _ in range(args.warmup - 1):
             state, out = step_fn(state, batch)
         jax.block_until_ready(out)
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            state, out = step_fn(state, batch)
-        jax.block_until_ready((state, out))
-        step_time = (time.perf_counter() - start) / args.steps
+        with jax.profiler.trace(args.profile_dir) if args.profile_dir else contextlib.nullcontext():
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                state, out = step_fn(state, batch)
+            jax.block_until_ready((state, out))
+            step_time = (time.perf_counter() - start) / args.steps
     flops = config.train_flops_per_example({"targets": args.seq_len}) * args.batch_size
     tflops = flops / step_time / jax.device_count() / 1e12
     peak = metrics.peak_tflops(jax.devices()[0].device_kind)
