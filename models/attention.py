@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from models.kernels.flash_attention import flash_attention
@@ -132,12 +133,18 @@ AUTO_CHOICES = {
 
 
 def choose_implementation(query: jax.Array, *, dropout_rate: float) -> str:
-    """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'."""
-    if dropout_rate > 0.0:
-        return "xla"
+    """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'
+    (logged once when that replaces a fused kernel)."""
     platform = jax.default_backend()
     dtype = jnp.dtype(query.dtype).name
-    return AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
+    choice = AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
+    if dropout_rate > 0.0 and choice != "xla":
+        logging.log_first_n(
+            logging.WARNING, "attention dropout %s runs attention in plain XLA (T x T scores in memory) "
+            "instead of %r; set the model's attention_dropout_rate to 0 for the fused kernel.", 1,
+            dropout_rate, choice)
+        return "xla"
+    return choice
 
 
 def dot_product_attention(

@@ -4,18 +4,20 @@
     python scripts/benchmark_gpu.py --out=/tmp/smoke --smoke # tiny shapes, runs on a CPU
 
 Writes under --out: results.md (the tables), results.json (every row), profile.txt (the 124M
-step's top GPU ops) and log.txt (every child's output). Items, in order (--only picks some):
+step's top GPU kernels), step_hlo.txt (that step's optimized HLO, naming the fusions) and log.txt
+(every child's output). Items, in order (--only picks some):
 
-  small     GPT-2 124M, T=1024, bf16: ours (benchmark_train.py) vs the PyTorch reference
-            (benchmark_torch.py) at several batch sizes
-  profile   ours at the first batch size under jax.profiler: GPU time per op, per step
+  small     GPT-2 124M, T=1024, bf16: ours (benchmark_train.py with the --ours settings) vs the
+            PyTorch reference (benchmark_torch.py) at several batch sizes
+  variants  ours at the first batch size with one setting changed (VARIANTS)
+  profile   ours at the first batch size under jax.profiler: GPU time per kernel, per step
   attention benchmark_attention.py: causal fwd and fwd+bwd, T = 1k..8k, head dim 64 and 128
-  xl        GPT-2 1.5B: ours (remat as listed) vs the PyTorch reference
+  xl        GPT-2 1.5B: ours at the listed batch sizes and remat policies
   flags     ours at the first 124M batch size under XLA_FLAGS variants
   dropout   ours at the first 124M batch size with dropout on: residual only (threefry, rbg PRNG)
             and residual + attention (which runs XLA attention)
-  variants  124M: ours with the chunked loss and with attention='pallas' at the first batch size,
-            and both frameworks at the extra batch sizes
+  extra     both frameworks at the extra 124M batch sizes, the PyTorch reference at 1.5B, and more
+            of ours at 1.5B
 
 Every measurement runs in its own child process (one framework on the device at a time, allocator
 peaks per run, XLA flags per process) with a time limit; a failure or time-out is a row with a
@@ -30,6 +32,7 @@ import glob
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,12 +41,16 @@ from collections import defaultdict
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
-ITEMS = ("small", "profile", "attention", "xl", "flags", "dropout", "variants")
+ITEMS = ("small", "variants", "profile", "attention", "xl", "flags", "dropout", "extra")
+VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
+    "scan_layers=True": {"overrides": {"scan_layers": True}},
+    "cross_entropy=xla": {"cross_entropy": "xla"},
+    "cross_entropy=xla, scan_layers=True": {"cross_entropy": "xla", "overrides": {"scan_layers": True}},
+}
 FLAG_VARIANTS = {
     "latency hiding scheduler": "--xla_gpu_enable_latency_hiding_scheduler=true",
     "command buffers off": "--xla_gpu_enable_command_buffer=",
     "triton gemm off": "--xla_gpu_enable_triton_gemm=false",
-    "triton gemm on": "--xla_gpu_enable_triton_gemm=true",
 }
 
 
@@ -56,6 +63,7 @@ class Suite:
     extra_batches: tuple[int, ...]
     xl: str
     xl_runs: tuple[tuple[str, int, str], ...]  # (framework, batch, remat)
+    xl_extra: tuple[tuple[str, int, str], ...]  # more of ours, run in 'extra'
     seq_len: int
     steps: int
     warmup: int
@@ -63,13 +71,15 @@ class Suite:
     torch_compile: bool
 
 
-FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64, 8), xl="gpt2_xl",
-             xl_runs=(("jax", 8, "none"), ("torch", 8, "none"), ("jax", 16, "minimal"), ("jax", 16, "full")),
+FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64,), xl="gpt2_xl",
+             xl_runs=(("jax", 8, "none"), ("torch", 8, "none")),
+             xl_extra=(("jax", 16, "minimal"),),
              seq_len=1024, steps=20, warmup=10,
              attention_args=("--lengths=1024,2048,4096,8192", "--head-dims=64,128", "--tokens=16384",
                              "--hidden=2048", "--repeats=5", "--calls=10"),
              torch_compile=True)
-SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny", xl_runs=(("jax", 2, "minimal"),),
+SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny", xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none")),
+              xl_extra=(("jax", 4, "full"),),
               seq_len=64, steps=2, warmup=1,
               attention_args=("--lengths=128", "--head-dims=64", "--tokens=256", "--hidden=128",
                               "--dtype=float32", "--repeats=1", "--calls=1", "--implementations=xla,pallas,auto"),
@@ -79,9 +89,10 @@ SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt
 class Recorder:
     """Collects rows per item and rewrites results.json / results.md after each one."""
 
-    def __init__(self, out: str, suite: Suite):
-        self.out, self.suite = out, suite
-        self.results: dict = {"environment": environment(), "suite": dataclasses.asdict(suite), "items": {}}
+    def __init__(self, out: str, suite: Suite, ours: dict):
+        self.out, self.suite, self.ours = out, suite, ours
+        self.results: dict = {"environment": environment(), "suite": dataclasses.asdict(suite), "ours": ours,
+                              "command": " ".join(sys.argv), "items": {}}
         self.log = open(os.path.join(out, "log.txt"), "a")
 
     def add(self, item: str, row: dict) -> None:
@@ -158,13 +169,16 @@ def timed_row(recorder: Recorder, item: str, label: str, argv: list[str], json_p
     return row
 
 
-def ours(recorder, item, label, suite, tmp, timeout, *, preset, batch, remat="none", attention="auto",
-         cross_entropy="xla", overrides=None, env=None, profile_dir=None) -> dict:
+def ours(recorder, item, label, suite, tmp, timeout, *, preset, batch, remat="none", env=None, profile_dir=None,
+         **settings) -> dict:
+    """benchmark_train.py with recorder.ours's settings (attention, cross_entropy, overrides), then these."""
+    merged = {**recorder.ours, **settings,
+              "overrides": {**recorder.ours.get("overrides", {}), **settings.get("overrides", {})}}
     path = os.path.join(tmp, f"{item}_{len(recorder.results['items'].get(item, []))}.json")
     argv = [os.path.join(SCRIPTS, "benchmark_train.py"), f"--preset={preset}", f"--batch_size={batch}",
             f"--seq_len={suite.seq_len}", f"--steps={suite.steps}", f"--warmup={suite.warmup}",
-            f"--attention={attention}", f"--cross_entropy={cross_entropy}", f"--remat={remat}",
-            f"--overrides={json.dumps(overrides or {})}", f"--json={path}"]
+            f"--attention={merged.get('attention', 'auto')}", f"--cross_entropy={merged.get('cross_entropy', 'xla')}",
+            f"--remat={remat}", f"--overrides={json.dumps(merged['overrides'])}", f"--json={path}"]
     if profile_dir:
         argv.append(f"--profile_dir={profile_dir}")
     return timed_row(recorder, item, label, argv, path, timeout, env)
@@ -190,20 +204,33 @@ def item_small(recorder, suite, tmp, budget):
 
 def item_variants(recorder, suite, tmp, budget):
     first = suite.small_batches[0]
-    ours(recorder, "small", f"ours B={first} chunked loss", suite, tmp, budget(150), preset=suite.small,
-         batch=first, cross_entropy="chunked")
-    ours(recorder, "small", f"ours B={first} attention=pallas", suite, tmp, budget(150), preset=suite.small,
-         batch=first, attention="pallas")
+    for name, settings in VARIANTS.items():
+        ours(recorder, "small", f"ours B={first} {name}", suite, tmp, budget(150), preset=suite.small, batch=first,
+             **settings)
+
+
+def item_extra(recorder, suite, tmp, budget):
     for batch in suite.extra_batches:
         ours(recorder, "small", f"ours B={batch}", suite, tmp, budget(150), preset=suite.small, batch=batch)
         reference(recorder, "small", f"torch B={batch}", suite, tmp, budget(150), preset=suite.small, batch=batch)
+    for framework, batch, _ in suite.xl_runs:
+        if framework == "torch":
+            reference(recorder, "xl", f"torch B={batch}", suite, tmp, budget(240), preset=suite.xl, batch=batch)
+    for _, batch, remat in suite.xl_extra:
+        ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(240), preset=suite.xl,
+             batch=batch, remat=remat)
 
 
 def item_profile(recorder, suite, tmp, budget):
     trace_dir = os.path.join(tmp, "trace")
     batch = suite.small_batches[0]
+    dump_dir = os.path.join(tmp, "hlo")
     row = ours(recorder, "profile", f"ours B={batch} (traced)", suite, tmp, budget(150), preset=suite.small,
-               batch=batch, profile_dir=trace_dir)
+               batch=batch, profile_dir=trace_dir,
+               env={"XLA_FLAGS": f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=train_step"})
+    dumps = glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
+    if dumps:  # the optimized HLO names every fusion the profile lists
+        shutil.copy(max(dumps, key=os.path.getsize), os.path.join(recorder.out, "step_hlo.txt"))
     files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     if not files:
         raise RuntimeError(f"no trace written under {trace_dir}")
@@ -229,9 +256,7 @@ def item_attention(recorder, suite, tmp, budget):
 
 def item_xl(recorder, suite, tmp, budget):
     for framework, batch, remat in suite.xl_runs:
-        if framework == "torch":
-            reference(recorder, "xl", f"torch B={batch}", suite, tmp, budget(240), preset=suite.xl, batch=batch)
-        else:
+        if framework == "jax":  # the PyTorch reference's 1.5B run is in 'extra' (its compile is slow)
             ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(240), preset=suite.xl,
                  batch=batch, remat=remat)
 
@@ -255,7 +280,7 @@ def item_dropout(recorder, suite, tmp, budget):
 
 
 RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "xl": item_xl,
-           "flags": item_flags, "dropout": item_dropout, "variants": item_variants}
+           "flags": item_flags, "dropout": item_dropout, "variants": item_variants, "extra": item_extra}
 
 
 # ----------------------------------------------------------------------------- profile summary
@@ -397,7 +422,7 @@ def attention_table(result: dict) -> list[str]:
 
 def markdown(results: dict) -> str:
     env = results["environment"]
-    out = ["# GPU suite (scripts/benchmark_gpu.py)", "",
+    out = ["# GPU suite (scripts/benchmark_gpu.py)", "", f"Command: `{results.get('command')}`; ours: `{json.dumps(results.get('ours'))}`.", "",
            f"GPU: {env.get('nvidia-smi')}; jax {env.get('jax')} (jaxlib {env.get('jaxlib')}), flax {env.get('flax')}, "
            f"optax {env.get('optax')}, torch {env.get('torch')}, triton {env.get('triton')}.", ""]
     for item in ("small", "xl", "flags", "dropout", "profile"):
@@ -423,6 +448,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder for results.md, results.json, profile.txt, log.txt")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and steps (runs on a CPU)")
     p.add_argument("--only", type=lambda s: s.split(","), default=list(ITEMS), help=f"items, from {ITEMS}")
+    p.add_argument("--ours", type=json.loads, default={"cross_entropy": "chunked", "overrides": {"scan_layers": False}},
+                   help="JSON: our settings for every run (attention, cross_entropy, overrides); variants change one")
     p.add_argument("--budget_s", type=float, default=540.0, help="stop starting runs after this many seconds")
     p.add_argument("--min_run_s", type=float, default=45.0, help="skip a run when less than this is left")
     args = p.parse_args(argv)
@@ -436,7 +463,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     suite = SMOKE if args.smoke else FULL
-    recorder = Recorder(args.out, suite)
+    recorder = Recorder(args.out, suite, args.ours)
     deadline = time.monotonic() + args.budget_s
 
     def budget(cap: float) -> float:
