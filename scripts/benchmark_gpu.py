@@ -44,8 +44,8 @@ CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # th
 ITEMS = ("small", "variants", "profile", "attention", "xl", "flags", "dropout", "extra")
 VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
     "scan_layers=True": {"overrides": {"scan_layers": True}},
-    "cross_entropy=xla": {"cross_entropy": "xla"},
-    "cross_entropy=xla, scan_layers=True": {"cross_entropy": "xla", "overrides": {"scan_layers": True}},
+    "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
+    "cross_entropy=full_logits, scan_layers=True": {"cross_entropy": "full_logits", "overrides": {"scan_layers": True}},
 }
 FLAG_VARIANTS = {
     "latency hiding scheduler": "--xla_gpu_enable_latency_hiding_scheduler=true",
@@ -177,7 +177,7 @@ def ours(recorder, item, label, suite, tmp, timeout, *, preset, batch, remat="no
     path = os.path.join(tmp, f"{item}_{len(recorder.results['items'].get(item, []))}.json")
     argv = [os.path.join(SCRIPTS, "benchmark_train.py"), f"--preset={preset}", f"--batch_size={batch}",
             f"--seq_len={suite.seq_len}", f"--steps={suite.steps}", f"--warmup={suite.warmup}",
-            f"--attention={merged.get('attention', 'auto')}", f"--cross_entropy={merged.get('cross_entropy', 'xla')}",
+            f"--attention={merged.get('attention', 'auto')}", f"--cross_entropy={merged.get('cross_entropy', 'chunked')}",
             f"--remat={remat}", f"--overrides={json.dumps(merged['overrides'])}", f"--json={path}"]
     if profile_dir:
         argv.append(f"--profile_dir={profile_dir}")
