@@ -17,6 +17,7 @@ _SIZES = {
 }
 
 SIZES = tuple(_SIZES)
+PRESETS = tuple(f"gpt2_{size}" for size in SIZES)
 
 
 def get_config(size: str) -> ml_collections.ConfigDict:
