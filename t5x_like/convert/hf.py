@@ -17,9 +17,9 @@ import numpy as np
 
 from t5x_like import checkpoints
 from t5x_like import inference
-from t5x_like.convert import gpt2, mapping
+from t5x_like.convert import gpt2, mapping, neox
 
-FAMILIES = {"gpt2": gpt2}
+FAMILIES = {"gpt2": gpt2, "neox": neox}
 """Our family name -> converter module (HF_MODEL_TYPE, HF_BLOCK_PREFIX, TOP, BLOCK, TIED, configs)."""
 HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
                       "special_tokens_map.json")
