@@ -1,6 +1,6 @@
 """GPT-NeoX against transformers' GPTNeoXForCausalLM (fp32, tiny random models): logits within 1e-4 for
 rotary_pct 0.25 and 1.0 with the parallel residual on and off; packed documents; KV-cache decoding
-equals recomputation; parameter counts of the Pythia shapes equal transformers'."""
+equals recomputation (tests/models/test_decode.py); parameter counts of the Pythia shapes equal transformers'."""
 import dataclasses
 import math
 
@@ -80,38 +80,6 @@ def test_packed_documents_do_not_see_each_other(hf_model):
     together = apply(config, params, packed, segment_ids=segments, positions=positions)
     alone = apply(config, params, doc_b[None])
     np.testing.assert_allclose(together[0, 6:, :301], alone[0, :, :301], atol=1e-5)
-
-
-@pytest.mark.parametrize("scan_layers", [True, False])
-def test_cached_decoding_equals_full_recomputation(hf_model, scan_layers):
-    """Row 0 prefills 6 tokens, row 1 is left-padded by 3 then 3 tokens; then one token per step.
-    Rotary angles come from each row's own positions, so row 1's logits equal its unpadded run."""
-    config, params = ours_from_hf(hf_model(0.25, False), scan_layers=scan_layers)
-    model = NeoX(config)
-    total, width, pad = 11, 6, 3
-    tokens = np.random.default_rng(2).integers(0, 301, (2, total)).astype(np.int32)
-    prompt = tokens[:, :width].copy()
-    prompt[1] = np.concatenate([np.full(pad, 7), tokens[1, :width - pad]])
-    valid = np.ones((2, width), bool)
-    valid[1, :pad] = False
-    positions = np.maximum(valid.cumsum(1) - 1, 0)
-    create = jax.jit(lambda p: model.apply({"params": p}, jnp.zeros((2, total), jnp.int32),
-                                           positions=jnp.zeros((2, total), jnp.int32), mutable=["cache"])[1]["cache"])
-    step = jax.jit(lambda p, c, t, pos, seg: model.apply({"params": p, "cache": c}, t, positions=pos,
-                                                          segment_ids=seg, mutable=["cache"]))
-    cache = jax.tree.map(jnp.zeros_like, nn.meta.unbox(create(params)))
-    logits, variables = step(params, cache, prompt, positions, valid.astype(np.int32))
-    rows = [[logits[0]], [logits[1, pad:]]]
-    for k in range(total - width):
-        position = np.array([[width + k], [width - pad + k]])
-        next_tokens = np.array([[tokens[0, width + k]], [tokens[1, width - pad + k]]], np.int32)
-        logits, variables = step(params, variables["cache"], next_tokens, position, np.ones((2, 1), np.int32))
-        rows[0].append(logits[0])
-        rows[1].append(logits[1])
-    row0, row1 = (np.asarray(jnp.concatenate(r, axis=0))[:, :301] for r in rows)
-    expected = apply(config, params, tokens)[..., :301]
-    np.testing.assert_allclose(row0, expected[0], atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(row1, expected[1, :total - pad], atol=2e-5, rtol=1e-5)
 
 
 def test_hidden_states_and_untied_head_give_the_logits(hf_model):

@@ -159,6 +159,24 @@ def test_from_neox_tensor_parallel_shards_give_transformers_logits(random_hf_neo
     assert inference.read_config(str(tmp_path / "ours"))[1] == tokenizer
 
 
+def test_to_hf_writes_the_recorded_20b_tokenizer(random_hf_neox, tmp_path):
+    if not TOKENIZER.exists():
+        pytest.skip(f"needs the 20B tokenizer at {TOKENIZER}")
+    model = random_hf_neox(0.2, seed=4, vocab_size=VOCAB)
+    neox_checkpoint(model, tmp_path / "global_step1", parallel=True)
+    config = neox.config_from_hf(model.config.to_dict(), "test")
+    neox.from_neox(str(tmp_path / "global_step1"), str(tmp_path / "ours"), config, tokenizer=str(TOKENIZER))
+    hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "hf"))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    from t5x_like.data import load_tokenizer
+
+    ours = load_tokenizer(TOKENIZER)
+    text = "Hangzhou is a beautiful city, isn't it?  Yes — 2,000 years old."
+    assert theirs(text)["input_ids"] == ours.encode(text)
+    assert theirs.eos_token_id == ours.eod_id == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 0
+
+
 def test_from_neox_refuses_what_does_not_match(random_hf_neox, tmp_path):
     model = random_hf_neox(0.2, seed=4, vocab_size=VOCAB)
     neox_checkpoint(model, tmp_path / "ckpt", parallel=True)
