@@ -106,6 +106,9 @@ class NeoXConfig(FamilyConfig):
         if lengths["targets"] > self.max_len:
             raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
 
+    def pipeline_layers(self) -> int:
+        return self.num_layers
+
     def summary(self) -> str:
         residual = "parallel" if self.use_parallel_residual else "sequential"
         return (f"neox: {self.num_layers} layers, width {self.embed_dim}, {self.num_heads} heads x "

@@ -1,8 +1,8 @@
-"""`python -m t5x_like.train --gin_file=gpt2.gin --gin.MODEL_DIR="'/runs/gpt2'"`.
+"""`python -m t5x_like.train --gin_file=quickstart.gin --gin.MODEL_DIR="'/runs/quickstart'"`.
 
-Parses absl flags and gin, then runs `train()`: build mesh, model, state and data, loop over
-steps, log, evaluate and checkpoint. The machinery lives in trainer / checkpoints / metrics /
-partitioning; this file only wires it together.
+Parses absl flags and gin, then runs `train()`: assemble the run (experiment.build_experiment), open
+the data, loop over steps, log, evaluate and checkpoint. The machinery lives in experiment / trainer /
+checkpoints / metrics; this file only wires it together.
 """
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ import signal
 import sys
 from typing import Callable
 
-import flax.linen as nn
 import gin
 import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import app, flags, logging
 
 import configs
 import models
-from partitioning import Partitioner, make_mesh, pipeline
+from partitioning import make_mesh
 from t5x_like import checkpoints, data, distributed, metrics, optim, trainer
+from t5x_like.experiment import Experiment, build_experiment
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -59,22 +57,13 @@ class TrainResult:
     stopped_by_signal: int | None = None
 
 
-@gin.configurable(denylist=["data_source"])
-def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRED, rules: str = "fsdp_tensor",
-          optimizer: optim.Optimizer = gin.REQUIRED, train_steps: int = gin.REQUIRED,
-          batch_size: int = gin.REQUIRED, seq_len: int = gin.REQUIRED, seed: int = 0,
-          grad_accum_steps: int = 1, z_loss: float = 0.0,
-          loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
-          on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
-          eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "chunked",
-          offload_optimizer_state: bool = False, pipeline_repeats: int = 1,
-          data_source: Callable = make_source) -> TrainResult:
-    """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
-    if on_nonfinite not in ("stop", "skip"):
-        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
-    partitioner = Partitioner(mesh, rules)
-    check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
+@gin.configurable(denylist=["data_source", "experiment"])
+def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
+          keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
+          log_every: int = 10, data_source: Callable = make_source,
+          experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
+    """Train for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint. `experiment` assembles
+    the run (gin binds build_experiment's arguments); it is called with the restored model config."""
     primary = distributed.is_primary()
     if primary:
         os.makedirs(model_dir, exist_ok=True)
@@ -82,167 +71,75 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
             f.write(gin.config_str())
     ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
     resume_step = ckpt.latest_step()
-    stored = checkpoints.read_model_info(model_dir if resume_step is not None else restore_from) \
-        if (resume_step is not None or restore_from) else None
-    config = resolve_model_config(model, mesh.shape["tensor"], stored)
-    source = open_source(data_source, "train", batch_size, seq_len, seed, config)
-    eval_source = open_source(data_source, "validation", batch_size, seq_len, seed, config) if eval_every else None
-
-    step_config = trainer.StepConfig(
-        grad_accum_steps=grad_accum_steps, z_loss=z_loss,
-        loss_scale=loss_scale if config.dtype == "float16" else None,
-        skip_nonfinite=on_nonfinite == "skip", cross_entropy=cross_entropy,
-        offload_optimizer_state=offload_optimizer_state)
-    module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
-                       pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
-    with partitioner.activate():
-        state, shardings, num_params = create_state(
-            module, optimizer, partitioner, seed, seq_len, step_config, config)
+    restored_from = model_dir if resume_step is not None else restore_from
+    exp = experiment(restored=restored_config(restored_from) if restored_from else None)
+    source = open_source(data_source, "train", exp)
+    eval_source = open_source(data_source, "validation", exp) if eval_every else None
+    state = exp.init_state()
+    with exp.partitioner.activate():
         if resume_step is not None:
-            state, data_state = restore_state(ckpt, resume_step, state, shardings)
+            state, data_state = restore_state(ckpt, resume_step, state, exp.shardings)
             source.set_state(data_state)
             logging.info("resumed from %s at step %d", ckpt.directory, resume_step)
         elif restore_from:
             state = state.replace(params=checkpoints.restore_params(
-                restore_from, checkpoints.with_shardings(state.params, shardings.params)))
+                restore_from, checkpoints.with_shardings(state.params, exp.shardings.params)))
             logging.info("initialised parameters from %s (params only)", restore_from)
-        batch_sharding = partitioner.batch_sharding()
-        step_fn = jit_train_step(module, optimizer, step_config, shardings, partitioner)
-        eval_fn = jax.jit(trainer.make_eval_step(module, cross_entropy), in_shardings=(shardings.params, batch_sharding),
-                          out_shardings=partitioner.replicated)
-        model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path}
+        model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": source.tokenizer_path}
         writer = metrics.MetricsWriter(model_dir, enabled=primary)
         throughput = metrics.Throughput(
-            tokens_per_step=batch_size * seq_len,
-            flops_per_step=metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len)
-            * batch_size * seq_len,
+            tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         stop = StopSignal()
         step = int(state.step)
         pending = None
         try:
             while step < train_steps and not stop.signum:
-                batch = global_batch(next(source), batch_sharding)
-                state, step_metrics = step_fn(state, batch)
+                batch = exp.global_batch(next(source))
+                state, step_metrics = exp.train_step(state, batch)
                 step += 1
                 if pending:
-                    report(*pending, writer, throughput, train_steps, log_every, on_nonfinite)
+                    report(*pending, writer, throughput, train_steps, log_every, exp.on_nonfinite)
                 pending = (step, step_metrics)
                 throughput.step_done()
                 if step % checkpoint_every == 0:
                     save(ckpt, step, state, source, model_info)
                 if eval_every and step % eval_every == 0:
-                    evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+                    evaluate(exp, state.params, eval_source, eval_steps, writer, step)
             if pending:
-                report(*pending, writer, throughput, train_steps, 1, on_nonfinite)
+                report(*pending, writer, throughput, train_steps, 1, exp.on_nonfinite)
             if stop.signum:
                 logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
             if ckpt.latest_step() != step:
                 save(ckpt, step, state, source, model_info)
             if eval_every and step % eval_every and step >= train_steps:
-                evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+                evaluate(exp, state.params, eval_source, eval_steps, writer, step)
         finally:
             ckpt.wait()
             ckpt.close()
             writer.close()
             stop.restore()
+            for s in (source, eval_source):
+                if s is not None:
+                    s.close()
     return TrainResult(step, stop.signum)
 
 
-def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
-    if batch_size % grad_accum_steps:
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
-    micro = batch_size // grad_accum_steps
-    if micro % batch_shards:
-        raise ValueError(
-            f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
-            f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
-            f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
-    if batch_size % jax.process_count():
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
+def restored_config(checkpoint: str) -> models.FamilyConfig:
+    """The model config a checkpoint (MODEL_DIR or step directory) records."""
+    return models.config_from_dict(checkpoints.read_model_info(checkpoint)["config"])
 
 
-def resolve_model_config(config, tensor: int, stored: dict | None):
-    """Pad the vocabulary to 128 x tensor, unless a checkpoint fixes the padded size already."""
-    config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
-    if stored is None:
-        return config
-    saved = models.config_from_dict(stored["config"])
-    shape_fields = ("family", "vocab_size", "num_layers", "num_heads", "embed_dim", "mlp_dim", "max_len")
-    differ = {f: (getattr(saved, f), getattr(config, f)) for f in shape_fields
-              if getattr(saved, f) != getattr(config, f)}
-    if differ:
-        raise ValueError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
-                         "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
-    if saved.padded_vocab_size % tensor == 0:
-        config = dataclasses.replace(config, vocab_pad_multiple=saved.vocab_pad_multiple)
-    return config
-
-
-def open_source(data_source: Callable, split: str, batch_size: int, seq_len: int, seed: int, config):
-    source = data_source(split, batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
-                         shard_index=jax.process_index(), shard_count=jax.process_count())
-    if source.vocab_size > config.vocab_size:
+def open_source(data_source: Callable, split: str, exp: Experiment):
+    """This host's batches of `split`, checked against the model's vocabulary."""
+    source = data_source(split, batch_size=exp.batch_size // jax.process_count(), feature_lengths=exp.lengths,
+                         seed=exp.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+    if source.vocab_size > exp.config.vocab_size:
         raise ValueError(
             f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
-            f"{config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
+            f"{exp.config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
             "(model_config.overrides={'vocab_size': ...}) or the model's own tokenizer.")
-    if seq_len > config.max_len:
-        raise ValueError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
     return source
-
-
-def pipelined(module, config, stages: int, microbatches: int, repeats: int, rows: int, batch_shards: int):
-    """`module` with its layer stack pipelined over the 'stage' mesh axis (PIPELINE_PARALLEL > 1);
-    `rows` is a gradient-accumulation microbatch's row count."""
-    if stages == 1 and microbatches == 1 and repeats == 1:
-        return module
-    if stages == 1:
-        raise ValueError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
-                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
-    schedule = pipeline.Schedule(stages, microbatches, repeats)
-    schedule.check(config.num_layers, rows, batch_shards)
-    logging.info("%s", schedule.describe())
-    return module.clone(layer_stack=schedule.layer_stack)
-
-
-def abstract_state(module, optimizer, partitioner, seed, seq_len, step_config):
-    """(init function, its abstract state, the state's shardings), checked to divide over the mesh."""
-    init = lambda rng: trainer.init_train_state(  # noqa: E731
-        module, optimizer.tx, rng, jnp.zeros((1, seq_len), jnp.int32), step_config.loss_scale)
-    abstract = jax.eval_shape(lambda: init(jax.random.PRNGKey(seed)))  # no eager op: the mesh may be compile-only
-    specs = nn.get_partition_spec(abstract)
-    partitioner.check_divisible(abstract.params, specs.params)
-    partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")
-    if distributed.is_primary():
-        logging.info("parameter layout:\n%s", partitioner.describe(abstract.params, specs.params))
-    opt_shardings = partitioner.shardings(specs.opt_state, "opt_state")
-    if step_config.offload_optimizer_state:
-        opt_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), opt_shardings)
-    shardings = partitioner.shardings(specs).replace(opt_state=opt_shardings)
-    return init, abstract, shardings
-
-
-def jit_train_step(module, optimizer, step_config, shardings, partitioner):
-    """The train step, jitted with the state's and the batch's shardings, donating the old state."""
-    return jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
-                   in_shardings=(shardings, partitioner.batch_sharding()),
-                   out_shardings=(shardings, partitioner.replicated), donate_argnums=0)
-
-
-def create_state(module, optimizer, partitioner, seed, seq_len, step_config, config):
-    """A sharded fresh state (initialised in place, no host holds the whole model) and its shardings."""
-    init, _, shardings = abstract_state(module, optimizer, partitioner, seed, seq_len, step_config)
-    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(jax.random.PRNGKey(seed))
-    num_params = count_params(state.params, config)
-    logging.info("model: %s, %s parameters", config.family, f"{num_params:,}")
-    return state, shardings, num_params
-
-
-def count_params(params, config) -> int:
-    """Parameters excluding the padding rows of the vocabulary (comparable with HF's counts)."""
-    total = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-    return total - (config.padded_vocab_size - config.vocab_size) * config.embed_dim
 
 
 def train_state_item(state: trainer.TrainState) -> dict:
@@ -256,11 +153,6 @@ def restore_state(ckpt, step, state, shardings):
     return state.replace(params=params, **rest), data_state
 
 
-def global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-    """This host's rows -> global arrays laid out over the data-parallel devices."""
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
-
-
 def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinite) -> None:
     """Check one step's metrics on the host; every `log_every` steps, write and print them."""
     values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
@@ -268,7 +160,7 @@ def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinit
         if on_nonfinite == "stop":
             raise FloatingPointError(
                 f"step {step}: loss is {values['loss']}; stopping. Lower LEARNING_RATE, use bfloat16/float32, "
-                "or set train.on_nonfinite='skip' to skip such steps.")
+                "or set build_experiment.on_nonfinite='skip' to skip such steps.")
     if values["skipped"]:
         logging.warning("step %d: non-finite gradients, update skipped%s", step,
                         f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
@@ -285,12 +177,12 @@ def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, s
               model=model_info)
 
 
-def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> None:
+def evaluate(exp: Experiment, params, source, eval_steps, writer, step) -> None:
     """Validation loss over the first `eval_steps` batches of the validation split."""
     source.reset()
     nll = weight = 0.0
     for _ in range(eval_steps):
-        out = jax.device_get(eval_fn(params, global_batch(next(source), sharding)))
+        out = jax.device_get(exp.eval_step(params, exp.global_batch(next(source))))
         nll, weight = nll + float(out["nll_sum"]), weight + float(out["weight_sum"])
     loss = nll / max(weight, 1.0)
     writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0))})
@@ -341,7 +233,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
         if not required:
             raise
         raise app.UsageError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
-                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\") or set it in a gin file.") from None
+                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
 
 
 def quiet_library_logs() -> None:

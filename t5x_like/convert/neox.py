@@ -27,8 +27,8 @@ import models
 from models.neox import NeoXConfig
 from t5x_like import checkpoints, inference
 from t5x_like.errors import UserError
-from t5x_like.convert import mapping
-from t5x_like.convert.mapping import Entry, Transform
+from t5x_like.convert import gpt2, mapping
+from t5x_like.convert.mapping import Entry, Stack, Transform
 
 HF_MODEL_TYPE = "gpt_neox"
 HF_BLOCK_PREFIX = "gpt_neox.layers.{}."
@@ -81,6 +81,15 @@ BLOCK = (
     Entry("mlp.dense_4h_to_h.weight", ("mlp/proj_kernel",), TRANSPOSED),
     Entry("mlp.dense_4h_to_h.bias", ("mlp/proj_bias",)),
 )
+tokenizer_config = gpt2.tokenizer_config
+"""GPT-2's special tokens: the 20B tokenizer's <|endoftext|> (id 0) as bos, eos and unk."""
+
+
+def layout(config: NeoXConfig) -> tuple[tuple[Entry, ...], list[Stack]]:
+    """(top-level entries, block stacks) of this config."""
+    return TOP, [Stack("", HF_BLOCK_PREFIX, BLOCK, config.num_layers)]
+
+
 def config_to_hf(config: NeoXConfig, eod_id: int | None) -> dict:
     """config.json contents for transformers' GPTNeoXConfig (HF sees the unpadded vocabulary)."""
     return {
@@ -171,7 +180,7 @@ def from_neox(src: str, dst: str, config: NeoXConfig, *, tokenizer: str | None =
         inference.open_tokenizer(tokenizer, config)
         tokenizer = os.path.abspath(tokenizer)
     tensors = neox_checkpoint_as_hf(src, config)
-    flat = mapping.from_hf_tensors(tensors, config, TOP, BLOCK, HF_BLOCK_PREFIX, src)
+    flat = mapping.from_hf_tensors(tensors, config, *layout(config), src)
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
     checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
     return os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR, str(step))

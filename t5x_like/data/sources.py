@@ -5,9 +5,11 @@ from t5x_like.data import builtin, loader
 from t5x_like.data.loader import BatchSource, GrainBatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.features import decoder_only_length
 
 
-def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
+def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
+                shard_count: int,
                 data_path: str | list[str] | None = None,
                 blend_weights: list[float] | None = None,
                 tokenizer: str | None = None,
@@ -18,7 +20,8 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
                 tfds_splits: dict[str, str] | None = None,
                 text_key: str = "text",
                 worker_count: int = 0) -> BatchSource:
-    """Batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of it).
+    """Causal-LM batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of
+    it), rows of FEATURE_LENGTHS {'targets': T} tokens (t5x_like/features.py names the arrays).
 
     Data, in order of precedence:
       - `tfds_name`: a TFDS dataset prepared as array_record under `tfds_data_dir`; its split of the same
@@ -31,6 +34,7 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
     `packing` packs whole documents per row with segment_ids/positions; `worker_count` > 0 prepares
     batches in that many processes.
     """
+    seq_len = decoder_only_length(feature_lengths)
     if split not in loader.SPLITS:
         raise ValueError(f"split={split!r}: expected one of {loader.SPLITS}")
     if batch_size < 1 or seq_len < 1:
@@ -45,7 +49,7 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
         data_path, tokenizer = builtin.builtin_corpus()
     prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
     files = [open_token_file(p) for p in prefixes]
-    vocab_size, eod_id, tokenizer_path = _vocabulary(files, tokenizer)
+    vocab_size, eod_id, tokenizer_path = token_files_vocabulary(files, tokenizer)
     rows = [loader.token_file_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing, seed=seed)
             for f in files]
     batches = loader.host_batches(loader.blend(rows, blend_weights), batch_size=batch_size,
@@ -54,7 +58,7 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
     return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path)
 
 
-def _vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
+def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
     """(vocab_size, eod_id, tokenizer path) for the files, checking they were made with that tokenizer."""
     if tokenizer is None:
         return _vocabulary_from_metadata(files)

@@ -34,8 +34,7 @@ def ours_from_hf(model, **choices):
     config = convert_neox.config_from_hf(model.config.to_dict(), "test", **choices)
     tensors = {n: t.detach().numpy() for n, t in model.state_dict().items()}
     tensors["embed_out.weight"] = tensors.pop("lm_head.weight")  # the saved name (transformers >= 5 renames it)
-    flat = mapping.from_hf_tensors(tensors, config, convert_neox.TOP, convert_neox.BLOCK,
-                                   convert_neox.HF_BLOCK_PREFIX, "test")
+    flat = mapping.from_hf_tensors(tensors, config, *convert_neox.layout(config), "test")
     return config, jax.tree.map(jnp.asarray, mapping.unflatten(flat))
 
 

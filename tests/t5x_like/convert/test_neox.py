@@ -22,6 +22,8 @@ from t5x_like import generate, inference, optim, trainer  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, mapping, neox  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+from t5x_like.lm import make_lm  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 TOKENIZER = DATA / "gpt-neox-20b-tokenizer" / "20B_tokenizer.json"
@@ -214,7 +216,8 @@ def test_greedy_generation_equals_transformers_generate(random_hf_neox, tmp_path
 
 
 def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
-    """Same batch, same settings: ours (trainer.make_train_step + optim.make_optimizer) vs
+    """Same batch, same settings: ours (trainer.make_train_step with the default chunked loss over the
+    untied head + optim.make_optimizer) vs
     torch.optim.AdamW with weight decay on the matrices ours decays (not the two vocabulary tables)
     and clip_grad_norm_. Tolerance as GPT-2's test explains: entries whose gradient is within
     10 * eps of 0 (fp32 noise becomes a step of either sign) agree within 2 * lr, all others 2e-6."""
@@ -224,14 +227,14 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     config, _ = inference.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))
     batch_tokens = np.random.default_rng(5).integers(0, VOCAB, (2, 13))
-    batch = {"inputs": batch_tokens[:, :-1], "targets": batch_tokens[:, 1:],
-             "weights": np.ones((2, 12), np.float32)}
+    batch = {DECODER_INPUT_TOKENS: batch_tokens[:, :-1], DECODER_TARGET_TOKENS: batch_tokens[:, 1:],
+             DECODER_LOSS_WEIGHTS: np.ones((2, 12), np.float32)}
 
     opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
                                b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
     state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
-    step = jax.jit(trainer.make_train_step(models.build_model(config), opt.tx, opt.schedule, trainer.StepConfig()))
+    step = jax.jit(trainer.make_train_step(make_lm(config), opt.tx, opt.schedule, trainer.StepConfig()))
     new_state, metrics = step(state, batch)
 
     torch_model = transformers.GPTNeoXForCausalLM.from_pretrained(src)
@@ -241,15 +244,16 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     others = [p for n, p in torch_model.named_parameters() if all(p is not q for q in decayed)]
     torch_opt = torch.optim.AdamW([{"params": decayed, "weight_decay": weight_decay},
                                    {"params": others, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=eps)
-    logits = torch_model(torch.tensor(batch["inputs"])).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), torch.tensor(batch["targets"]).reshape(-1))
+    logits = torch_model(torch.tensor(batch[DECODER_INPUT_TOKENS])).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
+                                             torch.tensor(batch[DECODER_TARGET_TOKENS]).reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(torch_model.parameters(), 1.0)
     torch_opt.step()
 
     assert float(metrics["loss"]) == pytest.approx(loss.item(), rel=1e-5)
     ours = dict(mapping.to_hf_tensors(mapping.flatten(jax.tree.map(np.asarray, new_state.params)), config,
-                                      neox.TOP, neox.BLOCK, neox.HF_BLOCK_PREFIX))
+                                      *neox.layout(config)))
     saved_name = {"lm_head.weight": "embed_out.weight"}
     theirs = {saved_name.get(n, n): p.detach().numpy() for n, p in torch_model.named_parameters()}
     grads = {saved_name.get(n, n): p.grad.numpy() for n, p in torch_model.named_parameters()}

@@ -25,7 +25,7 @@ def test_every_preset_builds_its_familys_config(name):
     assert name.partition("_")[0] in (config.family, "pythia")
 
 
-@pytest.mark.parametrize("name", ["pythia_20b", "neox_70m", "gpt2_160m", "t5_small", "pythia"])
+@pytest.mark.parametrize("name", ["pythia_20b", "neox_70m", "gpt2_160m", "llama_7b", "pythia"])
 def test_unknown_presets_are_refused_with_the_list(name):
     with pytest.raises(ValueError, match=r"unknown; known presets: \[.*'pythia_160m'.*'neox_20b'"):
         configs.get_model_config(name)
