@@ -11,17 +11,17 @@ scan_layers=False names them `block_0`, `block_1`, ...):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, Mapping
+from typing import Callable, ClassVar
 
 import flax.linen as nn
 import jax
 
 from models import layers
-from models.config import FamilyConfig
+from models.config import DecoderOnlyConfig, FamilyConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(FamilyConfig):
+class GPT2Config(DecoderOnlyConfig):
     """Hyper-parameters of one GPT-2; plain values only, so it round-trips through JSON."""
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate", "attention_dropout_rate")
@@ -60,22 +60,6 @@ class GPT2Config(FamilyConfig):
         e, m = self.embed_dim, self.mlp_dim
         block = 4 * e * e + 2 * e * m
         return self.num_layers * block + self.vocab_size * e
-
-    def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
-        """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
-        scores, 3x for forward + backward): 6·L·T²·d."""
-        t = lengths["targets"]
-        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.embed_dim
-
-    def check_lengths(self, lengths: Mapping[str, int]) -> None:
-        if set(lengths) != {"targets"}:
-            raise ValueError(f"FEATURE_LENGTHS={dict(lengths)}: a decoder-only model takes only 'targets' "
-                             "(set SEQ_LEN, or FEATURE_LENGTHS={'targets': N}).")
-        if lengths["targets"] > self.max_len:
-            raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
-
-    def pipeline_layers(self) -> int:
-        return self.num_layers
 
     def summary(self) -> str:
         return (f"gpt2: {self.num_layers} layers, width {self.embed_dim}, {self.num_heads} heads x "

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, ClassVar, Mapping
+from typing import Callable, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from models import layers
-from models.config import FamilyConfig
+from models.config import DecoderOnlyConfig, FamilyConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class NeoXConfig(FamilyConfig):
+class NeoXConfig(DecoderOnlyConfig):
     """Hyper-parameters of one GPT-NeoX; plain values only, so it round-trips through JSON."""
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate", "attention_dropout_rate")
@@ -92,22 +92,6 @@ class NeoXConfig(FamilyConfig):
         e, m = self.embed_dim, self.mlp_dim
         block = 4 * e * e + 2 * e * m
         return self.num_layers * block + self.vocab_size * e
-
-    def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
-        """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
-        scores, 3x for forward + backward): 6·L·T²·d. Rotary embeddings are elementwise: not counted."""
-        t = lengths["targets"]
-        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.embed_dim
-
-    def check_lengths(self, lengths: Mapping[str, int]) -> None:
-        if set(lengths) != {"targets"}:
-            raise ValueError(f"FEATURE_LENGTHS={dict(lengths)}: a decoder-only model takes only 'targets' "
-                             "(set SEQ_LEN, or FEATURE_LENGTHS={'targets': N}).")
-        if lengths["targets"] > self.max_len:
-            raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
-
-    def pipeline_layers(self) -> int:
-        return self.num_layers
 
     def summary(self) -> str:
         residual = "parallel" if self.use_parallel_residual else "sequential"
