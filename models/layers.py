@@ -52,9 +52,31 @@ class Embed(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """x @ embedding.T with an fp32 result (the logits feed a softmax)."""
-        return jnp.einsum(
-            "bte,ve->btv", x, self.embedding.astype(self.dtype), preferred_element_type=jnp.float32
-        )
+        return tied_logits(x, self.embedding.astype(self.dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
+    """[b, t, e] @ [v, e].T -> fp32 [b, t, v]. The backward casts the fp32 logit gradient to the
+    operands' dtype first, so its two matmuls run in bf16 (fp32 accumulation) as the forward's
+    does; left to autodiff they would promote to fp32 (TF32 on GPUs: ~13% of a GPT-2 124M step
+    on an H100, docs/benchmarks.md)."""
+    return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
+
+
+def _tied_logits_fwd(x, embedding):
+    return tied_logits(x, embedding), (x, embedding)
+
+
+def _tied_logits_bwd(residuals, g):
+    x, embedding = residuals
+    g = g.astype(x.dtype)
+    d_x = jnp.einsum("btv,ve->bte", g, embedding, preferred_element_type=jnp.float32)
+    d_embedding = jnp.einsum("btv,bte->ve", g, x, preferred_element_type=jnp.float32)
+    return d_x.astype(x.dtype), d_embedding.astype(embedding.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 class LMHead(Embed):

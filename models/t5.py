@@ -274,12 +274,14 @@ class T5(nn.Module):
     def setup(self):
         c = self.config
         embed = functools.partial(layers.Embed, c.padded_vocab_size, c.embed_dim, ("vocab", "embed"),
-                                  c.init_factor, dtype=c.compute_dtype)
-        self.token_embedder = embed()
+                                  dtype=c.compute_dtype)
+        self.token_embedder = embed(c.init_factor)
         self.encoder = Encoder(c)
         self.decoder = Decoder(c)
         if not c.tie_word_embeddings:
-            self.lm_head = embed()
+            # T5X's untied head: variance scaling over fan-in (std d_model^-0.5), so the first logits
+            # are O(1) and the first loss is near ln(vocab) rather than tens of nats.
+            self.lm_head = embed(c.init_factor * c.embed_dim**-0.5)
 
     def __call__(self, encoder_input_tokens: jax.Array, decoder_input_tokens: jax.Array, *,
                  encoder_segment_ids: jax.Array | None = None, decoder_segment_ids: jax.Array | None = None,

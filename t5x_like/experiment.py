@@ -137,8 +137,8 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
             experiment._init, jax.random.PRNGKey(seed), offload)
     if distributed.is_primary():
-        logging.info("parameter layout:\n%s", partitioner.describe(
-            experiment.abstract_state.params, jax.tree.map(lambda s: s.spec, experiment.shardings.params)))
+        params = experiment.abstract_state.params
+        logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
         logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
     return experiment
 

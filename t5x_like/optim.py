@@ -80,11 +80,14 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
 
 def init_state(tx: optax.GradientTransformation, params: Any) -> Any:
     """tx.init(params), keeping each statistic's logical axis names where it has its parameter's shape.
-    Statistics of another shape (Adafactor's factored row and column moments, placeholders) are small:
-    their names are dropped, so they are replicated."""
+    Statistics of another shape (Adafactor's factored row and column moments, its [1]-shaped
+    placeholders) are small: their names are dropped, so they are replicated."""
+    is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
+    shapes = {(box.names, box.value.shape) for box in jax.tree.leaves(params, is_leaf=is_box) if is_box(box)}
+
     def fix(leaf):
-        if isinstance(leaf, nn.Partitioned) and leaf.value.ndim != len(leaf.names):
+        if is_box(leaf) and (leaf.names, leaf.value.shape) not in shapes:
             return leaf.replace(names=(None,) * leaf.value.ndim)
         return leaf
 
-    return jax.tree.map(fix, tx.init(params), is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    return jax.tree.map(fix, tx.init(params), is_leaf=is_box)

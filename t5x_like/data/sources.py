@@ -1,4 +1,4 @@
-"""`make_source`: the one entry point the trainer and eval tools call for batches."""
+"""`make_source`: the one entry point the trainer and eval tools call for batches, for every objective."""
 from __future__ import annotations
 
 from t5x_like.data import builtin, loader
@@ -8,8 +8,12 @@ from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.features import decoder_only_length
 
 
+OBJECTIVES = ("causal_lm", "span_corruption", "seq2seq")
+
+
 def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
                 shard_count: int,
+                objective: str = "causal_lm",
                 data_path: str | list[str] | None = None,
                 blend_weights: list[float] | None = None,
                 tokenizer: str | None = None,
@@ -19,7 +23,9 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
                 tfds_data_dir: str | None = None,
                 tfds_splits: dict[str, str] | None = None,
                 text_key: str = "text",
-                worker_count: int = 0) -> BatchSource:
+                worker_count: int = 0,
+                noise_density: float = 0.15,
+                mean_noise_span_length: float = 3.0) -> BatchSource:
     """Causal-LM batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of
     it), rows of FEATURE_LENGTHS {'targets': T} tokens (t5x_like/features.py names the arrays).
 
@@ -33,7 +39,30 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
       - neither: the builtin corpus (Python's documentation, tokenized with its own 8192-id BPE).
     `packing` packs whole documents per row with segment_ids/positions; `worker_count` > 0 prepares
     batches in that many processes.
+
+    `objective` (OBJECTIVE): 'causal_lm' (above), or T5's 'span_corruption' (noise_density,
+    mean_noise_span_length; {'inputs': I, 'targets': T}) and 'seq2seq' input/target pairs (data_path: a
+    .jsonl / .tsv file, token files P.inputs + P.targets, or a dict of them per split), both in
+    t5x_like/data/objectives.py with the same data_path / tokenizer / split / blend / packing settings.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"OBJECTIVE={objective!r} is unknown; choose one of {OBJECTIVES}.")
+    if objective != "causal_lm":
+        if tfds_name is not None:
+            raise ValueError(f"OBJECTIVE={objective!r} reads token files or pair files; tfds_name works with "
+                             "'causal_lm' only (preprocess the TFDS text into a token file instead).")
+        from t5x_like.data import objectives
+
+        common = dict(batch_size=batch_size, feature_lengths=feature_lengths, seed=seed, shard_index=shard_index,
+                      shard_count=shard_count, data_path=data_path, blend_weights=blend_weights, tokenizer=tokenizer,
+                      data_split=data_split, packing=packing, worker_count=worker_count)
+        if objective == "span_corruption":
+            return objectives.make_span_corruption_source(
+                split, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length, **common)
+        if data_path is None:
+            raise ValueError("OBJECTIVE='seq2seq' needs DATA_PATH: a .jsonl / .tsv file of input/target pairs, "
+                             "token files P.inputs + P.targets, or a dict of them per split.")
+        return objectives.make_seq2seq_source(split, **common)
     seq_len = decoder_only_length(feature_lengths)
     if split not in loader.SPLITS:
         raise ValueError(f"split={split!r}: expected one of {loader.SPLITS}")
