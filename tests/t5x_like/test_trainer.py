@@ -27,10 +27,10 @@ def batches(source_cls, count, batch_size=8):
     return [next(source) for _ in range(count)]
 
 
-def experiment(mesh, rules, data, *, config=CONFIG, **settings):
+def experiment(mesh, rules, data, *, config=CONFIG, feature_lengths=None, **settings):
     optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=max(len(data), 3))
     return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=len(
-        data[0][DECODER_INPUT_TOKENS]), feature_lengths={"targets": SEQ_LEN}, **settings)
+        data[0][DECODER_INPUT_TOKENS]), feature_lengths=feature_lengths or {"targets": SEQ_LEN}, **settings)
 
 
 def run(mesh, rules, data, *, config=CONFIG, steps_between=None, **settings):
