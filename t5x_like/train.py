@@ -178,15 +178,17 @@ def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, s
 
 
 def evaluate(exp: Experiment, params, source, eval_steps, writer, step) -> None:
-    """Validation loss over the first `eval_steps` batches of the validation split."""
+    """Validation loss and token accuracy over the first `eval_steps` batches of the validation split."""
     source.reset()
-    nll = weight = 0.0
+    sums = {"nll_sum": 0.0, "accuracy_sum": 0.0, "weight_sum": 0.0}
     for _ in range(eval_steps):
         out = jax.device_get(exp.eval_step(params, exp.global_batch(next(source))))
-        nll, weight = nll + float(out["nll_sum"]), weight + float(out["weight_sum"])
-    loss = nll / max(weight, 1.0)
-    writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0))})
-    logging.info("step %d: validation loss %.4f, perplexity %.2f", step, loss, math.exp(min(loss, 80.0)))
+        sums = {k: total + float(out[k]) for k, total in sums.items()}
+    weight = max(sums["weight_sum"], 1.0)
+    loss, accuracy = sums["nll_sum"] / weight, sums["accuracy_sum"] / weight
+    writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0)), "eval_accuracy": accuracy})
+    logging.info("step %d: validation loss %.4f, perplexity %.2f, token accuracy %.4f", step, loss,
+                 math.exp(min(loss, 80.0)), accuracy)
 
 
 class StopSignal:

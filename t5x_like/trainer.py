@@ -17,6 +17,7 @@ import optax
 
 from partitioning.pipeline import split_microbatches
 from t5x_like import optim
+from t5x_like.features import DECODER_LOSS_WEIGHTS
 from t5x_like.lm import LanguageModel, Lengths, check_cross_entropy
 
 Batch = dict[str, jax.Array]
@@ -168,11 +169,14 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
     return train_step
 
 
-def make_eval_step(lm: LanguageModel, cross_entropy: str = "chunked") -> Callable[[Any, Batch], Metrics]:
-    """Σ nll and Σ weights of one batch, deterministic (no dropout)."""
+def make_eval_step(lm: LanguageModel) -> Callable[[Any, Batch], Metrics]:
+    """Σ nll, Σ correct (the target is the argmax) and Σ weights of one batch, deterministic (no
+    dropout). One forward pass over the full logits: no gradient is kept, so no chunking is needed."""
 
     def eval_step(params: Any, batch: Batch) -> Metrics:
-        nll, _, weight = lm.loss_sums(params, batch, z_loss=0.0, cross_entropy=cross_entropy)
-        return {"nll_sum": nll, "weight_sum": weight}
+        scores = lm.score(params, batch)
+        weights = batch[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+        return {"nll_sum": -(scores["log_prob"] * weights).sum(),
+                "accuracy_sum": (scores["correct"] * weights).sum(), "weight_sum": weights.sum()}
 
     return eval_step
