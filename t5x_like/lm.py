@@ -287,10 +287,11 @@ class EncoderDecoderLM(LanguageModel):
     def batch_spec(self, lengths: Lengths, batch_size: int, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
         encoder, decoder = (batch_size, lengths["inputs"]), (batch_size, lengths["targets"])
         spec = {ENCODER_INPUT_TOKENS: (encoder, jnp.int32), DECODER_INPUT_TOKENS: (decoder, jnp.int32),
-                DECODER_TARGET_TOKENS: (decoder, jnp.int32), DECODER_LOSS_WEIGHTS: (decoder, jnp.float32)}
+                DECODER_TARGET_TOKENS: (decoder, jnp.int32), DECODER_LOSS_WEIGHTS: (decoder, jnp.float32),
+                ENCODER_SEGMENT_IDS: (encoder, jnp.int32)}  # unpacked: the encoder's padding mask
         if packed:
-            spec.update({ENCODER_SEGMENT_IDS: (encoder, jnp.int32), ENCODER_POSITIONS: (encoder, jnp.int32),
-                         DECODER_SEGMENT_IDS: (decoder, jnp.int32), DECODER_POSITIONS: (decoder, jnp.int32)})
+            spec.update({ENCODER_POSITIONS: (encoder, jnp.int32), DECODER_SEGMENT_IDS: (decoder, jnp.int32),
+                         DECODER_POSITIONS: (decoder, jnp.int32)})
         return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in spec.items()}
 
     def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:

@@ -2,8 +2,9 @@
 
 Both give rows of seqio-named features, FEATURE_LENGTHS {'inputs': N, 'targets': M} long:
 
-    encoder_input_tokens [N]  decoder_target_tokens [M]  decoder_input_tokens [M]  decoder_loss_weights [M]
-    + encoder_segment_ids, encoder_positions, decoder_segment_ids, decoder_positions when packing
+    encoder_input_tokens [N]  encoder_segment_ids [N] (1 = real, 0 = padding; the examples 1, 2, ... packed)
+    decoder_target_tokens [M]  decoder_input_tokens [M]  decoder_loss_weights [M]
+    + encoder_positions, decoder_segment_ids, decoder_positions when packing
 
 `decoder_input_tokens` are the targets shifted right with 0 as the start id, per example; segment ids
 number a row's examples 1, 2, ... (0 = padding) and positions restart at 0 for each.
@@ -150,10 +151,10 @@ def row_features(examples: Sequence[tuple[np.ndarray, np.ndarray]], feature_leng
     shifted = _concatenated([np.concatenate([[0], targets[:-1]]) for _, targets in examples],
                             feature_lengths["targets"])
     row = {"encoder_input_tokens": encoder[0], "decoder_target_tokens": decoder[0],
-           "decoder_input_tokens": shifted[0], "decoder_loss_weights": (decoder[1] > 0).astype(np.float32)}
+           "decoder_input_tokens": shifted[0], "decoder_loss_weights": (decoder[1] > 0).astype(np.float32),
+           "encoder_segment_ids": encoder[1]}  # unpacked: the encoder's padding mask (EOS may be id 0)
     if packed:
-        row |= {"encoder_segment_ids": encoder[1], "encoder_positions": encoder[2],
-                "decoder_segment_ids": decoder[1], "decoder_positions": decoder[2]}
+        row |= {"encoder_positions": encoder[2], "decoder_segment_ids": decoder[1], "decoder_positions": decoder[2]}
     return row
 
 

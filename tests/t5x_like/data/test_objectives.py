@@ -298,7 +298,7 @@ def test_seq2seq_padded_rows_are_the_pairs_cut_to_length_with_eos(tmp_path, toke
         src = pair_source(path, "validation", data_split="1,1,0", tokenizer=tokenizer_path, batch_size=30)
     batch = next(src)
     assert set(batch) == {"encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens",
-                          "decoder_loss_weights"}
+                          "decoder_loss_weights", "encoder_segment_ids"}
     assert src.vocab_size == VOCAB + 100 and src.tokenizer_path == tokenizer_path
     for row, (inputs, targets) in enumerate(pairs[30:]):  # the validation half, in order
         expected_inputs, expected_targets = ids(inputs, 63), ids(targets, 13)
@@ -309,6 +309,7 @@ def test_seq2seq_padded_rows_are_the_pairs_cut_to_length_with_eos(tmp_path, toke
         np.testing.assert_array_equal(batch["decoder_input_tokens"][row],
                                       np.pad([0] + expected_targets[:-1], (0, 14 - len(expected_targets))))
         np.testing.assert_array_equal(batch["decoder_loss_weights"][row], np.arange(14) < len(expected_targets))
+        np.testing.assert_array_equal(batch["encoder_segment_ids"][row], np.arange(64) < len(expected_inputs))
     cut_inputs = sum(len(i.split()) >= 64 for i, _ in pairs[30:])
     cut_targets = sum(len(t.split()) >= 14 for _, t in pairs[30:])
     assert cut_inputs > 0 and cut_targets > 0
