@@ -118,3 +118,42 @@ def test_cli_quickstart_t5_learns(tmp_path):
     assert len(loss) == 6 and loss[-1] < loss[0] - 1.0, loss
     evals = [r for r in rows if "eval_loss" in r]
     assert evals and 0 <= evals[0]["eval_accuracy"] <= 1
+
+
+PAIRS = [("translate: the cat sat on the mat", "die Katze"), ("translate: a dog runs fast", "ein Hund läuft"),
+         ("summarize: functions return values to callers", "functions return"), ("question: what is two", "two")]
+
+
+def test_fine_tuning_from_a_transformers_t5_starts_at_its_loss(tmp_path):
+    """from-hf a tiny T5 v1.1, then seq2seq training on JSONL pairs with RESTORE_FROM: the first step's
+    loss is transformers' loss of the converted model on that batch (fp32, rtol 1e-5)."""
+    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+    from t5x_like.convert import hf
+
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=CONFIG.vocab_size, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0)).eval()
+    # an lm_head of its own (transformers would otherwise save it as a tie to the embedding)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 32**-0.5)
+    model.save_pretrained(tmp_path / "hf")
+    pretrained = hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "converted"))
+    with open(tmp_path / "pairs.jsonl", "w") as f:
+        f.writelines(json.dumps({"inputs": i, "targets": t}) + "\n" for i, t in PAIRS)
+    tokenizer = span_corruption("train", batch_size=8, feature_lengths=LENGTHS, seed=0, shard_index=0,
+                                shard_count=1).tokenizer_path
+    seq2seq = functools.partial(make_source, objective="seq2seq", data_path={"train": str(tmp_path / "pairs.jsonl")},
+                                tokenizer=tokenizer)
+    test_train.run(tmp_path / "finetune", seq2seq, steps=2, restore_from=pretrained,
+                   settings={"model": CONFIG, "feature_lengths": LENGTHS})
+    first = test_train.losses(tmp_path / "finetune")[1]
+
+    batch = next(seq2seq("train", batch_size=8, feature_lengths=LENGTHS, seed=0, shard_index=0, shard_count=1))
+    labels = np.where(batch[DECODER_LOSS_WEIGHTS] > 0, batch["decoder_target_tokens"], -100)
+    ids = {name: torch.from_numpy(np.asarray(batch[key], np.int64)) for name, key in (
+        ("input_ids", ENCODER_INPUT_TOKENS), ("attention_mask", ENCODER_SEGMENT_IDS),
+        ("decoder_input_ids", DECODER_INPUT_TOKENS))}
+    with torch.no_grad():
+        want = model(**ids, labels=torch.from_numpy(labels.astype(np.int64))).loss.item()
+    np.testing.assert_allclose(first, want, rtol=1e-5)
