@@ -4,6 +4,7 @@
         --seq_len=1024 --stride=32 --output=wikitext.json
     python -m t5x_like.eval --task=lambada --checkpoint=MODEL_DIR --data=lambada_test.jsonl
     python -m t5x_like.eval --task=tokens --checkpoint=MODEL_DIR --data=PREFIX   # a token file
+    python -m t5x_like.eval --task=seq2seq --checkpoint=T5_DIR --data=pairs.jsonl   # encoder-decoder
 
 wikitext: read the whole file, count original tokens as len(text.strip().split(" ")), detokenize,
 tokenize, then score overlapping windows of seq_len+1 tokens that start every `stride` tokens; the
@@ -14,6 +15,9 @@ number, comparable across tokenizers).
 lambada: last-word accuracy; strict (default): the target is " " + last word and counts only if
 every target token is the argmax; --lambada_last_token: only the last BPE token is predicted.
 tokens: loss / ppl over a preprocessed token file (documents back to back, as stored).
+seq2seq (encoder-decoder checkpoints): a JSONL of {"inputs", "targets"} pairs, each side tokenized
+with EOS appended as in training; loss and token accuracy (argmax) of the teacher-forced targets,
+and exact match of the greedily decoded output's text with the target text.
 
 """
 from __future__ import annotations
@@ -30,8 +34,10 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioning import Partitioner
-from t5x_like import inference
-from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
+from t5x_like import generate, inference
+from t5x_like.errors import UserError
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_START_ID,
+                               DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS)
 from t5x_like.lm import LanguageModel, make_lm
 
 # ---------------------------------------------------------------- scoring
@@ -48,7 +54,8 @@ def make_score_fn(lm: LanguageModel) -> Callable[[Any, Rows], dict[str, jax.Arra
         scores = lm.score(params, rows)
         weights = rows[WEIGHTS]
         hit = scores["correct"] | (weights == 0)
-        return {"nll": -(scores["log_prob"] * weights).sum(-1), "all_correct": hit.all(-1)}
+        return {"nll": -(scores["log_prob"] * weights).sum(-1), "all_correct": hit.all(-1),
+                "num_correct": (scores["correct"] * weights).sum(-1)}
 
     return score
 
@@ -67,7 +74,7 @@ class Scorer:
 
     def score(self, batches: Iterable[Rows], total: int, description: str) -> dict[str, np.ndarray]:
         """Concatenated per-row results over `batches` (each at most batch_size rows)."""
-        results: dict[str, list[np.ndarray]] = {"nll": [], "all_correct": []}
+        results: dict[str, list[np.ndarray]] = {"nll": [], "all_correct": [], "num_correct": []}
         with self.partitioner.activate():
             for rows in tqdm(batches, total=total, desc=description, unit="batch", file=sys.stderr):
                 count = len(rows[INPUTS])
@@ -240,6 +247,64 @@ def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict:
             "loss": loss, "ppl": safe_exp(loss), "num_target_tokens": num_target_tokens, "seq_len": length}
 
 
+# ---------------------------------------------------------------- seq2seq pairs
+
+
+def read_pairs(path: str) -> list[tuple[str, str]]:
+    """(inputs, targets) of each line of a JSONL file."""
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{number}: not JSON ({e.msg}); each line must be "
+                                '{"inputs": "...", "targets": "..."}.') from None
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("inputs", "targets")):
+                raise UserError(f'{path}:{number}: needs string fields "inputs" and "targets".')
+            pairs.append((record["inputs"], record["targets"]))
+    if not pairs:
+        raise UserError(f"{path} holds no pairs.")
+    return pairs
+
+
+def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: int, targets_len: int) -> Rows:
+    """Teacher-forced rows: encoder inputs (+ padding mask), targets shifted right from the start id."""
+    rows = {ENCODER_INPUT_TOKENS: np.zeros((len(examples), inputs_len), np.int32),
+            ENCODER_SEGMENT_IDS: np.zeros((len(examples), inputs_len), np.int32),
+            INPUTS: np.zeros((len(examples), targets_len), np.int32),
+            TARGETS: np.zeros((len(examples), targets_len), np.int32),
+            WEIGHTS: np.zeros((len(examples), targets_len), np.float32)}
+    for row, (inputs, targets) in enumerate(examples):
+        rows[ENCODER_INPUT_TOKENS][row, :len(inputs)] = inputs
+        rows[ENCODER_SEGMENT_IDS][row, :len(inputs)] = 1
+        rows[INPUTS][row, :len(targets)] = [DECODER_START_ID] + targets[:-1]
+        rows[TARGETS][row, :len(targets)] = targets
+        rows[WEIGHTS][row, :len(targets)] = 1
+    return rows
+
+
+def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], generate.Generator], tokenizer,
+                     path: str) -> dict:
+    pairs = read_pairs(path)
+    examples = [(tokenizer.encode(i) + [tokenizer.eod_id], tokenizer.encode(t) + [tokenizer.eod_id])
+                for i, t in pairs]
+    inputs_len = max(len(i) for i, _ in examples)
+    targets_len = max(len(t) for _, t in examples)
+    batches = (seq2seq_rows(examples[i:i + scorer.batch_size], inputs_len, targets_len)
+               for i in range(0, len(examples), scorer.batch_size))
+    scores = scorer.score(batches, -(-len(examples) // scorer.batch_size), "seq2seq")
+    decoded = generator_for(targets_len).generate([inputs for inputs, _ in examples])
+    exact = sum(tokenizer.decode(ids) == target for ids, (_, target) in zip(decoded, pairs))
+    num_tokens = sum(len(t) for _, t in examples)
+    loss = float(scores["nll"].sum()) / num_tokens
+    return {"task": "seq2seq", "num_examples": len(pairs), "num_target_tokens": num_tokens, "loss": loss,
+            "ppl": safe_exp(loss), "token_accuracy": float(scores["num_correct"].sum()) / num_tokens,
+            "exact_match": exact / len(pairs)}
+
+
 # ---------------------------------------------------------------- CLI
 
 
@@ -252,15 +317,19 @@ def summary(result: dict) -> str:
     if result["task"] == "lambada":
         return (f"LAMBADA ({result['method']}): accuracy {result['accuracy']:.4f} "
                 f"({result['num_correct']}/{result['num_examples']})   target ppl {result['ppl']:.3f}")
+    if result["task"] == "seq2seq":
+        return (f"seq2seq  {result['num_examples']} pairs, {result['num_target_tokens']:,} target tokens: "
+                f"loss {result['loss']:.4f}   token accuracy {result['token_accuracy']:.4f}   "
+                f"exact match {result['exact_match']:.4f}")
     return (f"tokens  {result['num_tokens']:,} tokens, seq_len {result['seq_len']}, stride {result['stride']}: "
             f"loss {result['loss']:.4f}   ppl {result['ppl']:.3f}")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", required=True, choices=("wikitext", "lambada", "tokens"))
+    parser.add_argument("--task", required=True, choices=("wikitext", "lambada", "tokens", "seq2seq"))
     parser.add_argument("--checkpoint", required=True, help="MODEL_DIR (latest step) or a step directory")
-    parser.add_argument("--data", required=True, help="wikitext file, lambada .jsonl, or token-file prefix")
+    parser.add_argument("--data", required=True, help="wikitext file, lambada .jsonl, token-file prefix, or seq2seq .jsonl of pairs")
     parser.add_argument("--tokenizer", default=None, help="default: the tokenizer the checkpoint records")
     parser.add_argument("--seq_len", type=int, default=None, help="window length (default: the model's max_len)")
     parser.add_argument("--stride", type=int, default=None, help="new targets per window (default: seq_len)")
@@ -274,17 +343,26 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     config, params, tokenizer, partitioner = inference.load_for_inference(args, with_tokenizer=args.task != "tokens")
-    max_length = make_lm(config).max_length
-    seq_len = args.seq_len or max_length
-    if seq_len > max_length:
-        raise ValueError(f"--seq_len={seq_len} exceeds the model's max_len {max_length}.")
+    lm = make_lm(config)
     scorer = Scorer(config, params, partitioner, args.batch_size)
-    if args.task == "wikitext":
-        result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len)
-    elif args.task == "lambada":
-        result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, strict=not args.lambada_last_token)
+    if (args.task == "seq2seq") != (lm.KIND == "encoder_decoder"):
+        raise UserError(f"--task={args.task} does not fit {args.checkpoint}, a {lm.KIND} model: --task=seq2seq "
+                        "scores encoder-decoder checkpoints, the other tasks decoder-only ones.")
+    if args.task == "seq2seq":
+        generator_for = lambda steps: generate.Generator(  # noqa: E731
+            config, params, partitioner, eod_id=tokenizer.eod_id, max_new_tokens=steps,
+            settings=generate.Sampling(temperature=0.0), batch_size=args.batch_size)
+        result = evaluate_seq2seq(scorer, generator_for, tokenizer, args.data)
     else:
-        result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len, config.vocab_size)
+        seq_len = args.seq_len or lm.max_length
+        if seq_len > lm.max_length:
+            raise UserError(f"--seq_len={seq_len} exceeds the model's max_len {lm.max_length}.")
+        if args.task == "wikitext":
+            result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len)
+        elif args.task == "lambada":
+            result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, strict=not args.lambada_last_token)
+        else:
+            result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len, config.vocab_size)
     result.update(checkpoint=args.checkpoint, data=args.data, tokenizer=getattr(tokenizer, "path", None))
     return result
 
