@@ -106,7 +106,9 @@ def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> in
 
 def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any], jax.stages.Compiled]:
     """Compile one train step of the parsed gin configuration for `devices`: (report, executable)."""
-    exp = build_experiment(mesh=mesh_for(devices))
+    with gin.unlock_config():  # gin evaluates every binding, so replace the mesh binding itself
+        gin.bind_parameter("build_experiment.mesh", mesh_for(devices))
+    exp = build_experiment()
     state = exp.sharded_abstract_state()
     state_bytes = bytes_per_device(state, exp.shardings)
     check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
