@@ -13,9 +13,7 @@ is what `python -m t5x_like.train` runs.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -91,17 +89,6 @@ def device_memory(devices: Sequence, override_gib: float | None) -> int | None:
     return stats.get("bytes_limit") if stats else None
 
 
-def train_settings(devices: Sequence) -> dict[str, Any]:
-    """train()'s arguments as the parsed gin files set them (defaults filled in), with the mesh
-    that partitioning.make_mesh's bindings describe built over `devices`."""
-    defaults = {name: p.default for name, p in inspect.signature(train.train).parameters.items()}
-    bound = gin.get_bindings("train", resolve_references=False)
-    bound.pop("mesh", None)
-    settings = {**defaults, **copy.deepcopy(bound)}  # deepcopy evaluates gin references and macros
-    settings["mesh"] = make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
-    return settings
-
-
 def step_config_from(settings: dict[str, Any], config) -> trainer.StepConfig:
     """The StepConfig train() builds from the same settings."""
     shared = {f.name for f in dataclasses.fields(trainer.StepConfig)} & set(settings) - {"loss_scale"}
@@ -125,7 +112,7 @@ def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> in
 
 def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any], jax.stages.Compiled]:
     """Compile one train step of the parsed gin configuration for `devices`: (report, executable)."""
-    s = train_settings(devices)
+    s = train.train_arguments(devices)
     mesh, batch_size, seq_len = s["mesh"], s["batch_size"], s["seq_len"]
     partitioner = Partitioner(mesh, s["rules"])
     train.check_batch(batch_size, s["grad_accum_steps"], partitioner.batch_shards)

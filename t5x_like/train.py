@@ -6,7 +6,9 @@ partitioning; this file only wires it together.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import inspect
 import math
 import os
 import re
@@ -24,7 +26,8 @@ from absl import app, flags, logging
 import configs
 import models
 from partitioning import Partitioner, make_mesh, pipeline
-from t5x_like import checkpoints, data, distributed, metrics, optim, trainer
+from t5x_like import checkpoints, data, distributed, gin_cli, inference, metrics, optim, trainer
+from t5x_like.errors import UserError, exit_on_user_error
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -36,6 +39,8 @@ flags.DEFINE_multi_string("gin_search_paths", [], "Extra directories to resolve 
 flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
 flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+flags.DEFINE_bool("print_config", False, "Print every effective setting (defaults included) and the model "
+                  "(shape, parameter count), checked as training would, then exit without touching MODEL_DIR.")
 
 gin.external_configurable(make_mesh, module="partitioning")
 gin.external_configurable(optim.make_optimizer, module="optim")
@@ -44,13 +49,31 @@ make_source = gin.external_configurable(data.make_source, module="data")
 
 
 @gin.configurable
-def model_config(preset: str = gin.REQUIRED, *, dtype: str = "bfloat16", attention: str = "auto",
-                 remat_policy: str = "none", scan_layers: bool = True, overrides: dict | None = None):
-    """A model config: the named preset (configs/), then the run's choices and overrides."""
+def model_config(preset: str = gin.REQUIRED, *, vocab_from_tokenizer: bool = False, dtype: str = "bfloat16",
+                 attention: str = "auto", remat_policy: str = "none", scan_layers: bool = True,
+                 overrides: dict | None = None):
+    """A model config: the named preset (configs/), then the run's choices and overrides.
+
+    `vocab_from_tokenizer`: the vocabulary is the run's tokenizer's (data.make_source's TOKENIZER, or the
+    one its DATA_PATH files were made with, or the builtin corpus's), so any corpus trains the model.
+    `overrides` set config fields; on the command line they merge key by key into the files' overrides.
+    """
     values = dict(configs.get_model_config(preset).to_dict())
+    if vocab_from_tokenizer:
+        values["vocab_size"] = run_vocab_size()
     values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers)
     values.update(overrides or {})
-    return models.config_from_dict(values)
+    try:
+        return models.config_from_dict(values)
+    except ValueError as e:
+        raise UserError(f"model_config (preset {preset!r}, overrides {overrides}): {e}") from None
+
+
+def run_vocab_size() -> int:
+    """The vocabulary size of the tokenizer data.make_source's bindings select."""
+    bound = gin.get_bindings("data.make_source")
+    return data.tokenizer_vocab_size(data_path=bound.get("data_path"), tokenizer=bound.get("tokenizer"),
+                                     tfds_name=bound.get("tfds_name"))
 
 
 @dataclasses.dataclass
@@ -72,7 +95,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           data_source: Callable = make_source) -> TrainResult:
     """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
     if on_nonfinite not in ("stop", "skip"):
-        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
+        raise UserError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
     primary = distributed.is_primary()
@@ -84,7 +107,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
     resume_step = ckpt.latest_step()
     stored = checkpoints.read_model_info(model_dir if resume_step is not None else restore_from) \
         if (resume_step is not None or restore_from) else None
-    config = resolve_model_config(model, mesh.shape["tensor"], stored)
+    config = resolve_model_config(model, mesh.shape["tensor"], stored, adopt_architecture=resume_step is None)
     source = open_source(data_source, "train", batch_size, seq_len, seed, config)
     eval_source = open_source(data_source, "validation", batch_size, seq_len, seed, config) if eval_every else None
 
@@ -151,29 +174,37 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
 
 def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
     if batch_size % grad_accum_steps:
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
+        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
     micro = batch_size // grad_accum_steps
     if micro % batch_shards:
-        raise ValueError(
+        raise UserError(
             f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
             f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
             f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
     if batch_size % jax.process_count():
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
+        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
 
 
-def resolve_model_config(config, tensor: int, stored: dict | None):
-    """Pad the vocabulary to 128 x tensor, unless a checkpoint fixes the padded size already."""
+def resolve_model_config(config, tensor: int, stored: dict | None, *, adopt_architecture: bool = False):
+    """Pad the vocabulary to 128 x tensor, unless a checkpoint fixes the padded size already.
+
+    With a checkpoint's model info (`stored`), the architectures must agree; `adopt_architecture`
+    (RESTORE_FROM: a new run from a checkpoint's parameters) takes the checkpoint's instead, keeping
+    the run's own choices (dtype, dropout, attention, remat, scan)."""
     config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
     if stored is None:
         return config
     saved = models.config_from_dict(stored["config"])
-    shape_fields = ("family", "vocab_size", "num_layers", "num_heads", "embed_dim", "mlp_dim", "max_len")
-    differ = {f: (getattr(saved, f), getattr(config, f)) for f in shape_fields
-              if getattr(saved, f) != getattr(config, f)}
-    if differ:
-        raise ValueError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
-                         "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
+    differ = {f: (v, config.architecture().get(f)) for f, v in saved.architecture().items()
+              if config.architecture().get(f) != v}
+    if differ and adopt_architecture:
+        logging.info("RESTORE_FROM: the model takes the checkpoint's architecture (%s)",
+                     ", ".join(f"{f} {new} instead of {old}" for f, (new, old) in differ.items()))
+        config = dataclasses.replace(saved, **{f: getattr(config, f) for f in saved.RUN_FIELDS if hasattr(config, f)})
+    elif differ:
+        line = "{" + ", ".join(f"'{f}': {new!r}" for f, (new, _) in differ.items()) + "}"
+        raise UserError(f"MODEL_DIR's checkpoint holds a different model (checkpoint vs config: {differ}); to "
+                        f"continue it add --gin.model_config.overrides=\"{line}\", or use a new MODEL_DIR.")
     if saved.padded_vocab_size % tensor == 0:
         config = dataclasses.replace(config, vocab_pad_multiple=saved.vocab_pad_multiple)
     return config
@@ -183,12 +214,13 @@ def open_source(data_source: Callable, split: str, batch_size: int, seq_len: int
     source = data_source(split, batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
                          shard_index=jax.process_index(), shard_count=jax.process_count())
     if source.vocab_size > config.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
-            f"{config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
-            "(model_config.overrides={'vocab_size': ...}) or the model's own tokenizer.")
+            f"{config.vocab_size}; give the model the tokenizer's vocabulary (--gin.model_config.vocab_from_tokenizer"
+            f"=True, or --gin.model_config.overrides=\"{{'vocab_size': {source.vocab_size}}}\") or use the model's "
+            "own tokenizer.")
     if seq_len > config.max_len:
-        raise ValueError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
+        raise UserError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
     return source
 
 
@@ -198,7 +230,7 @@ def pipelined(module, config, stages: int, microbatches: int, repeats: int, rows
     if stages == 1 and microbatches == 1 and repeats == 1:
         return module
     if stages == 1:
-        raise ValueError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
+        raise UserError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
                          "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
     schedule = pipeline.Schedule(stages, microbatches, repeats)
     schedule.check(config.num_layers, rows, batch_shards)
@@ -235,7 +267,7 @@ def create_state(module, optimizer, partitioner, seed, seq_len, step_config, con
     init, _, shardings = abstract_state(module, optimizer, partitioner, seed, seq_len, step_config)
     state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(jax.random.PRNGKey(seed))
     num_params = count_params(state.params, config)
-    logging.info("model: %s, %s parameters", config.family, f"{num_params:,}")
+    logging.info("model: %s; %s parameters", config.summary(), f"{num_params:,}")
     return state, shardings, num_params
 
 
@@ -319,11 +351,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
-    """Load gin files (bare names resolve in gin/), then apply bindings, rejecting unknown macros."""
+    """Load gin files (bare names resolve in gin/), then apply bindings (model_config.overrides merge
+    into the files' dict), rejecting unknown macros and unquoted strings."""
     for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
         gin.add_config_file_search_path(path)
     if not files:
-        raise app.UsageError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
+        raise UserError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
     gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     for binding in bindings:
         name = binding.split("=", 1)[0].strip()
@@ -331,17 +364,62 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
             try:
                 gin.query_parameter(f"%{name}")
             except ValueError:
-                raise app.UsageError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
-                                     "(gin/base.gin lists the macros).") from None
-    gin.parse_config(bindings)
+                raise UserError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
+                                "(`--help` and gin/base.gin list the macros).") from None
+    gin_cli.apply_bindings(bindings)
     try:
         gin.finalize()
     except ValueError as e:
         required = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", str(e))
         if not required:
             raise
-        raise app.UsageError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
-                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\") or set it in a gin file.") from None
+        raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
+                        f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\") or set it in a gin file.") from None
+
+
+def train_arguments(devices=None) -> dict:
+    """train()'s arguments as the parsed gin configuration sets them (defaults filled in, references
+    evaluated), with the mesh built over `devices` (default: this machine's)."""
+    defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
+    bound = gin.get_bindings("train", resolve_references=False)
+    bound.pop("mesh", None)
+    arguments = {**defaults, **copy.deepcopy(bound)}  # deepcopy evaluates gin references and macros
+    arguments["mesh"] = make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
+    return arguments
+
+
+def describe_run() -> str:
+    """Every effective setting (gin text, defaults included) and the model it builds, checked as train()
+    checks them before its first step; reads MODEL_DIR's checkpoint, if any, and writes nothing."""
+    a = train_arguments()
+    mesh = a["mesh"]
+    partitioner = Partitioner(mesh, a["rules"])
+    check_batch(a["batch_size"], a["grad_accum_steps"], partitioner.batch_shards)
+    resuming = has_checkpoint(a["model_dir"])
+    stored_at = a["model_dir"] if resuming else a["restore_from"]
+    stored = checkpoints.read_model_info(stored_at) if stored_at else None
+    config = resolve_model_config(a["model"], mesh.shape["tensor"], stored, adopt_architecture=not resuming)
+    if a["seq_len"] > config.max_len:
+        raise UserError(f"SEQ_LEN={a['seq_len']} exceeds the model's max_len {config.max_len}.")
+    pipelined(models.build_model(config), config, mesh.shape["stage"], a["pipeline_microbatches"],
+              a["pipeline_repeats"], a["batch_size"] // a["grad_accum_steps"], partitioner.batch_shards)
+    params, specs = inference.abstract_params(config)
+    partitioner.check_divisible(params, specs)
+    lines = [f"# Model: {config.summary()}", f"#   {count_params(params, config):,} parameters",
+             f"#   mesh {dict(mesh.shape)}, rules {a['rules']!r}"]
+    if stored_at:
+        lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {stored_at}")
+    lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
+    lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    return gin_cli.operative_config_str("train") + "\n" + "\n".join(lines) + "\n"
+
+
+def has_checkpoint(model_dir: str) -> bool:
+    try:
+        checkpoints.locate(model_dir)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def quiet_library_logs() -> None:
@@ -357,15 +435,39 @@ def quiet_library_logs() -> None:
     logging.get_absl_handler().addFilter(keep)
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+    if FLAGS.print_config:
+        print(describe_run(), end="")
+        return
+    write_operative_config()
     result = train()
     if result.stopped_by_signal:
         sys.exit(128 + result.stopped_by_signal)
 
 
+def write_operative_config() -> None:
+    """MODEL_DIR/operative_config.gin: every setting of the run, defaults included (config.gin holds
+    the files and bindings as given)."""
+    if not distributed.is_primary():
+        return
+    model_dir = copy.deepcopy(gin.get_bindings("train", resolve_references=False)["model_dir"])
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+        f.write(gin_cli.operative_config_str("train"))
+
+
+def usage_with_macros(doc: str) -> str:
+    """The module doc for --help, followed by base.gin's macros ('%' escaped for absl's usage())."""
+    base = os.path.join(GIN_DIR if os.path.isdir(GIN_DIR) else INSTALLED_GIN_DIR, "base.gin")
+    macros = gin_cli.macros_help(base).replace("%", "%%")
+    return f"{doc}\nMacros (--gin.NAME=VALUE; strings need inner quotes: --gin.RULES=\"'fsdp'\"):\n{macros}\n"
+
+
 if __name__ == "__main__":
+    __doc__ = usage_with_macros(__doc__)  # noqa: A001 (absl prints the main module's doc for --help)
     app.run(main, flags_parser=parse_flags)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from t5x_like.data import builtin, loader
+from t5x_like.errors import UserError
 from t5x_like.data.loader import BatchSource, GrainBatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
@@ -52,6 +53,19 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
                                   shard_index=shard_index, shard_count=shard_count, packing=packing,
                                   worker_count=worker_count)
     return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path)
+
+
+def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,
+                         tfds_name: str | None = None) -> int:
+    """The vocabulary size of `make_source`'s batches for these arguments, without reading any batch."""
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer).vocab_size
+    if tfds_name is not None:
+        raise UserError(f"tfds_name={tfds_name!r} needs a tokenizer: set TOKENIZER (make_source.tokenizer)")
+    if data_path is None:
+        return builtin.BUILTIN_VOCAB_SIZE
+    prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
+    return _vocabulary_from_metadata([open_token_file(p) for p in prefixes])[0]
 
 
 def _vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:

@@ -60,7 +60,7 @@ def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
     quickstart("FSDP_PARALLEL=2")
     devices = jax.devices()
     report, step = compile_tool.compile_step(devices, None)
-    s = compile_tool.train_settings(devices)
+    s = train.train_arguments(devices)
     partitioner = Partitioner(s["mesh"], s["rules"])
     config = train.resolve_model_config(s["model"], 1, None)
     module, step_config = train.models.build_model(config), trainer.StepConfig()
