@@ -96,8 +96,9 @@ def split_documents(data_split: str, num_documents: int, split: str, name: str) 
     index = SPLITS.index(split)
     first, last = int(bounds[index]), int(bounds[index + 1])
     if first == last:
+        hint = " (or train without validation: EVAL_EVERY=0)" if split == "validation" else ""
         raise ValueError(f"{name}: DATA_SPLIT={data_split!r} leaves the {split} split none of its "
-                         f"{num_documents} documents; give it a larger ratio")
+                         f"{num_documents} documents; give it a larger ratio{hint}")
     return first, last
 
 
