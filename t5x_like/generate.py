@@ -26,6 +26,7 @@ import numpy as np
 import models
 from partitioning import Partitioner
 from t5x_like import inference
+from t5x_like.errors import exit_on_user_error
 
 PROMPT_BUCKET = 64
 """Padded prompt lengths are multiples of this (capped by max_len), so few shapes compile."""
@@ -225,4 +226,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)()

@@ -17,6 +17,7 @@ import numpy as np
 
 from t5x_like import checkpoints
 from t5x_like import inference
+from t5x_like.errors import UserError
 from t5x_like.convert import gpt2, mapping
 
 FAMILIES = {"gpt2": gpt2}
@@ -136,6 +137,11 @@ def read_hf_weights(src: str) -> dict[str, np.ndarray]:
     return tensors
 
 
+MAX_UNUSED_VOCAB_ROWS = 1024
+"""Embedding rows past a model's tokenizer: models pad their vocabulary (GPT-NeoX-20B 50277 -> 50432, T5
+32100 -> 32128), but by fewer rows than this."""
+
+
 def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     """Copy the HF tokenizer files in `src` to `dst` and return `dst`, or None when there are none."""
     present = [name for name in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(src, name))]
@@ -144,7 +150,14 @@ def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     os.makedirs(dst, exist_ok=True)
     for name in present:
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    inference.open_tokenizer(dst, config)
+    tokenizer = inference.open_tokenizer(dst, config)
+    unused = config.vocab_size - tokenizer.vocab_size
+    if unused > MAX_UNUSED_VOCAB_ROWS:
+        shutil.rmtree(dst)
+        raise UserError(
+            f"{src}: the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {config.vocab_size}, "
+            f"so {unused} embedding rows would never be used: these are not the model's tokenizer files. Put the "
+            "model's own tokenizer files in the directory, or remove them (and pass --tokenizer to eval and generate).")
     return os.path.abspath(dst)
 
 

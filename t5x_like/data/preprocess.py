@@ -25,6 +25,7 @@ from absl import app, flags
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+from t5x_like.errors import exit_on_user_error
 
 FLAGS = flags.FLAGS
 CHUNK_CHARS = 1 << 20  # characters of text per task sent to a worker
@@ -127,4 +128,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(exit_on_user_error(main))
