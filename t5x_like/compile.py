@@ -30,7 +30,7 @@ from absl import app, flags
 
 import models
 from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints, metrics, train, trainer
+from t5x_like import checkpoints, gin_cli, metrics, train, trainer
 from t5x_like.errors import exit_on_user_error
 
 GiB = 1 << 30
@@ -269,4 +269,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(exit_on_user_error(main), flags_parser=train.parse_flags)
+    app.run(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=train.parse_flags)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import gin
 from gin import config as gin_config
@@ -19,6 +20,7 @@ from gin import config as gin_config
 from t5x_like.errors import UserError
 
 MACRO_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.*?)\s*(?:#\s?(.*))?$")
+GIN_CALL_CONTEXT = re.compile(r"\n  In call to configurable '[^']*' \(<[^>]*>\)")
 MERGED_BINDINGS = ("model_config.overrides",)
 """Dict-valued parameters whose command-line bindings merge key by key into the files' value."""
 
@@ -89,6 +91,20 @@ def _bound_value(name: str) -> Any:
         return gin.query_parameter(name)
     except ValueError:
         return None
+
+
+def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a CLI main: a UserError raised inside a gin-configured call loses the "In call to
+    configurable ..." lines gin appends, so the user reads only the message."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise UserError(GIN_CALL_CONTEXT.sub("", str(e))) from None
+
+    return wrapped
 
 
 # ---------------------------------------------------------------- operative configuration

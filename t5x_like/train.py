@@ -436,6 +436,7 @@ def quiet_library_logs() -> None:
 
 
 @exit_on_user_error
+@gin_cli.plain_user_errors
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2Config
-from t5x_like import train
+from t5x_like import gin_cli, train
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
 
@@ -127,3 +127,12 @@ def test_resuming_a_different_model_names_the_gin_line_to_add():
     run = dataclasses.replace(SMALL, num_layers=4)
     with pytest.raises(UserError, match=r"--gin.model_config.overrides=\"\{'num_layers': 2\}\""):
         train.resolve_model_config(run, 1, {"config": dataclasses.asdict(SMALL)})
+
+
+def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tmp_path):
+    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
+    with pytest.raises(UserError) as raised:
+        gin_cli.plain_user_errors(train.train)()
+    assert str(raised.value) == (
+        "model_config (preset 'gpt2_tiny', overrides {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0, "
+        "'num_heads': 5}): embed_dim 256 is not divisible by num_heads 5; choose a head count that divides the width.")
