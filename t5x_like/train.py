@@ -380,33 +380,46 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
 def train_arguments(devices=None) -> dict:
     """train()'s arguments as the parsed gin configuration sets them (defaults filled in, references
     evaluated), with the mesh built over `devices` (default: this machine's)."""
-    defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
+    return {**configured_arguments(), "mesh": make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)}
+
+
+def configured_arguments() -> dict:
+    """train()'s arguments but the mesh, as the parsed gin configuration sets them."""
+    defaults = {name: p.default for name, p in inspect.signature(train).parameters.items() if name != "mesh"}
     bound = gin.get_bindings("train", resolve_references=False)
     bound.pop("mesh", None)
-    arguments = {**defaults, **copy.deepcopy(bound)}  # deepcopy evaluates gin references and macros
-    arguments["mesh"] = make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
-    return arguments
+    return {**defaults, **copy.deepcopy(bound)}  # deepcopy evaluates gin references and macros
 
 
 def describe_run() -> str:
     """Every effective setting (gin text, defaults included) and the model it builds, checked as train()
-    checks them before its first step; reads MODEL_DIR's checkpoint, if any, and writes nothing."""
-    a = train_arguments()
-    mesh = a["mesh"]
-    partitioner = Partitioner(mesh, a["rules"])
-    check_batch(a["batch_size"], a["grad_accum_steps"], partitioner.batch_shards)
+    checks them before its first step; reads MODEL_DIR's checkpoint, if any, and writes nothing. A mesh
+    this machine's devices cannot hold (a pod's configuration on a workstation) is reported, not checked."""
+    a = configured_arguments()
+    mesh_sizes = gin.get_bindings("partitioning.make_mesh")
+    try:
+        mesh = make_mesh(**mesh_sizes)
+    except UserError as e:
+        mesh, mesh_note = None, str(e)
     resuming = has_checkpoint(a["model_dir"])
     stored_at = a["model_dir"] if resuming else a["restore_from"]
     stored = checkpoints.read_model_info(stored_at) if stored_at else None
-    config = resolve_model_config(a["model"], mesh.shape["tensor"], stored, adopt_architecture=not resuming)
+    tensor = mesh.shape["tensor"] if mesh else max(mesh_sizes.get("tensor", 1), 1)
+    config = resolve_model_config(a["model"], tensor, stored, adopt_architecture=not resuming)
     if a["seq_len"] > config.max_len:
         raise UserError(f"SEQ_LEN={a['seq_len']} exceeds the model's max_len {config.max_len}.")
-    pipelined(models.build_model(config), config, mesh.shape["stage"], a["pipeline_microbatches"],
-              a["pipeline_repeats"], a["batch_size"] // a["grad_accum_steps"], partitioner.batch_shards)
     params, specs = inference.abstract_params(config)
-    partitioner.check_divisible(params, specs)
-    lines = [f"# Model: {config.summary()}", f"#   {count_params(params, config):,} parameters",
-             f"#   mesh {dict(mesh.shape)}, rules {a['rules']!r}"]
+    lines = [f"# Model: {config.summary()}", f"#   {count_params(params, config):,} parameters"]
+    if mesh:
+        partitioner = Partitioner(mesh, a["rules"])
+        check_batch(a["batch_size"], a["grad_accum_steps"], partitioner.batch_shards)
+        pipelined(models.build_model(config), config, mesh.shape["stage"], a["pipeline_microbatches"],
+                  a["pipeline_repeats"], a["batch_size"] // a["grad_accum_steps"], partitioner.batch_shards)
+        partitioner.check_divisible(params, specs)
+        lines.append(f"#   mesh {dict(mesh.shape)}, rules {a['rules']!r}")
+    else:
+        lines.append(f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "
+                     "`python -m t5x_like.compile --topology=...` checks it for the target")
     if stored_at:
         lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {stored_at}")
     lines.append("#   resolved model config (preset, model_config choices and overrides merged):")

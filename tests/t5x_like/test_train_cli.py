@@ -136,3 +136,11 @@ def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tm
     assert str(raised.value) == (
         "model_config (preset 'gpt2_tiny', overrides {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0, "
         "'num_heads': 5}): embed_dim 256 is not divisible by num_heads 5; choose a head count that divides the width.")
+
+
+def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_model(clean_gin, tmp_path):
+    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
+    text = train.describe_run()
+    assert "#   mesh not checked on this machine's 8 devices (cannot fill mesh axis 'data'" in text
+    assert "vocab 8192 (padded to 8192)" in text and "5,322,240 parameters" in text
+    assert "make_mesh.fsdp = %FSDP_PARALLEL" in text and "FSDP_PARALLEL = 16" in text
