@@ -29,7 +29,7 @@ import numpy as np
 from absl import app, flags
 
 import models
-from partitioning import Partitioner, make_mesh
+from partitioning import Partitioner
 from t5x_like import checkpoints, gin_cli, metrics, train, trainer
 from t5x_like.errors import exit_on_user_error
 
@@ -221,17 +221,19 @@ def summary(report: dict[str, Any]) -> str:
         return "unknown" if report.get(key) is None else f"{report[key] / GiB:.2f} GiB"
 
     memory = report["device_memory_bytes"]
+    host = report["host_state_bytes_per_device"]
+    host_state = f" (+ {gib('host_state_bytes_per_device')} in host memory)" if host else ""
     verdict = "" if memory is None else ("  (fits)" if report["fits"] else "  (DOES NOT FIT)")
     lines = [
-        f"{report['model']}, {report['num_params']:,} parameters, {report['num_layers']} layers x {report['embed_dim']}, "
+        f"{report['model']}, {report['num_params']:,} parameters, {report['num_layers']} layers x "
+        f"{report['embed_dim']}, "
         f"{report['dtype']}, remat {report['remat_policy']!r}",
         f"batch {report['batch_size']} x {report['seq_len']} tokens, {report['grad_accum_steps']} accumulation "
         f"step(s), {report['pipeline_microbatches']} pipeline microbatch(es)",
         f"{report['devices']} x {report['device_kind']} ({report['topology']}), mesh {report['mesh']}, "
         f"rules {report['rules']!r}",
         "per device:",
-        f"  train state      {gib('state_bytes_per_device')}"
-        + (f" (+ {gib('host_state_bytes_per_device')} in host memory)" if report["host_state_bytes_per_device"] else ""),
+        f"  train state      {gib('state_bytes_per_device')}" + host_state,
         f"  arguments        {gib('argument_bytes_per_device')}  (train state + batch)",
         f"  temporaries      {gib('temp_bytes_per_device')}",
         f"  total            {gib('total_bytes_per_device')} of {gib('device_memory_bytes')}{verdict}",

@@ -287,7 +287,8 @@ def summary(result: dict) -> str:
                 f"({result['num_correct']}/{result['num_examples']})   target ppl {result['ppl']:.3f}")
     split = f" ({result['split']} split under DATA_SPLIT={result['data_split']!r})" if "split" in result else ""
     return (f"tokens{split}  {result['num_scored_tokens']:,} of {result['num_tokens']:,} tokens scored, "
-            f"seq_len {result['seq_len']}, stride {result['stride']}: loss {result['loss']:.4f}   ppl {result['ppl']:.3f}")
+            f"seq_len {result['seq_len']}, stride {result['stride']}: loss {result['loss']:.4f}   "
+            f"ppl {result['ppl']:.3f}")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

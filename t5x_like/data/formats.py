@@ -45,8 +45,9 @@ def expand_inputs(specs: Sequence[str]) -> list[str]:
         matches = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
         found = [f for m in matches for f in _files_under(m)]
         if not found:
-            raise InputError(f"--input={spec}: " + ("the directory holds no files (hidden ones are skipped)"
-                                                    if os.path.isdir(spec) else "no such file, directory or matching glob"))
+            problem = "the directory holds no files (hidden ones are skipped)" if os.path.isdir(spec) \
+                else "no such file, directory or matching glob"
+            raise InputError(f"--input={spec}: {problem}")
         paths += found
     return paths
 

@@ -123,6 +123,7 @@ def test_tpu_topology_compiles_without_tpus(quickstart):
 
 
 def test_help_lists_the_gin_flags():
-    done = subprocess.run([sys.executable, "-m", "t5x_like.compile", "--help"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "t5x_like.compile", "--help"], cwd=ROOT, capture_output=True,
+                          text=True)
     for flag in ("--gin_file", "--gin_bindings", "--topology", "--output"):
         assert flag in done.stdout, flag

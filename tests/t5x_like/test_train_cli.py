@@ -139,8 +139,30 @@ def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tm
 
 
 def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_model(clean_gin, tmp_path):
-    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
+    train.parse_gin(["quickstart.gin"],
+                    [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
     text = train.describe_run()
     assert "#   mesh not checked on this machine's 8 devices (cannot fill mesh axis 'data'" in text
     assert "vocab 8192 (padded to 8192)" in text and "5,322,240 parameters" in text
     assert "make_mesh.fsdp = %FSDP_PARALLEL" in text and "FSDP_PARALLEL = 16" in text
+
+
+def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path, random_hf_gpt2):
+    import jax
+
+    from t5x_like import checkpoints
+    from t5x_like.convert import hf
+
+    random_hf_gpt2(0.1).save_pretrained(tmp_path / "hf")  # 2 layers, width 36, 50257 ids, 40 positions
+    hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "imported"))
+    train.parse_gin(["quickstart.gin"], [
+        f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=0",
+        "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
+    assert "#     num_layers = 2" in train.describe_run()
+    assert train.train().step == 0
+    saved = checkpoints.read_model_info(str(tmp_path / "finetune"))["config"]
+    assert (saved["num_layers"], saved["embed_dim"], saved["vocab_size"], saved["max_len"]) == (2, 36, 50257, 40)
+    assert (saved["dropout_rate"], saved["dtype"]) == (0.0, "float32")  # quickstart's own choices
+    got = jax.device_get(checkpoints.restore_params(str(tmp_path / "finetune"), None))
+    want = jax.device_get(checkpoints.restore_params(str(tmp_path / "imported"), None))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
