@@ -2,6 +2,7 @@
 import ml_collections
 
 from configs import gpt2
+from t5x_like.errors import UserError
 
 _FAMILIES = {"gpt2": gpt2}
 
@@ -11,5 +12,5 @@ def get_model_config(name: str) -> ml_collections.ConfigDict:
     family, _, size = name.partition("_")
     if family not in _FAMILIES:
         known = [f"{f}_{s}" for f, module in _FAMILIES.items() for s in module.SIZES]
-        raise ValueError(f"model preset {name!r} is unknown; known presets: {known}.")
+        raise UserError(f"model preset {name!r} is unknown; known presets: {known}.")
     return _FAMILIES[family].get_config(size)

@@ -26,7 +26,7 @@ import numpy as np
 import models
 from partitioning import Partitioner
 from t5x_like import inference
-from t5x_like.errors import exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error
 
 PROMPT_BUCKET = 64
 """Padded prompt lengths are multiples of this (capped by max_len), so few shapes compile."""
@@ -42,7 +42,7 @@ class Sampling:
 
     def __post_init__(self):
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
+            raise UserError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
 
 
 def sample(logits: jax.Array, rng: jax.Array, settings: Sampling) -> jax.Array:
@@ -126,8 +126,8 @@ class Generator:
     def __init__(self, config, params, partitioner: Partitioner, *, eod_id: int, max_new_tokens: int,
                  settings: Sampling, batch_size: int = 8):
         if not 0 < max_new_tokens < config.max_len:
-            raise ValueError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
-                             f"max_len - 1 ({config.max_len - 1}).")
+            raise UserError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
+                            f"max_len - 1 ({config.max_len - 1}).")
         self.config, self.params, self.partitioner = config, params, partitioner
         self.eod_id, self.max_new_tokens, self.settings = eod_id, max_new_tokens, settings
         shards = partitioner.batch_shards
@@ -182,7 +182,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
             lines = [json.loads(line)["prompt"] for line in lines]
         prompts.extend(lines)
     if not prompts:
-        raise ValueError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
+        raise UserError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
     return prompts
 
 

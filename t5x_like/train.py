@@ -231,7 +231,7 @@ def pipelined(module, config, stages: int, microbatches: int, repeats: int, rows
         return module
     if stages == 1:
         raise UserError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
-                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
+                        "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
     schedule = pipeline.Schedule(stages, microbatches, repeats)
     schedule.check(config.num_layers, rows, batch_shards)
     logging.info("%s", schedule.describe())

@@ -30,7 +30,7 @@ GPT2_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "voca
 
 def converter_for(family: str):
     if family not in FAMILIES:
-        raise ValueError(f"no converter for model family {family!r}; converters exist for {sorted(FAMILIES)}.")
+        raise UserError(f"no converter for model family {family!r}; converters exist for {sorted(FAMILIES)}.")
     return FAMILIES[family]
 
 
@@ -91,8 +91,8 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     """
     config_file = os.path.join(src, "config.json")
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"{config_file} does not exist; from-hf expects a Hugging Face model directory "
-                                "(config.json + model.safetensors or pytorch_model.bin).")
+        raise UserError(f"{config_file} does not exist; from-hf expects a Hugging Face model directory "
+                        "(config.json + model.safetensors or pytorch_model.bin).")
     with open(config_file) as f:
         hf_config = json.load(f)
     family = family_for_hf(hf_config.get("model_type"), config_file)
@@ -111,8 +111,8 @@ def family_for_hf(model_type: str | None, source: str):
         if family.HF_MODEL_TYPE == model_type:
             return family
     known = sorted(f.HF_MODEL_TYPE for f in FAMILIES.values())
-    raise ValueError(f"{source}: model_type {model_type!r} has no converter; supported Hugging Face model types: "
-                     f"{known}.")
+    raise UserError(f"{source}: model_type {model_type!r} has no converter; supported Hugging Face model types: "
+                    f"{known}.")
 
 
 def read_hf_weights(src: str) -> dict[str, np.ndarray]:
@@ -130,7 +130,7 @@ def read_hf_weights(src: str) -> dict[str, np.ndarray]:
         state = torch.load(os.path.join(src, "pytorch_model.bin"), map_location="cpu", weights_only=True)
         return {name: tensor.float().numpy() for name, tensor in state.items()}
     else:
-        raise FileNotFoundError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
+        raise UserError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
     tensors = {}
     for file in files:
         tensors.update((name, t.float().numpy()) for name, t in load_file(os.path.join(src, file)).items())
@@ -175,8 +175,8 @@ def write_hf_tokenizer(tokenizer, dst: str, max_len: int) -> None:
         return
     source = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not source.endswith(".json"):
-        raise ValueError(f"tokenizer {path}: only GPT-2 BPE files and tokenizer.json can be written for "
-                         "Hugging Face; convert it to tokenizer.json first.")
+        raise UserError(f"tokenizer {path}: only GPT-2 BPE files and tokenizer.json can be written for "
+                        "Hugging Face; convert it to tokenizer.json first.")
     shutil.copyfile(source, os.path.join(dst, "tokenizer.json"))
     write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **special})
 

@@ -43,7 +43,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> N
     """A sentencepiece unigram model with T5's special ids (<pad>=0, </s>=1, <unk>=2) written to `output`,
     trained on the texts' non-empty lines (a sample of SENTENCEPIECE_MAX_LINES of them when there are more)."""
     if not output.endswith(".model"):
-        raise ValueError(f"--output={output}: a sentencepiece model path must end in .model")
+        raise UserError(f"--output={output}: a sentencepiece model path must end in .model")
     lines = (line for text in texts for line in text.splitlines() if line.strip())
     with tempfile.TemporaryDirectory(dir=Path(output).parent) as tmp:
         try:
