@@ -308,7 +308,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="tokens: only this split of the file's documents, as training split them")
     parser.add_argument("--data_split", default=None,
                         help="with --split: train,validation,test ratios (default: the checkpoint's run's "
-                             "DATA_SPLIT, read from MODEL_DIR/config.gin)")
+                             "DATA_SPLIT, read from MODEL_DIR/operative_config.gin or config.gin)")
     parser.add_argument("--lambada_last_token", action="store_true",
                         help="LAMBADA: predict only the last BPE token instead of the whole last word")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
@@ -377,18 +377,19 @@ def first_line(path: str) -> str:
 
 
 def run_data_split(checkpoint: str) -> str:
-    """DATA_SPLIT of the run that wrote `checkpoint`, from its MODEL_DIR/config.gin."""
+    """DATA_SPLIT of the run that wrote `checkpoint`, from its MODEL_DIR/operative_config.gin or config.gin."""
     directory, _ = checkpoints.locate(checkpoint)
-    config_gin = os.path.join(os.path.dirname(directory), "config.gin")
-    try:
-        with open(config_gin) as f:
-            match = re.search(r"^DATA_SPLIT\s*=\s*(.+)$", f.read(), re.M)
-    except FileNotFoundError:
-        match = None
-    if match is None:
-        raise UserError(f"--split: {config_gin} records no DATA_SPLIT (not a t5x_like.train run?); pass "
-                        "--data_split=TRAIN,VALIDATION,TEST as the run had it (default '949,50,1').")
-    return ast.literal_eval(match[1].strip())
+    model_dir = os.path.dirname(directory)
+    for name in ("operative_config.gin", "config.gin"):
+        try:
+            with open(os.path.join(model_dir, name)) as f:
+                match = re.search(r"^DATA_SPLIT\s*=\s*(.+)$", f.read(), re.M)
+        except FileNotFoundError:
+            continue
+        if match:
+            return ast.literal_eval(match[1].strip())
+    raise UserError(f"--split: {model_dir} has no operative_config.gin or config.gin recording DATA_SPLIT (not a "
+                    "t5x_like.train run?); pass --data_split=TRAIN,VALIDATION,TEST as the run had it.")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -238,6 +238,8 @@ def test_token_file_limits_and_the_runs_validation_split_equal_torch(converted, 
     assert (validation["num_tokens"], validation["data_split"]) == (50, "50,50,0")
     assert validation["loss"] == pytest.approx(reference_stream_nll(model, held_out, SEQ_LEN, SEQ_LEN) / 49, rel=1e-5)
     assert "validation split under DATA_SPLIT='50,50,0'" in evaluation.summary(validation)
+    (run_dir / "operative_config.gin").write_text("BATCH_SIZE = 8\nDATA_SPLIT = '80,20,0'\n")  # preferred
+    assert evaluation.run_data_split(str(run_dir)) == "80,20,0"
 
 
 @pytest.mark.parametrize("task, name, content, match", [
