@@ -74,16 +74,16 @@ def check_binding(binding: str) -> None:
 
 
 def apply_bindings(bindings: list[str]) -> None:
-    """Apply command-line bindings in order; those of MERGED_BINDINGS update the current dict
-    (from the files or earlier bindings) key by key instead of replacing it."""
+    """Apply command-line bindings in order; a dict for one of MERGED_BINDINGS updates the current dict
+    (from the files or earlier bindings) key by key instead of replacing it (None clears it)."""
     for binding in bindings:
         check_binding(binding)
         name = binding.partition("=")[0].strip()
         previous = _bound_value(name) if name in MERGED_BINDINGS else None
         gin.parse_config(binding)
-        if isinstance(previous, dict):
-            merged = {**previous, **(gin.query_parameter(name) or {})}
-            gin.bind_parameter(name, merged)
+        current = _bound_value(name) if previous else None
+        if isinstance(previous, dict) and isinstance(current, dict):
+            gin.bind_parameter(name, {**previous, **current})
 
 
 def _bound_value(name: str) -> Any:

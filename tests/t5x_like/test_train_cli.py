@@ -91,6 +91,9 @@ def test_command_line_overrides_merge_with_the_files(clean_gin):
         "dropout_rate": 0.05, "attention_dropout_rate": 0.0, "mlp_dim": 512}
     config = train.model_config()
     assert (config.dropout_rate, config.attention_dropout_rate, config.mlp_dim) == (0.05, 0.0, 512)
+    with gin.unlock_config():
+        gin_cli.apply_bindings(["model_config.overrides=None"])  # None clears them
+    assert gin.query_parameter("model_config.overrides") is None
 
 
 def test_the_tiny_model_takes_the_corpus_tokenizers_vocabulary(clean_gin, tmp_path):
