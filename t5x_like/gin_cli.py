@@ -3,7 +3,8 @@ operative configuration (every parameter a run uses, defaults included).
 
 gin's own `operative_config_str()` lists only what has run and `config_str()` only what the files
 bind; `operative_config_str` here walks the configurables a root configurable (`train`) reaches
-through its bindings and defaults, so it can be printed before anything runs.
+through its bindings and defaults, so it can be printed before anything runs. gin has no public
+API for the registry and the macro table, so this reads `gin.config._REGISTRY` and `_CONFIG`.
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class Macro:
 
 
 def read_macros(path: str) -> list[Macro]:
-    """The macros a gin file defines, with their defaults and end-of-line comments (a comment on
-    the lines below a macro, indented to the same column, continues it)."""
+    """The macros a gin file defines, with their defaults and end-of-line comments (an indented
+    comment line below a macro continues its comment)."""
     macros: list[Macro] = []
     with open(path) as f:
         for line in f:

@@ -1,7 +1,8 @@
 """`python -m t5x_like.train --gin_file=gpt2.gin --gin.MODEL_DIR="'/runs/gpt2'"`.
 
 Parses absl flags and gin, then runs `train()`: build mesh, model, state and data, loop over
-steps, log, evaluate and checkpoint. The machinery lives in trainer / checkpoints / metrics /
+steps, log, evaluate and checkpoint. `--print_config` prints every effective setting (defaults
+included) and the model, then exits. The machinery lives in trainer / checkpoints / metrics /
 partitioning; this file only wires it together.
 """
 from __future__ import annotations
