@@ -11,7 +11,8 @@ subclasses `FamilyConfig` and has at least these fields:
     remat_policy       'none' or a name in models.layers.REMAT_POLICIES
     scan_layers        stack the blocks with nn.scan (needed for pipeline parallelism)
 
-and implements `train_flops_per_example`, `check_lengths` and `summary`. The runtime asks these
+Decoder-only families also have `max_len` (the longest sequence). Each config implements
+`train_flops_per_example`, `check_lengths`, `pipeline_layers` and `summary`. The runtime asks these
 instead of reading a family's own fields.
 """
 from __future__ import annotations
@@ -59,6 +60,11 @@ class FamilyConfig:
 
     def check_lengths(self, lengths: Mapping[str, int]) -> None:
         """Raise ValueError naming the length and the limit when the model cannot take these lengths."""
+        raise NotImplementedError
+
+    def pipeline_layers(self) -> int:
+        """How many layers the stack that pipeline parallelism splits into stages has; raise
+        ValueError naming the reason when the family cannot be pipelined."""
         raise NotImplementedError
 
     def summary(self) -> str:

@@ -76,6 +76,9 @@ class GPT2Config(FamilyConfig):
         if lengths["targets"] > self.max_len:
             raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
 
+    def pipeline_layers(self) -> int:
+        return self.num_layers
+
     def summary(self) -> str:
         return (f"gpt2: {self.num_layers} layers, width {self.embed_dim}, {self.num_heads} heads x "
                 f"{self.head_dim}, mlp {self.mlp_dim}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), "

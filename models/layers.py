@@ -6,6 +6,7 @@ stored in `param_dtype` and cast to the compute `dtype` at use.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
@@ -175,6 +176,204 @@ class SelfAttention(nn.Module):
                                    self.param_dtype)
         out_bias = logical_param(self, "out_bias", nn.initializers.zeros, (embed,), ("embed",), self.param_dtype)
         y = jnp.einsum("bthd,hde->bte", out, out_kernel.astype(self.dtype)) + out_bias.astype(self.dtype)
+        return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
+
+
+class RMSNorm(nn.Module):
+    """T5's layer norm: x / sqrt(mean(x²) + eps) * scale, fp32 statistics, no mean, no bias."""
+
+    epsilon: float
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = logical_param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), self.param_dtype)
+        x = x.astype(jnp.float32)
+        y = x * jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + self.epsilon)
+        return (y * scale).astype(self.dtype)
+
+
+def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> jax.Array:
+    """T5's bucket of (key position - query position): distances below half the buckets get their own
+    bucket, longer ones share log-spaced buckets up to max_distance (and the last bucket beyond).
+    Bidirectional splits the buckets between keys before and after the query; otherwise keys after
+    the query all fall into bucket 0."""
+    buckets = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = (relative_position > 0).astype(relative_position.dtype) * num_buckets
+        distance = jnp.abs(relative_position)
+    else:
+        distance = jnp.maximum(-relative_position, 0)
+    max_exact = num_buckets // 2
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / math.log(max_distance / max_exact)
+    large = jnp.minimum(max_exact + (log_ratio * (num_buckets - max_exact)).astype(distance.dtype), num_buckets - 1)
+    return buckets + jnp.where(distance < max_exact, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned attention bias per (bucket of relative position, head): a table
+    [num_buckets, heads], computed once per stack and added to every layer's logits."""
+
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    bidirectional: bool
+    init_std: float
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
+        """Positions [batch or 1, q_len] and [batch or 1, kv_len] -> fp32 bias [batch or 1, heads, q_len, kv_len]."""
+        table = logical_param(self, "embedding", nn.initializers.normal(self.init_std),
+                              (self.num_buckets, self.num_heads), ("relpos_buckets", "heads"), self.param_dtype)
+        buckets = relative_position_bucket(
+            key_positions[:, None, :] - query_positions[:, :, None], bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets, max_distance=self.max_distance)
+        bias = jnp.take(table.astype(jnp.float32), buckets, axis=0)
+        return jnp.transpose(bias, (0, 3, 1, 2))
+
+
+FEED_FORWARD_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
+class FeedForward(nn.Module):
+    """T5's MLP without biases: proj(act(fc x)) (v1.0: ReLU) or, gated, proj(act(gate x) * fc x)
+    (v1.1: GELU(tanh)); dropout on the hidden activations."""
+
+    mlp_dim: int
+    activation: str
+    gated: bool
+    init_std: float
+    out_init_std: float
+    dropout_rate: float
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def kernel(self, name: str, shape: tuple[int, int], axes: tuple[str, str], std: float) -> jax.Array:
+        return logical_param(self, name, nn.initializers.normal(std), shape, axes, self.param_dtype).astype(self.dtype)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        embed = x.shape[-1]
+        activation = FEED_FORWARD_ACTIVATIONS[self.activation]
+        fc = self.kernel("fc_kernel", (embed, self.mlp_dim), ("embed", "mlp"), self.init_std)
+        h = nn.with_logical_constraint(jnp.einsum("bte,em->btm", x, fc), BATCH_LENGTH_MLP)
+        if self.gated:
+            gate = self.kernel("gate_kernel", (embed, self.mlp_dim), ("embed", "mlp"), self.init_std)
+            g = nn.with_logical_constraint(jnp.einsum("bte,em->btm", x, gate), BATCH_LENGTH_MLP)
+            h = activation(g) * h
+        else:
+            h = activation(h)
+        h = checkpoint_name(h, "mlp_hidden")
+        h = nn.Dropout(self.dropout_rate, deterministic=deterministic)(h)
+        proj = self.kernel("proj_kernel", (self.mlp_dim, embed), ("mlp", "embed"), self.out_init_std)
+        return nn.with_logical_constraint(jnp.einsum("btm,me->bte", h, proj), BATCH_LENGTH_EMBED)
+
+
+class Attention(nn.Module):
+    """Multi-head attention without projection biases (T5): self-attention, causal or not, or
+    cross-attention over a `context`; an additive `bias` and a logit `scale` (T5: 1.0, its query
+    init carries 1/sqrt(head_dim) instead). head_dim is free of the width (T5's d_kv).
+    Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed].
+
+    Decoding (mutable 'cache'): self-attention caches keys and values like SelfAttention, and the
+    bias then covers every cache slot [batch, heads, q_len, cache_len]. Cross-attention caches the
+    context's keys and values on the first call given a context; later calls pass context=None.
+    """
+
+    num_heads: int
+    head_dim: int
+    query_init_std: float
+    init_std: float
+    out_init_std: float
+    causal: bool
+    attention: str
+    dropout_rate: float
+    scale: float | None = None
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def projection(self, name: str, x: jax.Array, std: float) -> jax.Array:
+        kernel = logical_param(self, f"{name}_kernel", nn.initializers.normal(std),
+                               (x.shape[-1], self.num_heads, self.head_dim), ("embed", "heads", "kv"),
+                               self.param_dtype)
+        y = jnp.einsum("bte,ehd->bthd", x, kernel.astype(self.dtype))
+        return checkpoint_name(nn.with_logical_constraint(y, BATCH_LENGTH_HEADS_KV), f"{name}_proj")
+
+    def cache_variable(self, name: str, like: jax.Array, axes: tuple[str, ...]) -> nn.Variable:
+        return self.variable("cache", name, nn.with_logical_partitioning(jnp.zeros, axes), like.shape, like.dtype)
+
+    def self_attention_cache(self, key: jax.Array, value: jax.Array, segment_ids: jax.Array | None):
+        """Write this chunk's keys/values at the cache index; the mask lets each query see the
+        filled slots up to its own that hold real tokens (segment id != 0)."""
+        batch, length = key.shape[:2]
+        valid = jnp.ones((batch, length), jnp.bool_) if segment_ids is None else segment_ids != 0
+        index = self.get_variable("cache", "cache_index")
+        for name, update in (("cached_key", key), ("cached_value", value), ("cached_valid", valid)):
+            cached = self.get_variable("cache", name)
+            self.put_variable("cache", name, jax.lax.dynamic_update_slice_in_dim(cached, update, index, axis=1))
+        self.put_variable("cache", "cache_index", index + length)
+        slots = jnp.arange(self.get_variable("cache", "cached_key").shape[1])
+        causal = slots[None, :] <= (index + jnp.arange(length))[:, None]
+        mask = causal[None, None] & self.get_variable("cache", "cached_valid")[:, None, None, :]
+        return self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value"), mask
+
+    def create_self_attention_cache(self, key: jax.Array, value: jax.Array) -> None:
+        for name, like in (("cached_key", key), ("cached_value", value)):
+            self.cache_variable(name, like, BATCH_LENGTH_HEADS_KV)
+        self.cache_variable("cached_valid", jnp.zeros(key.shape[:2], jnp.bool_), CACHE_BATCH_LENGTH)
+        self.cache_variable("cache_index", jnp.zeros((), jnp.int32), ())
+
+    def context_keys_values(self, context: jax.Array | None, decoding: bool) -> tuple[jax.Array, jax.Array]:
+        """Cross-attention keys/values: projected from the context (and cached when decoding), or,
+        when decoding without a context, read from the cache."""
+        if context is None:
+            if not (decoding and self.has_variable("cache", "cached_key")):
+                raise ValueError("cross-attention without a context reads the decoding cache: pass the encoder "
+                                 "output on the first decoding call.")
+            return self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value")
+        key, value = self.projection("key", context, self.init_std), self.projection("value", context, self.init_std)
+        if decoding:
+            self.cache_variable("cached_key", key, BATCH_LENGTH_HEADS_KV).value = key
+            self.cache_variable("cached_value", value, BATCH_LENGTH_HEADS_KV).value = value
+        return key, value
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, deterministic: bool, segment_ids: jax.Array | None = None,
+                 bias: jax.Array | None = None, context: jax.Array | None = None,
+                 context_segment_ids: jax.Array | None = None, cross: bool = False) -> jax.Array:
+        """x [batch, q_len, embed] -> [batch, q_len, embed]. cross=True attends over `context`
+        (whose padding / documents are `context_segment_ids`), else over x itself."""
+        q = self.projection("query", x, self.query_init_std)
+        decoding = self.is_mutable_collection("cache") and not self.is_initializing()
+        dropout = 0.0 if deterministic else self.dropout_rate
+        rng = self.make_rng("dropout") if dropout > 0.0 else None
+        if cross:
+            k, v = self.context_keys_values(context, decoding)
+            out = dot_product_attention(q, k, v, causal=False, segment_ids=segment_ids,
+                                        kv_segment_ids=context_segment_ids, bias=bias, scale=self.scale,
+                                        implementation=self.attention, dropout_rate=dropout, dropout_rng=rng)
+        else:
+            k, v = self.projection("key", x, self.init_std), self.projection("value", x, self.init_std)
+            if decoding and self.has_variable("cache", "cached_key"):
+                k, v, mask = self.self_attention_cache(k, v, segment_ids)
+                out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=self.scale,
+                                                   implementation="xla")
+            else:
+                if decoding:
+                    self.create_self_attention_cache(k, v)
+                out = dot_product_attention(q, k, v, causal=self.causal, segment_ids=segment_ids, bias=bias,
+                                            scale=self.scale, implementation=self.attention,
+                                            dropout_rate=dropout, dropout_rng=rng)
+        out = checkpoint_name(nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV), "attention_out")
+        out_kernel = logical_param(self, "out_kernel", nn.initializers.normal(self.out_init_std),
+                                   (self.num_heads, self.head_dim, x.shape[-1]), ("heads", "kv", "embed"),
+                                   self.param_dtype)
+        y = jnp.einsum("bthd,hde->bte", out, out_kernel.astype(self.dtype))
         return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
 
 

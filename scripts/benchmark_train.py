@@ -11,7 +11,6 @@ compiled-memory estimate for the step (CPU).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 
@@ -20,8 +19,10 @@ import numpy as np
 
 import configs
 import models
-from partitioning import Partitioner, make_mesh
-from t5x_like import metrics, optim, train, trainer
+from partitioning import make_mesh
+from t5x_like import lm, metrics, optim
+from t5x_like.experiment import build_experiment
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
 
 
 def parse_args() -> argparse.Namespace:
@@ -34,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--attention", default="auto")
-    p.add_argument("--cross_entropy", default="xla", choices=list(trainer.CROSS_ENTROPY))
+    p.add_argument("--cross_entropy", default="chunked", choices=list(lm.CROSS_ENTROPY))
     p.add_argument("--remat", default="none")
     p.add_argument("--grad_accum", type=int, default=1)
     p.add_argument("--data", type=int, default=-1)
@@ -62,23 +63,19 @@ def main() -> None:
     values = dict(configs.get_model_config(args.preset).to_dict(), dtype=args.dtype, attention=args.attention,
                   remat_policy=args.remat, dropout_rate=0.0, attention_dropout_rate=0.0)
     values.update(json.loads(args.overrides))
-    mesh = make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
-    config = dataclasses.replace(models.config_from_dict(values), vocab_pad_multiple=128 * mesh.shape["tensor"])
-    partitioner = Partitioner(mesh, args.rules)
-    train.check_batch(args.batch_size, args.grad_accum, partitioner.batch_shards)
-    optimizer = optim.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
-    step_config = trainer.StepConfig(grad_accum_steps=args.grad_accum, cross_entropy=args.cross_entropy,
-                                     loss_scale=trainer.LossScaleConfig() if args.dtype == "float16" else None)
-    module = models.build_model(config)
+    exp = build_experiment(
+        model=models.config_from_dict(values), mesh=make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor),
+        rules=args.rules, optimizer=optim.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=1000),
+        batch_size=args.batch_size, feature_lengths={"targets": args.seq_len}, grad_accum_steps=args.grad_accum,
+        cross_entropy=args.cross_entropy)
+    config, mesh, num_params = exp.config, exp.mesh, exp.num_params
     rng = np.random.default_rng(0)
-    with partitioner.activate():
-        state, shardings, num_params = train.create_state(module, optimizer, partitioner, 0, args.seq_len,
-                                                          step_config, config)
-        step_fn = train.jit_train_step(module, optimizer, step_config, shardings, partitioner)
+    state = exp.init_state()
+    with exp.partitioner.activate():
         tokens = rng.integers(0, config.vocab_size, (args.batch_size, args.seq_len + 1), dtype=np.int32)
-        batch = train.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-                                    "weights": np.ones((args.batch_size, args.seq_len), np.float32)},
-                                   partitioner.batch_sharding())
+        batch = exp.global_batch({DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+                                  DECODER_LOSS_WEIGHTS: np.ones((args.batch_size, args.seq_len), np.float32)})
+        step_fn = exp.train_step
         compiled = step_fn.lower(state, batch).compile()
         for _ in range(args.warmup):
             state, out = step_fn(state, batch)
@@ -88,8 +85,7 @@ def main() -> None:
             state, out = step_fn(state, batch)
         jax.block_until_ready((state, out))
         step_time = (time.perf_counter() - start) / args.steps
-    flops = metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, args.seq_len) \
-        * args.batch_size * args.seq_len
+    flops = exp.flops_per_step
     tflops = flops / step_time / jax.device_count() / 1e12
     peak = metrics.peak_tflops(jax.devices()[0].device_kind)
     memory, memory_kind = peak_memory_bytes(compiled)

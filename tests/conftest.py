@@ -8,6 +8,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+
 
 class SyntheticSource:
     """Rows of a learnable pattern (each row counts up by a per-row stride modulo the vocab).
@@ -16,8 +18,9 @@ class SyntheticSource:
     resumed source continues exactly; state is the step index.
     """
 
-    def __init__(self, split, *, batch_size, seq_len, seed, shard_index, shard_count, vocab_size=256):
-        self.split, self.batch_size, self.seq_len, self.seed = split, batch_size, seq_len, seed
+    def __init__(self, split, *, batch_size, feature_lengths, seed, shard_index, shard_count, vocab_size=256):
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.seq_len = feature_lengths["targets"]
         self.shard_index, self.vocab_size = shard_index, vocab_size
         self.eod_id, self.tokenizer_path, self.index = 0, None, 0
 
@@ -28,8 +31,8 @@ class SyntheticSource:
         rows = [self.row(self.index, self.shard_index * self.batch_size + r) for r in range(self.batch_size)]
         self.index += 1
         tokens = np.stack(rows)
-        return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-                "weights": np.ones((self.batch_size, self.seq_len), np.float32)}
+        return {DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+                DECODER_LOSS_WEIGHTS: np.ones((self.batch_size, self.seq_len), np.float32)}
 
     def row(self, index, row):
         rng = np.random.default_rng([self.seed, {"train": 0, "validation": 1}[self.split], index, row])
@@ -44,6 +47,9 @@ class SyntheticSource:
 
     def reset(self):
         self.index = 0
+
+    def close(self):
+        pass
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`make_source`: the one entry point the trainer and eval tools call for batches."""
+"""`make_source`: the one entry point the trainer and eval tools call for batches, for every objective."""
 from __future__ import annotations
 
 from t5x_like.data import builtin, loader
@@ -6,9 +6,15 @@ from t5x_like.errors import UserError
 from t5x_like.data.loader import BatchSource, GrainBatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.features import decoder_only_length
 
 
-def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
+OBJECTIVES = ("causal_lm", "span_corruption", "seq2seq")
+
+
+def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
+                shard_count: int,
+                objective: str = "causal_lm",
                 data_path: str | list[str] | None = None,
                 blend_weights: list[float] | None = None,
                 tokenizer: str | None = None,
@@ -18,8 +24,11 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
                 tfds_data_dir: str | None = None,
                 tfds_splits: dict[str, str] | None = None,
                 text_key: str = "text",
-                worker_count: int = 0) -> BatchSource:
-    """Batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of it).
+                worker_count: int = 0,
+                noise_density: float = 0.15,
+                mean_noise_span_length: float = 3.0) -> BatchSource:
+    """Causal-LM batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of
+    it), rows of FEATURE_LENGTHS {'targets': T} tokens (t5x_like/features.py names the arrays).
 
     Data, in order of precedence:
       - `tfds_name`: a TFDS dataset prepared as array_record under `tfds_data_dir`; its split of the same
@@ -31,11 +40,35 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
       - neither: the builtin corpus (Python's documentation, tokenized with its own 8192-id BPE).
     `packing` packs whole documents per row with segment_ids/positions; `worker_count` > 0 prepares
     batches in that many processes.
+
+    `objective` (OBJECTIVE): 'causal_lm' (above), or T5's 'span_corruption' (noise_density,
+    mean_noise_span_length; {'inputs': I, 'targets': T}) and 'seq2seq' input/target pairs (data_path: a
+    .jsonl / .tsv file, token files P.inputs + P.targets, or a dict of them per split), both in
+    t5x_like/data/objectives.py with the same data_path / tokenizer / split / blend / packing settings.
     """
+    if objective not in OBJECTIVES:
+        raise UserError(f"OBJECTIVE={objective!r} is unknown; choose one of {OBJECTIVES}.")
+    if objective != "causal_lm":
+        if tfds_name is not None:
+            raise UserError(f"OBJECTIVE={objective!r} reads token files or pair files; tfds_name works with "
+                            "'causal_lm' only (preprocess the TFDS text into a token file instead).")
+        from t5x_like.data import objectives
+
+        common = dict(batch_size=batch_size, feature_lengths=feature_lengths, seed=seed, shard_index=shard_index,
+                      shard_count=shard_count, data_path=data_path, blend_weights=blend_weights, tokenizer=tokenizer,
+                      data_split=data_split, packing=packing, worker_count=worker_count)
+        if objective == "span_corruption":
+            return objectives.make_span_corruption_source(
+                split, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length, **common)
+        if data_path is None:
+            raise UserError("OBJECTIVE='seq2seq' needs DATA_PATH: a .jsonl / .tsv file of input/target pairs, "
+                            "token files P.inputs + P.targets, or a dict of them per split.")
+        return objectives.make_seq2seq_source(split, **common)
+    seq_len = decoder_only_length(feature_lengths)
     if split not in loader.SPLITS:
-        raise ValueError(f"split={split!r}: expected one of {loader.SPLITS}")
+        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
     if batch_size < 1 or seq_len < 1:
-        raise ValueError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
+        raise UserError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
     if tfds_name is not None:
         from t5x_like.data import tfds_source  # tensorflow_datasets is heavy: import only when used
         return tfds_source.make_tfds_source(
@@ -46,7 +79,7 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
         data_path, tokenizer = builtin.builtin_corpus()
     prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
     files = [open_token_file(p) for p in prefixes]
-    vocab_size, eod_id, tokenizer_path = _vocabulary(files, tokenizer)
+    vocab_size, eod_id, tokenizer_path = token_files_vocabulary(files, tokenizer)
     rows = [loader.token_file_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing, seed=seed)
             for f in files]
     batches = loader.host_batches(loader.blend(rows, blend_weights), batch_size=batch_size,
@@ -68,7 +101,7 @@ def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer:
     return _vocabulary_from_metadata([open_token_file(p) for p in prefixes])[0]
 
 
-def _vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
+def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
     """(vocab_size, eod_id, tokenizer path) for the files, checking they were made with that tokenizer."""
     if tokenizer is None:
         return _vocabulary_from_metadata(files)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2Config
-from t5x_like import gin_cli, train
+from t5x_like import experiment, gin_cli, train
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
 
@@ -37,7 +37,7 @@ def test_print_config_shows_defaults_and_the_model_and_leaves_model_dir_untouche
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for line in ("BATCH_SIZE = 8", "make_optimizer.weight_decay = 0.1", "make_optimizer.b1 = 0.9",
-                 "make_optimizer.b2 = 0.95", "make_optimizer.clip_grad_norm = 1.0", "train.z_loss = 0.0",
+                 "make_optimizer.b2 = 0.95", "make_optimizer.clip_grad_norm = 1.0", "build_experiment.z_loss = 0.0",
                  "LossScaleConfig.window = 1000", "make_source.data_split = %DATA_SPLIT",
                  "# Model: gpt2: 4 layers, width 256, 4 heads x 64, mlp 1024, vocab 8192",
                  "#     dropout_rate = 0.05", "#     attention_dropout_rate = 0.0"):
@@ -121,7 +121,7 @@ SMALL = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_
 
 def test_restore_from_takes_the_checkpoints_architecture():
     run = dataclasses.replace(SMALL, num_layers=4, embed_dim=64, dropout_rate=0.0, dtype="bfloat16")
-    config = train.resolve_model_config(run, 1, {"config": dataclasses.asdict(SMALL)}, adopt_architecture=True)
+    config = experiment.resolve_model_config(run, 1, SMALL, adopt_architecture=True)
     assert (config.num_layers, config.embed_dim) == (2, 32)
     assert (config.dropout_rate, config.dtype) == (0.0, "bfloat16")  # the run's own choices stay
 
@@ -129,7 +129,7 @@ def test_restore_from_takes_the_checkpoints_architecture():
 def test_resuming_a_different_model_names_the_gin_line_to_add():
     run = dataclasses.replace(SMALL, num_layers=4)
     with pytest.raises(UserError, match=r"--gin.model_config.overrides=\"\{'num_layers': 2\}\""):
-        train.resolve_model_config(run, 1, {"config": dataclasses.asdict(SMALL)})
+        experiment.resolve_model_config(run, 1, SMALL)
 
 
 def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tmp_path):
