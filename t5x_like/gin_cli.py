@@ -81,7 +81,10 @@ def apply_bindings(bindings: list[str]) -> None:
         check_binding(binding)
         name = binding.partition("=")[0].strip()
         previous = _bound_value(name) if name in MERGED_BINDINGS else None
-        gin.parse_config(binding)
+        try:
+            gin.parse_config(binding)
+        except (ValueError, SyntaxError) as e:  # an unknown configurable or parameter, a malformed value
+            raise UserError(f"--gin.{binding.strip()}: {str(e).splitlines()[0]}") from None
         current = _bound_value(name) if previous else None
         if isinstance(previous, dict) and isinstance(current, dict):
             gin.bind_parameter(name, {**previous, **current})
@@ -118,8 +121,8 @@ def operative_config_str(root: str) -> str:
     lines = ["# Macros"]
     lines += [f"{name} = {_format(value)}" for name, value in sorted(macro_values().items())]
     for configurable in _reachable(root):
-        lines += ["", f"# {configurable.module}.{configurable.name}"]
         short = _short_name(configurable)
+        lines += ["", f"# {short}"]
         for name, value in _parameters(configurable):
             lines.append(f"{short}.{name} = {_format(value)}")
     return "\n".join(lines) + "\n"

@@ -75,8 +75,13 @@ def test_unquoted_strings_say_how_to_quote(clean_gin, binding, hint):
 
 def test_quoted_values_references_and_numbers_parse(clean_gin):
     train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "RULES='fsdp'", "LEARNING_RATE=1e-3",
-                                         "DATA_SPLIT=\"98,2,0\"", "train.loss_scale=@trainer.LossScaleConfig()"], [])
+                                         "DATA_SPLIT=\"98,2,0\"", "build_experiment.loss_scale=@trainer.LossScaleConfig()"], [])
     assert gin.query_parameter("%RULES") == "fsdp" and gin.query_parameter("%LEARNING_RATE") == 1e-3
+
+
+def test_an_unknown_parameter_is_a_user_error(clean_gin):
+    with pytest.raises(UserError, match="--gin.train.lr=0.1: Configurable 'train' doesn't have a parameter named 'lr'"):
+        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "train.lr=0.1"], [])
 
 
 def test_unknown_macro_is_a_user_error(clean_gin):
