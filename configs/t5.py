@@ -28,6 +28,7 @@ _SIZES = {
 }
 
 SIZES = tuple(_SIZES)
+PRESETS = tuple(f"t5_{size}" for size in SIZES)
 
 
 def get_config(size: str) -> ml_collections.ConfigDict:

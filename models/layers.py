@@ -52,9 +52,40 @@ class Embed(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """x @ embedding.T with an fp32 result (the logits feed a softmax)."""
-        return jnp.einsum(
-            "bte,ve->btv", x, self.embedding.astype(self.dtype), preferred_element_type=jnp.float32
-        )
+        return tied_logits(x, self.embedding.astype(self.dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
+    """[b, t, e] @ [v, e].T -> fp32 [b, t, v]. The backward casts the fp32 logit gradient to the
+    operands' dtype first, so its two matmuls run in bf16 (fp32 accumulation) as the forward's
+    does; left to autodiff they would promote to fp32 (TF32 on GPUs: ~13% of a GPT-2 124M step
+    on an H100, docs/benchmarks.md)."""
+    return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
+
+
+def _tied_logits_fwd(x, embedding):
+    return tied_logits(x, embedding), (x, embedding)
+
+
+def _tied_logits_bwd(residuals, g):
+    x, embedding = residuals
+    g = g.astype(x.dtype)
+    d_x = jnp.einsum("btv,ve->bte", g, embedding, preferred_element_type=jnp.float32)
+    d_embedding = jnp.einsum("btv,bte->ve", g, x, preferred_element_type=jnp.float32)
+    return d_x.astype(x.dtype), d_embedding.astype(embedding.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
+class LMHead(Embed):
+    """An untied output projection stored like an embedding table [padded_vocab, embed] (axes
+    ('vocab', 'embed')), so that the chunked cross-entropy takes it as it takes a tied table.
+    Calling it gives fp32 logits (`attend`)."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.attend(x)
 
 
 class LayerNorm(nn.Module):
@@ -77,13 +108,15 @@ class LayerNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc (embed -> mlp), GELU(tanh), proj (mlp -> embed); proj initialised with `out_init_std`."""
+    """fc (embed -> mlp), GELU, proj (mlp -> embed); proj initialised with `out_init_std`.
+    GELU is the tanh approximation (GPT-2) unless `approximate_gelu` is False (exact erf form)."""
 
     mlp_dim: int
     init_std: float
     out_init_std: float
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    approximate_gelu: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -97,13 +130,29 @@ class MLP(nn.Module):
         proj_bias = logical_param(self, "proj_bias", nn.initializers.zeros, (embed,), ("embed",), p)
         h = jnp.einsum("bte,em->btm", x, fc_kernel.astype(self.dtype)) + fc_bias.astype(self.dtype)
         h = nn.with_logical_constraint(h, BATCH_LENGTH_MLP)
-        h = checkpoint_name(jax.nn.gelu(h, approximate=True), "mlp_hidden")
+        h = checkpoint_name(jax.nn.gelu(h, approximate=self.approximate_gelu), "mlp_hidden")
         out = jnp.einsum("btm,me->bte", h, proj_kernel.astype(self.dtype)) + proj_bias.astype(self.dtype)
         return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)
 
 
+def apply_rotary(x: jax.Array, positions: jax.Array, rotary_dim: int, base: float) -> jax.Array:
+    """Rotary position embeddings (RoPE) in GPT-NeoX's rotate-half layout on the first `rotary_dim`
+    dims of each head: dims i and i + rotary_dim/2 form a pair rotated by position * base^(-2i/rotary_dim);
+    the remaining dims pass through. x [batch, length, heads, head_dim]; positions [batch or 1, length]."""
+    half = rotary_dim // 2
+    inv_freq = 1.0 / base ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [batch, length, half]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    rotated_half = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    return jnp.concatenate([rot * cos + rotated_half * sin, rest], axis=-1)
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with biases; q/k/v kernels [embed, heads, kv], out [heads, kv, embed]."""
+    """Multi-head self-attention with biases; q/k/v kernels [embed, heads, kv], out [heads, kv, embed].
+    With `rotary_dim` > 0, queries and keys get rotary position embeddings (`apply_rotary`) at the
+    positions passed in."""
 
     num_heads: int
     head_dim: int
@@ -113,6 +162,8 @@ class SelfAttention(nn.Module):
     dropout_rate: float
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    rotary_dim: int = 0
+    rotary_base: float = 10000.0
 
     def projection(self, name: str, x: jax.Array) -> jax.Array:
         embed = x.shape[-1]
@@ -155,11 +206,17 @@ class SelfAttention(nn.Module):
                                             implementation="xla")
 
     @nn.compact
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, deterministic: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, deterministic: bool,
+                 positions: jax.Array | None = None) -> jax.Array:
         """Causal self-attention. Decoding: applied with a mutable 'cache' collection, the first call
-        creates a cache as long as its input and attends normally; later calls go through the cache."""
+        creates a cache as long as its input and attends normally; later calls go through the cache.
+        `positions` [batch or 1, length] are needed with rotary embeddings (cached keys keep theirs)."""
         embed = x.shape[-1]
         q, k, v = (self.projection(name, x) for name in ("query", "key", "value"))
+        if self.rotary_dim:
+            if positions is None:
+                raise ValueError("rotary embeddings need positions; pass each token's position.")
+            q, k = (apply_rotary(y, positions, self.rotary_dim, self.rotary_base) for y in (q, k))
         decoding = self.is_mutable_collection("cache") and not self.is_initializing()
         if decoding and self.has_variable("cache", "cached_key"):
             out = self.cached_attention(q, k, v, segment_ids)
@@ -177,6 +234,58 @@ class SelfAttention(nn.Module):
         out_bias = logical_param(self, "out_bias", nn.initializers.zeros, (embed,), ("embed",), self.param_dtype)
         y = jnp.einsum("bthd,hde->bte", out, out_kernel.astype(self.dtype)) + out_bias.astype(self.dtype)
         return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
+
+
+def decoder_positions(module: nn.Module, tokens: jax.Array, positions: jax.Array | None,
+                      max_len: int) -> jax.Array:
+    """A decoder's token positions: `positions`, or 0..length-1 (shape [1, length]) when None, after
+    checking the length against max_len. Decoding (a mutable 'cache') must pass them: rows may be
+    left-padded, and each counts from its first real token."""
+    if tokens.shape[1] > max_len:
+        raise ValueError(f"sequence length {tokens.shape[1]} exceeds the model's max_len {max_len}.")
+    if positions is None and module.is_mutable_collection("cache") and not module.is_initializing():
+        raise ValueError("decoding (mutable 'cache') needs explicit positions: each row's token positions, "
+                         "counting from its first real token.")
+    return jnp.arange(tokens.shape[1])[None, :] if positions is None else positions
+
+
+def mask_vocab_padding(logits: jax.Array, vocab_size: int) -> jax.Array:
+    """Logits [batch, length, padded_vocab] with the ids at or past vocab_size at the float32 minimum,
+    so that padding rows never take probability."""
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, jnp.finfo(jnp.float32).min)
+    return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
+
+
+def block_stack(block: type[nn.Module], block_args: tuple, *, num_layers: int, scan_layers: bool,
+                broadcast_args: int, layer_stack: Callable | None = None) -> Callable:
+    """A model's `num_layers` blocks `block(*block_args)` applied in turn, called `(x, *args) -> (x, None)`
+    with `broadcast_args` extra arguments every layer sees. scan_layers: one nn.scan named `blocks`
+    (parameters and cache stacked on a leading 'layers' axis), which `layer_stack(block, stack)` (the
+    runtime's hook, e.g. a pipeline) may replace; else unrolled modules `block_0`, `block_1`, ...
+    Call it from the model's compact method: the blocks become the model's children."""
+    if not scan_layers:
+        if layer_stack is not None:
+            raise ValueError("a replaced layer stack (pipeline parallelism) needs scan_layers=True; "
+                             "set model_config.scan_layers = True.")
+        blocks = [block(*block_args, name=f"block_{i}") for i in range(num_layers)]
+
+        def apply_in_turn(x, *args):
+            for layer in blocks:
+                x, _ = layer(x, *args)
+            return x, None
+
+        return apply_in_turn
+    stack = nn.scan(
+        block,
+        variable_axes={"params": 0, "cache": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * broadcast_args,
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    if layer_stack is not None:
+        stack = layer_stack(block, stack)
+    return stack(*block_args, name="blocks")
 
 
 class RMSNorm(nn.Module):

@@ -68,14 +68,13 @@ class Partitioner:
         """`fn` jitted with these in/out shardings (and donated arguments) on this mesh."""
         return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)
 
-    def abstract_and_shardings(self, init: Callable[[jax.Array], Any], rng: jax.Array,
-                               offload: tuple[str, ...] = ()) -> tuple[Any, Any]:
-        """(abstract boxed tree, NamedShardings) of what `init(rng)` returns, allocating nothing (the
-        mesh may be compile-only). Boxed leaves carry logical names; a top-level field listed in
+    def abstract_and_shardings(self, init: Callable[[], Any], offload: tuple[str, ...] = ()) -> tuple[Any, Any]:
+        """(abstract boxed tree, NamedShardings) of what `init()` returns, allocating and running nothing
+        (the mesh may be compile-only: create any random key inside `init`). Boxed leaves carry logical names; a top-level field listed in
         `offload` (e.g. 'opt_state') is sharded by the optimizer-state rules and kept in host memory,
         and every field whose name is 'opt_state' uses the optimizer-state rules. Each sharded
         dimension is checked to divide."""
-        abstract = jax.eval_shape(init, rng)
+        abstract = jax.eval_shape(init)
         specs = nn.get_partition_spec(abstract)
         shardings = {}
         for field in _fields(abstract):

@@ -138,7 +138,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     with partitioner.activate():
         offload = ("opt_state",) if offload_optimizer_state else ()
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
-            experiment._init, jax.random.PRNGKey(seed), offload)
+            lambda: experiment._init(jax.random.PRNGKey(seed)), offload)
     if distributed.is_primary():
         params = experiment.abstract_state.params
         logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))

@@ -75,3 +75,26 @@ def random_hf_gpt2():
         return model
 
     return build
+
+
+@pytest.fixture(scope="session")
+def random_hf_neox():
+    """A builder of small transformers GPTNeoXForCausalLMs (4 heads of 16 dims, 2 layers) with every
+    tensor perturbed by `scale`; `sizes` override the config (e.g. vocab_size=50277, the 20B
+    tokenizer's, so padding is exercised); skips without the torch extra."""
+    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+
+    def build(scale: float, *, rotary_pct: float = 0.25, parallel: bool = True, seed: int = 0, **sizes):
+        torch.manual_seed(seed)
+        config = transformers.GPTNeoXConfig(**{
+            "vocab_size": 301, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 80, "max_position_embeddings": 40, "hidden_dropout": 0.0,
+            "attention_dropout": 0.0, "rotary_pct": rotary_pct, "use_parallel_residual": parallel, **sizes})
+        model = transformers.GPTNeoXForCausalLM(config).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * scale)
+        return model
+
+    return build

@@ -18,10 +18,10 @@ import numpy as np
 
 from t5x_like import checkpoints
 from t5x_like import inference
-from t5x_like.convert import gpt2, mapping, t5
+from t5x_like.convert import gpt2, mapping, neox, t5
 from t5x_like.errors import UserError
 
-FAMILIES = {"gpt2": gpt2, "t5": t5}
+FAMILIES = {"gpt2": gpt2, "neox": neox, "t5": t5}
 """Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
 entries and block stacks), config_to_hf, config_from_hf, tokenizer_config."""
 HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "spiece.model", "tokenizer_config.json",

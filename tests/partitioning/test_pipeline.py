@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2, GPT2Config
+from models.neox import NeoXConfig
 from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
 from t5x_like import checkpoints, optim, train
@@ -21,6 +22,8 @@ SEQ_LEN, BATCH, STEPS, SEED = 16, 16, 10, 3
 # 8 layers: 2 or 4 stages, each with 1 or 2 repeats, all divide them.
 CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
+NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
+                         dtype="float32")
 
 
 def make_optimizer():
@@ -59,8 +62,8 @@ def pipelined(config, stages, microbatches, repeats, rows, batch_shards):
 
 
 @functools.cache
-def reference_losses(source_cls):
-    return losses(make_mesh(data=8), "data_parallel", batches(source_cls))
+def reference_losses(source_cls, config=CONFIG):
+    return losses(make_mesh(data=8), "data_parallel", batches(source_cls), config=config)
 
 
 CASES = {
@@ -71,12 +74,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_pipelined_training_equals_data_parallel(name, synthetic_source):
+@pytest.mark.parametrize("name, family_config", [(name, CONFIG) for name in CASES] + [
+    ("gpipe stage=2 x tensor=2 x data=2", NEOX_CONFIG)], ids=[*CASES, "neox gpipe stage=2 x tensor=2 x data=2"])
+def test_pipelined_training_equals_data_parallel(name, family_config, synthetic_source):
     sizes, rules, schedule, accum, remat = CASES[name]
-    want = reference_losses(synthetic_source)
+    want = reference_losses(synthetic_source, family_config)
     assert want[-1] < want[0] - 0.1  # it learns, so equal curves mean something
-    config = dataclasses.replace(CONFIG, remat_policy=remat)
+    config = dataclasses.replace(family_config, remat_policy=remat)
     got = losses(make_mesh(**sizes), rules, batches(synthetic_source), schedule=schedule,
                  grad_accum_steps=accum, config=config)
     np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)

@@ -4,8 +4,10 @@ import logging
 
 import jax
 import numpy as np
+import pytest
 
 from models.gpt2 import GPT2Config
+from models.neox import NeoXConfig
 from partitioning import make_mesh
 from t5x_like import optim, trainer
 from t5x_like.experiment import build_experiment
@@ -15,6 +17,8 @@ SEQ_LEN = 16
 # 8 heads and a vocabulary padded to 1024 so every mesh below divides the same parameters.
 CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
                     dropout_rate=0.0, attention_dropout_rate=0.0, vocab_pad_multiple=1024, dtype="float32")
+NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
+                         vocab_pad_multiple=1024, dtype="float32")
 
 
 def batches(source_cls, count, batch_size=8):
@@ -54,13 +58,14 @@ MESHES = {
 }
 
 
-def test_same_losses_on_every_mesh(synthetic_source):
+@pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=lambda c: c.family)
+def test_same_losses_on_every_mesh(synthetic_source, config):
     data = batches(synthetic_source, 10)
-    reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
+    reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, config=config)
     want = [m["loss"] for m in reference]
     assert want[-1] < want[0]  # it learns
     for name, (sizes, rules, settings) in MESHES.items():
-        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data, **settings)[0]]
+        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data, config=config, **settings)[0]]
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
 
 
