@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2Config
+from models.neox import NeoXConfig
 from partitioning import make_mesh
 from t5x_like import checkpoints, optim, train
 from t5x_like.errors import UserError
@@ -68,6 +69,18 @@ def test_resume_continues_exactly(straight_and_half, synthetic_source, tmp_path)
     _, got = params_at(resumed)
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
+
+
+def test_neox_resume_continues_exactly(synthetic_source, tmp_path):
+    """GPT-NeoX (rotary, parallel residual, untied head): 6 steps straight equal 3, a restart, then 3."""
+    neox = {"model": NeoXConfig(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
+                                dtype="float32")}
+    run(tmp_path / "straight", synthetic_source, steps=6, checkpoint_every=3, settings=neox)
+    run(tmp_path / "resumed", synthetic_source, steps=3, checkpoint_every=3, settings=neox)
+    run(tmp_path / "resumed", synthetic_source, steps=6, checkpoint_every=3, settings=neox)
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "straight")
+    jax.tree.map(np.testing.assert_array_equal, params_at(tmp_path / "resumed")[1],
+                 params_at(tmp_path / "straight")[1])
 
 def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path):
     moved = tmp_path / "moved"

@@ -140,7 +140,8 @@ class CompileLog(logging.Handler):
             self.messages.append(record.getMessage())
 
 
-def test_nothing_recompiles_after_the_first_step(synthetic_source):
+@pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=["gpt2", "neox"])
+def test_nothing_recompiles_after_the_first_step(synthetic_source, config):
     handler = CompileLog()
     jax_logger = logging.getLogger("jax")
 
@@ -150,7 +151,7 @@ def test_nothing_recompiles_after_the_first_step(synthetic_source):
             jax_logger.addHandler(handler)
 
     try:
-        run(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5),
+        run(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5), config=config,
             steps_between=watch_after_first)
     finally:
         jax.config.update("jax_log_compiles", False)
