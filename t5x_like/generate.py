@@ -25,6 +25,7 @@ import numpy as np
 
 from partitioning import Partitioner
 from t5x_like import inference
+from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.lm import make_lm
 
 PROMPT_BUCKET = 64
@@ -41,7 +42,7 @@ class Sampling:
 
     def __post_init__(self):
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
+            raise UserError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
 
 
 def sample(logits: jax.Array, rng: jax.Array, settings: Sampling) -> jax.Array:
@@ -81,8 +82,8 @@ class Generator:
         self.lm = make_lm(config)
         self.max_length = self.lm.max_length
         if not 0 < max_new_tokens < self.max_length:
-            raise ValueError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
-                             f"max_len - 1 ({self.max_length - 1}).")
+            raise UserError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
+                            f"max_len - 1 ({self.max_length - 1}).")
         self.config, self.params, self.partitioner = config, params, partitioner
         self.eod_id, self.max_new_tokens, self.settings = eod_id, max_new_tokens, settings
         shards = partitioner.batch_shards
@@ -140,7 +141,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
             lines = [json.loads(line)["prompt"] for line in lines]
         prompts.extend(lines)
     if not prompts:
-        raise ValueError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
+        raise UserError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
     return prompts
 
 
@@ -184,4 +185,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)()
