@@ -4,6 +4,7 @@ sizes are named '1_1_<size>' within the t5 family). A name's prefix picks the fa
 import ml_collections
 
 from configs import gpt2, neox, t5
+from t5x_like.errors import UserError
 
 _MODULES = {"gpt2": gpt2, "pythia": neox, "neox": neox, "t5": t5}
 """Preset-name prefix -> the module holding those presets."""
@@ -16,5 +17,5 @@ def get_model_config(name: str) -> ml_collections.ConfigDict:
     prefix, _, size = name.partition("_")
     module = _MODULES.get(prefix)
     if module is None or name not in module.PRESETS:
-        raise ValueError(f"model preset {name!r} is unknown; known presets: {list(PRESETS)}.")
+        raise UserError(f"model preset {name!r} is unknown; known presets: {list(PRESETS)}.")
     return module.get_config(size)

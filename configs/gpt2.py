@@ -5,6 +5,8 @@ over tensor and pipeline axes) over the builtin corpus's 8192-id tokenizer.
 """
 import ml_collections
 
+from t5x_like.errors import UserError
+
 _SIZES = {
     #        layers heads embed  vocab  max_len
     "tiny": (4, 4, 256, 8192, 256),
@@ -22,7 +24,7 @@ PRESETS = tuple(f"gpt2_{size}" for size in SIZES)
 def get_config(size: str) -> ml_collections.ConfigDict:
     """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl', '175b')."""
     if size not in _SIZES:
-        raise ValueError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES}.")
+        raise UserError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES}.")
     num_layers, num_heads, embed_dim, vocab_size, max_len = _SIZES[size]
     return ml_collections.ConfigDict(dict(
         family="gpt2",

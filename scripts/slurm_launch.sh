@@ -57,4 +57,4 @@ tasks_per_node=1
 # Submitted from the repository root: the job starts there (SLURM_SUBMIT_DIR).
 cd "$REPO_ROOT"
 run_cmd sbatch "--nodes=$nodes" "--gpus-per-node=$gpus_per_node" "--ntasks-per-node=$tasks_per_node" \
-  "${sbatch_options[@]}" scripts/slurm_gpu.sbatch "${train_args[@]}"
+  "${sbatch_options[@]}" "$REPO_ROOT/scripts/slurm_gpu.sbatch" "${train_args[@]}"

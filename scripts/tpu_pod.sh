@@ -30,7 +30,10 @@ Commands:
 Example:
   scripts/tpu_pod.sh create  --name=pod --zone=us-east5-a --accelerator_type=v5p-32 --version=v2-alpha-tpuv5 --spot
   scripts/tpu_pod.sh install --name=pod --zone=us-east5-a
-  scripts/tpu_pod.sh run     --name=pod --zone=us-east5-a -- --gin_file=gpt2.gin --gin.MODEL_DIR="'gs://my-bucket/gpt2'"
+  scripts/tpu_pod.sh run     --name=pod --zone=us-east5-a -- --gin_file=gpt2.gin --gin.MODEL_DIR="'/mnt/shared/runs/gpt2'"
+
+MODEL_DIR must be a path every worker can write (a gcsfuse-mounted bucket, a Filestore share);
+gs:// URLs are not accepted.
 EOF
 }
 
@@ -114,7 +117,7 @@ install() {
 }
 
 run() {
-  ((${#train_args[@]})) || die "run needs the train arguments after '--', e.g. -- --gin_file=gpt2.gin --gin.MODEL_DIR=\"'gs://bucket/run'\"."
+  ((${#train_args[@]})) || die "run needs the train arguments after '--', e.g. -- --gin_file=gpt2.gin --gin.MODEL_DIR=\"'/mnt/shared/runs/gpt2'\"."
   local quoted_args
   quoted_args="$(printf ' %q' "${train_args[@]}")"
   on_all_workers "cd ~/$REMOTE_DIR && if [ -f train.pid ] && kill -0 \$(cat train.pid) 2>/dev/null; then \

@@ -26,7 +26,8 @@ import numpy as np
 from absl import app, flags
 
 from partitioning import make_mesh
-from t5x_like import metrics, train
+from t5x_like import gin_cli, metrics, train
+from t5x_like.errors import exit_on_user_error
 from t5x_like.experiment import build_experiment
 
 GiB = 1 << 30
@@ -41,6 +42,7 @@ UNUSED_MACROS = ("MODEL_DIR = None", "DATA_PATH = None")
 flags.DEFINE_string("topology", None, "Target: a TPU topology such as v5p:8x8x16, or cpu:N; default: this machine.")
 flags.DEFINE_string("output", None, "Write the report (JSON) here.")
 flags.DEFINE_float("device_memory_gib", None, "Device memory to check against; default: the device's own.")
+flags.adopt_module_key_flags(train)  # --help lists --gin_file, --gin_bindings (--gin.NAME=VALUE), ...
 
 
 class DoesNotFit(Exception):
@@ -106,7 +108,9 @@ def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> in
 
 def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any], jax.stages.Compiled]:
     """Compile one train step of the parsed gin configuration for `devices`: (report, executable)."""
-    exp = build_experiment(mesh=mesh_for(devices))
+    with gin.unlock_config():  # gin evaluates every binding, so replace the mesh binding itself
+        gin.bind_parameter("build_experiment.mesh", mesh_for(devices))
+    exp = build_experiment()
     state = exp.sharded_abstract_state()
     state_bytes = bytes_per_device(state, exp.shardings)
     check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
@@ -177,6 +181,36 @@ def compile_or_explain(step, state, batch) -> jax.stages.Compiled:
         raise DoesNotFit(f"XLA could not fit one train step: {str(e).splitlines()[0]} " + HOW_TO_FIT) from None
 
 
+def summary(report: dict[str, Any]) -> str:
+    """The report for reading: the run, then memory per device in GiB, FLOPs and times."""
+    def gib(key: str) -> str:
+        return "unknown" if report.get(key) is None else f"{report[key] / GiB:.2f} GiB"
+
+    memory = report["device_memory_bytes"]
+    host = report["host_state_bytes_per_device"]
+    host_state = f" (+ {gib('host_state_bytes_per_device')} in host memory)" if host else ""
+    verdict = "" if memory is None else ("  (fits)" if report["fits"] else "  (DOES NOT FIT)")
+    lines = [
+        f"{report['model_summary']}; {report['num_params']:,} parameters, remat {report['remat_policy']!r}",
+        f"batch {report['batch_size']}, lengths {report['feature_lengths']}, {report['grad_accum_steps']} "
+        "accumulation step(s)",
+        f"{report['devices']} x {report['device_kind']} ({report['topology']}), mesh {report['mesh']}, "
+        f"rules {report['rules']!r}",
+        "per device:",
+        f"  train state      {gib('state_bytes_per_device')}" + host_state,
+        f"  arguments        {gib('argument_bytes_per_device')}  (train state + batch)",
+        f"  temporaries      {gib('temp_bytes_per_device')}",
+        f"  total            {gib('total_bytes_per_device')} of {gib('device_memory_bytes')}{verdict}",
+        f"FLOPs per step     {report['analytic_flops_per_step']:.3e} (model count)",
+    ]
+    if report["step_seconds_at_peak"] is not None:
+        lines.append(f"step at peak      {report['step_seconds_at_peak']:.3f} s (a lower bound; MFU = this / real)")
+    if report["estimated_step_seconds"] is not None:
+        lines.append(f"XLA's estimate    {report['estimated_step_seconds']:.3f} s per step")
+    lines.append(f"compiled in       {report['compile_seconds']} s")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
     del argv
     f = flags.FLAGS
@@ -189,11 +223,11 @@ def main(argv: list[str]) -> None:
     except DoesNotFit as e:
         sys.exit(f"does not fit: {e}")
     report["topology"] = f.topology or "local"
-    text = json.dumps(report, indent=2)
+    print(summary(report))
     if f.output:
         with open(f.output, "w") as out:
-            out.write(text + "\n")
-    print(text)
+            out.write(json.dumps(report, indent=2) + "\n")
+        print(f"report (JSON, bytes): {f.output}")
     try:
         check_fits("one train step (state, batch and temporaries)", report["total_bytes_per_device"], memory)
     except DoesNotFit as e:
@@ -201,4 +235,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=train.parse_flags)
+    app.run(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=train.parse_flags)

@@ -4,6 +4,8 @@
         --seq_len=1024 --stride=32 --output=wikitext.json
     python -m t5x_like.eval --task=lambada --checkpoint=MODEL_DIR --data=lambada_test.jsonl
     python -m t5x_like.eval --task=tokens --checkpoint=MODEL_DIR --data=PREFIX   # a token file
+    python -m t5x_like.eval --task=tokens --checkpoint=MODEL_DIR --data=PREFIX --split=validation \
+        --max_batches=50      # the validation documents training held out (the run's DATA_SPLIT), 50 batches
     python -m t5x_like.eval --task=seq2seq --checkpoint=T5_DIR --data=pairs.jsonl   # encoder-decoder
 
 wikitext: read the whole file, count original tokens as len(text.strip().split(" ")), detokenize,
@@ -14,7 +16,10 @@ ppl = exp(loss), adjusted_ppl = exp(Σnll / (original tokens-1)) (the GPT-2 pape
 number, comparable across tokenizers).
 lambada: last-word accuracy; strict (default): the target is " " + last word and counts only if
 every target token is the argmax; --lambada_last_token: only the last BPE token is predicted.
-tokens: loss / ppl over a preprocessed token file (documents back to back, as stored).
+tokens: loss / ppl over a preprocessed token file (documents back to back, as stored); --split takes
+only one split's documents under the run's DATA_SPLIT (or --data_split).
+--max_batches / --max_examples score only the first windows (examples for LAMBADA); a partial
+WikiText pass reports no adjusted ppl (it needs the whole text's word count).
 seq2seq (encoder-decoder checkpoints): a JSONL of {"inputs", "targets"} pairs, each side tokenized
 with EOS appended as in training; loss and token accuracy (argmax) of the teacher-forced targets,
 and exact match of the greedily decoded output's text with the target text.
@@ -23,8 +28,10 @@ and exact match of the greedily decoded output's text with the target text.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
+import os
 import re
 import sys
 from typing import Any, Callable, Iterable, Sequence
@@ -34,8 +41,9 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioning import Partitioner
-from t5x_like import generate, inference
-from t5x_like.errors import UserError
+from t5x_like import checkpoints, generate, inference
+from t5x_like.data import loader
+from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_START_ID,
                                DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS)
 from t5x_like.lm import LanguageModel, make_lm
@@ -155,44 +163,64 @@ def window_rows(tokens: np.ndarray, seq_len: int, stride: int, first: int, count
     return rows
 
 
-def score_stream(scorer: Scorer, tokens: np.ndarray, seq_len: int, stride: int, description: str) -> float:
-    """Σ nll over every target of a token stream, in strided windows."""
+def score_stream(scorer: Scorer, tokens: np.ndarray, seq_len: int, stride: int, description: str,
+                 max_windows: int | None = None) -> tuple[float, int]:
+    """(Σ nll, number of targets scored) over a token stream in strided windows: all of its targets,
+    or those of its first `max_windows` windows."""
     if not 0 < stride <= seq_len:
-        raise ValueError(f"--stride={stride} must be between 1 and --seq_len={seq_len}.")
+        raise UserError(f"--stride={stride} must be between 1 and --seq_len={seq_len}.")
     if len(tokens) < 2:
-        raise ValueError(f"{description}: {len(tokens)} tokens, nothing to score.")
+        raise UserError(f"{description}: {len(tokens)} tokens, nothing to score.")
     total = num_windows(len(tokens), seq_len, stride)
+    if max_windows is not None and max_windows < total:
+        total = max_windows
+        tokens = tokens[:seq_len + 1 + (total - 1) * stride]
     size = scorer.batch_size
     batches = (window_rows(tokens, seq_len, stride, first, min(size, total - first))
                for first in range(0, total, size))
-    return float(scorer.score(batches, -(-total // size), description)["nll"].astype(np.float64).sum())
+    nll = float(scorer.score(batches, -(-total // size), description)["nll"].astype(np.float64).sum())
+    return nll, len(tokens) - 1
 
 
-def evaluate_wikitext(scorer: Scorer, tokenizer, path: str, seq_len: int, stride: int) -> dict:
+def evaluate_wikitext(scorer: Scorer, tokenizer, path: str, seq_len: int, stride: int,
+                      max_windows: int | None = None) -> dict:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     num_original = count_original_tokens(text)
     tokens = np.asarray(tokenizer.encode(wikitext_detokenize(text)), np.int32)
-    nll = score_stream(scorer, tokens, seq_len, stride, "wikitext")
-    loss = nll / (len(tokens) - 1)
-    return {"task": "wikitext", "loss": loss, "ppl": safe_exp(loss),
-            "adjusted_ppl": safe_exp(nll / (num_original - 1)),
-            "num_tokenized_tokens": len(tokens), "num_original_tokens": num_original,
-            "seq_len": seq_len, "stride": stride}
+    nll, scored = score_stream(scorer, tokens, seq_len, stride, "wikitext", max_windows)
+    loss = nll / scored
+    result = {"task": "wikitext", "loss": loss, "ppl": safe_exp(loss),
+              "adjusted_ppl": safe_exp(nll / (num_original - 1)),
+              "num_tokenized_tokens": len(tokens), "num_original_tokens": num_original,
+              "seq_len": seq_len, "stride": stride}
+    if scored < len(tokens) - 1:  # a partial pass has no word-level count to compare with
+        result.update(adjusted_ppl=None, num_scored_tokens=scored)
+    return result
 
 
-def evaluate_tokens(scorer: Scorer, prefix: str, seq_len: int, stride: int, vocab_size: int) -> dict:
+def evaluate_tokens(scorer: Scorer, prefix: str, seq_len: int, stride: int, vocab_size: int, *,
+                    split: str | None = None, data_split: str | None = None, max_windows: int | None = None) -> dict:
+    """Loss over a token file's documents back to back: all of them, or one split of them under
+    `data_split` (the training run's DATA_SPLIT), or its first `max_windows` windows."""
     from t5x_like.data import open_token_file
 
-    tokens = open_token_file(prefix).tokens
+    file = open_token_file(prefix)
+    tokens = file.tokens
+    if split is not None:
+        first, last = loader.split_documents(data_split, file.num_documents, split, prefix)
+        tokens = tokens[file.offsets[first]:file.offsets[last]]
     largest = int(tokens.max(initial=0))
     if largest >= vocab_size:
-        raise ValueError(f"token file {prefix} holds id {largest} but the model's vocab_size is {vocab_size}; "
-                         "it was made with another tokenizer. Re-run preprocess with the model's tokenizer.")
-    nll = score_stream(scorer, tokens, seq_len, stride, "tokens")
-    loss = nll / (len(tokens) - 1)
-    return {"task": "tokens", "loss": loss, "ppl": safe_exp(loss), "num_tokens": len(tokens),
-            "seq_len": seq_len, "stride": stride}
+        raise UserError(f"token file {prefix} holds id {largest} but the model's vocab_size is {vocab_size}; "
+                        "it was made with another tokenizer. Re-run preprocess with the model's tokenizer.")
+    nll, scored = score_stream(scorer, tokens, seq_len, stride, "tokens", max_windows)
+    loss = nll / scored
+    result = {"task": "tokens", "loss": loss, "ppl": safe_exp(loss), "num_tokens": len(tokens),
+              "num_scored_tokens": scored, "seq_len": seq_len, "stride": stride}
+    if split is not None:
+        result.update(split=split, data_split=data_split)
+    return result
 
 
 def safe_exp(x: float) -> float:
@@ -230,10 +258,11 @@ def read_lambada(path: str) -> list[str]:
         return [json.loads(line)["text"] for line in f if line.strip()]
 
 
-def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict: bool) -> dict:
-    examples = [lambada_example(tokenizer, text, strict) for text in read_lambada(path)]
+def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict: bool,
+                     max_examples: int | None = None) -> dict:
+    examples = [lambada_example(tokenizer, text, strict) for text in read_lambada(path)[:max_examples]]
     if not examples:
-        raise ValueError(f"{path}: no examples (expected JSON lines with a 'text' field).")
+        raise UserError(f"{path}: no examples (expected JSON lines with a 'text' field).")
     longest = max(len(c) + len(t) - 1 for c, t in examples)
     length = min(seq_len, -(-longest // 64) * 64)
     size = scorer.batch_size
@@ -321,19 +350,31 @@ def summary(result: dict) -> str:
         return (f"seq2seq  {result['num_examples']} pairs, {result['num_target_tokens']:,} target tokens: "
                 f"loss {result['loss']:.4f}   token accuracy {result['token_accuracy']:.4f}   "
                 f"exact match {result['exact_match']:.4f}")
-    return (f"tokens  {result['num_tokens']:,} tokens, seq_len {result['seq_len']}, stride {result['stride']}: "
-            f"loss {result['loss']:.4f}   ppl {result['ppl']:.3f}")
+    split = f" ({result['split']} split under DATA_SPLIT={result['data_split']!r})" if "split" in result else ""
+    return (f"tokens{split}  {result['num_scored_tokens']:,} of {result['num_tokens']:,} tokens scored, "
+            f"seq_len {result['seq_len']}, stride {result['stride']}: loss {result['loss']:.4f}   "
+            f"ppl {result['ppl']:.3f}")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", required=True, choices=("wikitext", "lambada", "tokens", "seq2seq"))
     parser.add_argument("--checkpoint", required=True, help="MODEL_DIR (latest step) or a step directory")
-    parser.add_argument("--data", required=True, help="wikitext file, lambada .jsonl, token-file prefix, or seq2seq .jsonl of pairs")
+    parser.add_argument("--data", required=True,
+                        help="wikitext file, lambada .jsonl, token-file prefix, or seq2seq .jsonl of pairs")
     parser.add_argument("--tokenizer", default=None, help="default: the tokenizer the checkpoint records")
     parser.add_argument("--seq_len", type=int, default=None, help="window length (default: the model's max_len)")
     parser.add_argument("--stride", type=int, default=None, help="new targets per window (default: seq_len)")
     parser.add_argument("--batch_size", type=int, default=8, help="windows per step (global)")
+    parser.add_argument("--max_batches", type=int, default=None,
+                        help="score only the first N batches (of --batch_size windows or examples)")
+    parser.add_argument("--max_examples", type=int, default=None,
+                        help="score only the first N windows (wikitext, tokens) or examples (lambada)")
+    parser.add_argument("--split", default=None, choices=loader.SPLITS,
+                        help="tokens: only this split of the file's documents, as training split them")
+    parser.add_argument("--data_split", default=None,
+                        help="with --split: train,validation,test ratios (default: the checkpoint's run's "
+                             "DATA_SPLIT, read from MODEL_DIR/operative_config.gin or config.gin)")
     parser.add_argument("--lambada_last_token", action="store_true",
                         help="LAMBADA: predict only the last BPE token instead of the whole last word")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
@@ -342,6 +383,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
+    check_arguments(args)
     config, params, tokenizer, partitioner = inference.load_for_inference(args, with_tokenizer=args.task != "tokens")
     lm = make_lm(config)
     scorer = Scorer(config, params, partitioner, args.batch_size)
@@ -357,14 +399,73 @@ def run(args: argparse.Namespace) -> dict:
         seq_len = args.seq_len or lm.max_length
         if seq_len > lm.max_length:
             raise UserError(f"--seq_len={seq_len} exceeds the model's max_len {lm.max_length}.")
+        limit = row_limit(args.max_batches, args.max_examples, scorer.batch_size)
         if args.task == "wikitext":
-            result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len)
+            result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len, limit)
         elif args.task == "lambada":
-            result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, strict=not args.lambada_last_token)
+            result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, not args.lambada_last_token, limit)
         else:
-            result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len, config.vocab_size)
+            data_split = (args.data_split or run_data_split(args.checkpoint)) if args.split else None
+            result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len, config.vocab_size,
+                                     split=args.split, data_split=data_split, max_windows=limit)
     result.update(checkpoint=args.checkpoint, data=args.data, tokenizer=getattr(tokenizer, "path", None))
     return result
+
+
+def row_limit(max_batches: int | None, max_examples: int | None, batch_size: int) -> int | None:
+    """The most windows / examples to score under --max_batches and --max_examples (None: all)."""
+    limits = [n for n in (max_examples, None if max_batches is None else max_batches * batch_size) if n is not None]
+    if any(n < 1 for n in limits):
+        raise UserError(f"--max_batches={max_batches}, --max_examples={max_examples}: limits must be positive.")
+    return min(limits) if limits else None
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse data of the wrong shape for the task, and flags that do not apply to it."""
+    if args.split and args.task != "tokens":
+        raise UserError(f"--split applies to --task=tokens (a token file split by DATA_SPLIT), not {args.task}.")
+    if args.task == "tokens":
+        if args.data.endswith((".bin", ".idx")):
+            raise UserError(f"--data={args.data}: pass the token file's prefix, without {args.data[-4:]}.")
+        if os.path.isfile(args.data) and not os.path.isfile(args.data + ".bin"):
+            raise UserError(f"--data={args.data} is a text file; --task=tokens takes a token-file prefix "
+                            "(PREFIX.bin/.idx from t5x_like.data.preprocess). Text: --task=wikitext or lambada.")
+        return
+    if not os.path.isfile(args.data):
+        hint = "; it is a token file: use --task=tokens" if os.path.isfile(args.data + ".bin") else ""
+        raise UserError(f"--data={args.data}: no such file{hint}.")
+    first = first_line(args.data)
+    if args.task == "wikitext" and first.startswith("{"):
+        raise UserError(f"--data={args.data} holds JSON lines, not WikiText; --task=wikitext reads raw text such "
+                        "as wiki.test.tokens (LAMBADA's .jsonl is --task=lambada).")
+    if args.task == "lambada":
+        try:
+            json.loads(first)["text"]
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"--data={args.data}: --task=lambada reads JSON lines with a 'text' field "
+                            f"(lambada_test.jsonl); its first line is {first[:60]!r}.") from None
+
+
+def first_line(path: str) -> str:
+    """The file's first non-blank line, stripped ('' for an empty file)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return next((line.strip() for line in f if line.strip()), "")
+
+
+def run_data_split(checkpoint: str) -> str:
+    """DATA_SPLIT of the run that wrote `checkpoint`, from its MODEL_DIR/operative_config.gin or config.gin."""
+    directory, _ = checkpoints.locate(checkpoint)
+    model_dir = os.path.dirname(directory)
+    for name in ("operative_config.gin", "config.gin"):
+        try:
+            with open(os.path.join(model_dir, name)) as f:
+                match = re.search(r"^DATA_SPLIT\s*=\s*(.+)$", f.read(), re.M)
+        except FileNotFoundError:
+            continue
+        if match:
+            return ast.literal_eval(match[1].strip())
+    raise UserError(f"--split: {model_dir} has no operative_config.gin or config.gin recording DATA_SPLIT (not a "
+                    "t5x_like.train run?); pass --data_split=TRAIN,VALIDATION,TEST as the run had it.")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -379,4 +480,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)()

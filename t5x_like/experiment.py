@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 import models
 from partitioning import Partitioner, pipeline
 from t5x_like import distributed, optim, trainer
+from t5x_like.errors import UserError
 from t5x_like.lm import LanguageModel, make_lm
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -103,7 +104,7 @@ def global_batch(local: Mapping[str, np.ndarray], sharding) -> dict[str, jax.Arr
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
 
-@gin.configurable(denylist=["restored"])
+@gin.configurable(denylist=["restored", "adopt_architecture"])
 def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = gin.REQUIRED,
                      rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
@@ -111,15 +112,17 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
                      on_nonfinite: str = "stop", cross_entropy: str = "chunked",
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
-                     pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None) -> Experiment:
+                     pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None,
+                     adopt_architecture: bool = False) -> Experiment:
     """Assemble a run. `restored`: the model config of the checkpoint the run resumes or restores
-    from; the model must have its architecture, and keeps its vocabulary padding where it divides."""
+    from; the model must have its architecture (or, with `adopt_architecture`, takes it: RESTORE_FROM),
+    and keeps its vocabulary padding where it divides."""
     if on_nonfinite not in NONFINITE_POLICIES:
-        raise ValueError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
+        raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
-    config = resolve_model_config(model, mesh.shape["tensor"], restored)
+    config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture)
     config.check_lengths(lengths)
     step_config = trainer.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
@@ -148,31 +151,33 @@ def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:
     lengths = dict(feature_lengths)
     for name, value in lengths.items():
         if value is None:
-            raise ValueError(f"FEATURE_LENGTHS[{name!r}] is not set: set SEQ_LEN (decoder-only models) or "
-                             "FEATURE_LENGTHS, e.g. --gin.SEQ_LEN=1024.")
+            raise UserError(f"FEATURE_LENGTHS[{name!r}] is not set: set SEQ_LEN (decoder-only models) or "
+                            "FEATURE_LENGTHS, e.g. --gin.SEQ_LEN=1024.")
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"FEATURE_LENGTHS[{name!r}]={value!r}: lengths are positive integers.")
+            raise UserError(f"FEATURE_LENGTHS[{name!r}]={value!r}: lengths are positive integers.")
     return lengths
 
 
 def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
     if batch_size % grad_accum_steps:
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
+        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
     micro = batch_size // grad_accum_steps
     if micro % batch_shards:
-        raise ValueError(
+        raise UserError(
             f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
             f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
             f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
     if batch_size % jax.process_count():
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
+        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
 
 
-def resolve_model_config(config: models.FamilyConfig, tensor: int,
-                         restored: models.FamilyConfig | None) -> models.FamilyConfig:
+def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: models.FamilyConfig | None, *,
+                         adopt_architecture: bool = False) -> models.FamilyConfig:
     """Pad the vocabulary to a multiple of 128 x tensor (the config's own multiple when it is one),
-    unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis);
-    a restored checkpoint must hold the same architecture."""
+    unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis).
+    A restored checkpoint must hold the same architecture; `adopt_architecture` (RESTORE_FROM: a new run
+    from a checkpoint's parameters) takes the checkpoint's instead, keeping the run's own choices
+    (dtype, dropout, attention, remat, scan)."""
     if config.vocab_pad_multiple % (128 * tensor):
         config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
     if restored is None:
@@ -180,9 +185,15 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int,
     saved, wanted = restored.architecture(), config.architecture()
     differ = {f: (saved.get(f), wanted.get(f)) for f in sorted(set(saved) | set(wanted))
               if saved.get(f) != wanted.get(f)}
-    if differ:
-        raise ValueError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
-                         "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
+    if differ and adopt_architecture:
+        logging.info("RESTORE_FROM: the model takes the checkpoint's architecture (%s)",
+                     ", ".join(f"{f} {new} instead of {old}" for f, (new, old) in differ.items()))
+        config = dataclasses.replace(restored, **{f: getattr(config, f) for f in restored.RUN_FIELDS
+                                                  if hasattr(config, f)})
+    elif differ:
+        line = "{" + ", ".join(f"'{f}': {new!r}" for f, (new, _) in differ.items() if f in saved) + "}"
+        raise UserError(f"MODEL_DIR's checkpoint holds a different model (checkpoint vs config: {differ}); to "
+                        f"continue it add --gin.model_config.overrides=\"{line}\", or use a new MODEL_DIR.")
     if restored.padded_vocab_size % tensor == 0:
         config = dataclasses.replace(config, vocab_pad_multiple=restored.vocab_pad_multiple)
     return config
@@ -195,8 +206,8 @@ def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, 
     if stages == 1 and microbatches == 1 and repeats == 1:
         return None
     if stages == 1:
-        raise ValueError(f"NUM_MICROBATCHES={microbatches} / PIPELINE_REPEATS={repeats} need "
-                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
+        raise UserError(f"NUM_MICROBATCHES={microbatches} / PIPELINE_REPEATS={repeats} need "
+                        "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
     schedule = pipeline.Schedule(stages, microbatches, repeats)
     schedule.check(config.pipeline_layers(), rows, batch_shards)
     logging.info("%s", schedule.describe())

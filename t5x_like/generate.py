@@ -45,7 +45,7 @@ class Sampling:
 
     def __post_init__(self):
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
+            raise UserError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
 
 
 def sample(logits: jax.Array, rng: jax.Array, settings: Sampling) -> jax.Array:
@@ -152,7 +152,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
             lines = [json.loads(line)["prompt"] for line in lines]
         prompts.extend(lines)
     if not prompts:
-        raise ValueError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
+        raise UserError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
     return prompts
 
 
@@ -185,7 +185,6 @@ def sampling_settings(args: argparse.Namespace) -> Sampling:
     return settings
 
 
-@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prompts = read_prompts(args)
@@ -210,4 +209,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)()

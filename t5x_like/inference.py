@@ -12,6 +12,7 @@ import numpy as np
 import models
 from partitioning import Partitioner, make_mesh
 from t5x_like import checkpoints
+from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
 
 
@@ -19,8 +20,8 @@ def read_config(checkpoint: str):
     """(model config, recorded tokenizer path or None) of a checkpoint (MODEL_DIR or step dir)."""
     info = checkpoints.read_model_info(checkpoint)
     if not info.get("config"):
-        raise ValueError(f"checkpoint {checkpoint} records no model config; it was not written by "
-                         "t5x_like.train or t5x_like.convert. Re-save it with a current version.")
+        raise UserError(f"checkpoint {checkpoint} records no model config; it was not written by "
+                        "t5x_like.train or t5x_like.convert. Re-save it with a current version.")
     return models.config_from_dict(info["config"]), info.get("tokenizer")
 
 
@@ -29,12 +30,12 @@ def open_tokenizer(path: str | None, config, checkpoint: str = ""):
     from t5x_like.data import load_tokenizer
 
     if not path:
-        raise ValueError(f"checkpoint {checkpoint} records no tokenizer; pass --tokenizer=PATH.")
+        raise UserError(f"checkpoint {checkpoint} records no tokenizer; pass --tokenizer=PATH.")
     tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
-                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
-                         "was trained with (--tokenizer).")
+        raise UserError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
+                        f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
+                        "was trained with (--tokenizer).")
     return tokenizer
 
 

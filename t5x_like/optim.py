@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax
 import optax
 
+from t5x_like.errors import UserError
+
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
 OPTIMIZERS = ("adamw", "adafactor")
 
@@ -24,14 +26,14 @@ def learning_rate_schedule(*, peak: float, warmup_steps: int, total_steps: int, 
     `total_steps` (or stay constant). 'rsqrt' is T5X's `constant * rsqrt_decay`: `peak` for the first
     `warmup_steps` steps, then peak * sqrt(warmup_steps / step) (no ramp; T5 uses peak 0.01, 10k steps)."""
     if decay not in SCHEDULES:
-        raise ValueError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
+        raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
     if decay == "rsqrt":
         if warmup_steps < 1:
-            raise ValueError("the 'rsqrt' schedule holds the peak for WARMUP_STEPS steps; set WARMUP_STEPS >= 1 "
-                             "(T5 uses 10000).")
+            raise UserError("the 'rsqrt' schedule holds the peak for WARMUP_STEPS steps; set WARMUP_STEPS >= 1 "
+                            "(T5 uses 10000).")
         return lambda step: peak * jax.lax.rsqrt(jax.numpy.maximum(step, warmup_steps) / warmup_steps)
     if warmup_steps >= total_steps and decay != "constant":
-        raise ValueError(
+        raise UserError(
             f"WARMUP_STEPS={warmup_steps} must be smaller than TRAIN_STEPS={total_steps} for "
             f"{decay!r} decay; lower the warmup or use decay='constant'."
         )
@@ -66,7 +68,7 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
     clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay."""
     if name not in OPTIMIZERS:
-        raise ValueError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
+        raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
     schedule = learning_rate_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
                                       decay=decay, min_ratio=min_learning_rate_ratio)
     if name == "adamw":

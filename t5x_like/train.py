@@ -2,10 +2,12 @@
 
 Parses absl flags and gin, then runs `train()`: assemble the run (experiment.build_experiment), open
 the data, loop over steps, log, evaluate and checkpoint. The machinery lives in experiment / trainer /
-checkpoints / metrics; this file only wires it together.
+checkpoints / metrics; this file only wires it together. `--print_config` prints every effective
+setting (defaults included) and the model, then exits.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -21,8 +23,10 @@ from absl import app, flags, logging
 import configs
 import models
 from partitioning import make_mesh
-from t5x_like import checkpoints, data, distributed, metrics, optim, trainer
+from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, trainer
+from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.lm import make_lm
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -34,6 +38,8 @@ flags.DEFINE_multi_string("gin_search_paths", [], "Extra directories to resolve 
 flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
 flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+flags.DEFINE_bool("print_config", False, "Print every effective setting (defaults included) and the model "
+                  "(shape, parameter count), checked as training would, then exit without touching MODEL_DIR.")
 
 gin.external_configurable(make_mesh, module="partitioning")
 gin.external_configurable(optim.make_optimizer, module="optim")
@@ -42,13 +48,31 @@ make_source = gin.external_configurable(data.make_source, module="data")
 
 
 @gin.configurable
-def model_config(preset: str = gin.REQUIRED, *, dtype: str = "bfloat16", attention: str = "auto",
-                 remat_policy: str = "none", scan_layers: bool = True, overrides: dict | None = None):
-    """A model config: the named preset (configs/), then the run's choices and overrides."""
+def model_config(preset: str = gin.REQUIRED, *, vocab_from_tokenizer: bool = False, dtype: str = "bfloat16",
+                 attention: str = "auto", remat_policy: str = "none", scan_layers: bool = True,
+                 overrides: dict | None = None):
+    """A model config: the named preset (configs/), then the run's choices and overrides.
+
+    `vocab_from_tokenizer`: the vocabulary is the run's tokenizer's (data.make_source's TOKENIZER, or the
+    one its DATA_PATH files were made with, or the builtin corpus's), so any corpus trains the model.
+    `overrides` set config fields; on the command line they merge key by key into the files' overrides.
+    """
     values = dict(configs.get_model_config(preset).to_dict())
+    if vocab_from_tokenizer:
+        values["vocab_size"] = run_vocab_size()
     values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers)
     values.update(overrides or {})
-    return models.config_from_dict(values)
+    try:
+        return models.config_from_dict(values)
+    except ValueError as e:
+        raise UserError(f"model_config (preset {preset!r}, overrides {overrides}): {e}") from None
+
+
+def run_vocab_size() -> int:
+    """The vocabulary size of the tokenizer data.make_source's bindings select."""
+    bound = gin.get_bindings("data.make_source")
+    return data.tokenizer_vocab_size(data_path=bound.get("data_path"), tokenizer=bound.get("tokenizer"),
+                                     tfds_name=bound.get("tfds_name"))
 
 
 @dataclasses.dataclass
@@ -72,7 +96,8 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
     ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
     resume_step = ckpt.latest_step()
     restored_from = model_dir if resume_step is not None else restore_from
-    exp = experiment(restored=restored_config(restored_from) if restored_from else None)
+    exp = experiment(restored=restored_config(restored_from) if restored_from else None,
+                     adopt_architecture=resume_step is None)
     source = open_source(data_source, "train", exp)
     eval_source = open_source(data_source, "validation", exp) if eval_every else None
     state = exp.init_state()
@@ -135,10 +160,11 @@ def open_source(data_source: Callable, split: str, exp: Experiment):
     source = data_source(split, batch_size=exp.batch_size // jax.process_count(), feature_lengths=exp.lengths,
                          seed=exp.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
     if source.vocab_size > exp.config.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
-            f"{exp.config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
-            "(model_config.overrides={'vocab_size': ...}) or the model's own tokenizer.")
+            f"{exp.config.vocab_size}; give the model the tokenizer's vocabulary (--gin.model_config."
+            f"vocab_from_tokenizer=True, or --gin.model_config.overrides=\"{{'vocab_size': {source.vocab_size}}}\") "
+            "or use the model's own tokenizer.")
     return source
 
 
@@ -213,11 +239,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
-    """Load gin files (bare names resolve in gin/), then apply bindings, rejecting unknown macros."""
+    """Load gin files (bare names resolve in gin/), then apply bindings (model_config.overrides merge
+    into the files' dict), rejecting unknown macros and unquoted strings."""
     for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
         gin.add_config_file_search_path(path)
     if not files:
-        raise app.UsageError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
+        raise UserError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
     gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     for binding in bindings:
         name = binding.split("=", 1)[0].strip()
@@ -225,17 +252,59 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
             try:
                 gin.query_parameter(f"%{name}")
             except ValueError:
-                raise app.UsageError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
-                                     "(gin/base.gin lists the macros).") from None
-    gin.parse_config(bindings)
+                raise UserError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
+                                "(`--help` and gin/base.gin list the macros).") from None
+    gin_cli.apply_bindings(bindings)
     try:
         gin.finalize()
     except ValueError as e:
         required = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", str(e))
         if not required:
             raise
-        raise app.UsageError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
-                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
+        raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
+                        f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
+
+
+def describe_run() -> str:
+    """Every effective setting (gin text, defaults included) and the model, checked by assembling the
+    experiment as train() does (nothing is initialised or compiled); reads MODEL_DIR's checkpoint, if
+    any, and writes nothing. A mesh this machine's devices cannot hold (a pod's configuration on a
+    workstation) is reported, not checked."""
+    bound = copy.deepcopy(gin.get_bindings("train", resolve_references=False))  # evaluates the macros
+    model_dir, restore_from = bound["model_dir"], bound.get("restore_from")
+    resuming = has_checkpoint(model_dir)
+    restored_from = model_dir if resuming else restore_from
+    restored = restored_config(restored_from) if restored_from else None
+    mesh_sizes = gin.get_bindings("partitioning.make_mesh")
+    try:
+        mesh = make_mesh(**mesh_sizes)
+    except UserError as e:
+        mesh, mesh_note = None, str(e)
+    if mesh is not None:
+        exp = build_experiment(mesh=mesh, restored=restored, adopt_architecture=not resuming)
+        config, num_params = exp.config, exp.num_params
+        mesh_line = f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}"
+    else:
+        model = copy.deepcopy(gin.get_bindings("build_experiment", resolve_references=False)["model"])
+        config = experiment.resolve_model_config(model, max(mesh_sizes.get("tensor", 1), 1), restored,
+                                                 adopt_architecture=not resuming)
+        num_params = make_lm(config).num_params()
+        mesh_line = (f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "
+                     "`python -m t5x_like.compile --topology=...` checks it for the target")
+    lines = [f"# Model: {config.summary()}", f"#   {num_params:,} parameters", mesh_line]
+    if restored_from:
+        lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
+    lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
+    lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    return gin_cli.operative_config_str("train") + "\n" + "\n".join(lines) + "\n"
+
+
+def has_checkpoint(model_dir: str) -> bool:
+    try:
+        checkpoints.locate(model_dir)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def quiet_library_logs() -> None:
@@ -251,15 +320,40 @@ def quiet_library_logs() -> None:
     logging.get_absl_handler().addFilter(keep)
 
 
+@exit_on_user_error
+@gin_cli.plain_user_errors
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+    if FLAGS.print_config:
+        print(describe_run(), end="")
+        return
+    write_operative_config()
     result = train()
     if result.stopped_by_signal:
         sys.exit(128 + result.stopped_by_signal)
 
 
+def write_operative_config() -> None:
+    """MODEL_DIR/operative_config.gin: every setting of the run, defaults included (config.gin holds
+    the files and bindings as given)."""
+    if not distributed.is_primary():
+        return
+    model_dir = copy.deepcopy(gin.get_bindings("train", resolve_references=False)["model_dir"])
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+        f.write(gin_cli.operative_config_str("train"))
+
+
+def usage_with_macros(doc: str) -> str:
+    """The module doc for --help, followed by base.gin's macros ('%' escaped for absl's usage())."""
+    base = os.path.join(GIN_DIR if os.path.isdir(GIN_DIR) else INSTALLED_GIN_DIR, "base.gin")
+    macros = gin_cli.macros_help(base).replace("%", "%%")
+    return f"{doc}\nMacros (--gin.NAME=VALUE; strings need inner quotes: --gin.RULES=\"'fsdp'\"):\n{macros}\n"
+
+
 if __name__ == "__main__":
+    __doc__ = usage_with_macros(__doc__)  # noqa: A001 (absl prints the main module's doc for --help)
     app.run(main, flags_parser=parse_flags)

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import models
 from t5x_like.convert import hf, neox
+from t5x_like.errors import exit_on_user_error
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -69,4 +70,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)()

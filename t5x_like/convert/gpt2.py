@@ -16,6 +16,7 @@ import numpy as np
 
 from models.gpt2 import GPT2Config
 from t5x_like.convert.mapping import Entry, Stack, Transform
+from t5x_like.errors import UserError
 
 HF_MODEL_TYPE = "gpt2"
 HF_BLOCK_PREFIX = "transformer.h.{}."
@@ -112,7 +113,7 @@ def config_from_hf(hf: dict, source: str, **choices) -> GPT2Config:
     }
     for name, (value, allowed) in unsupported.items():
         if value not in allowed:
-            raise ValueError(f"{source}: {name}={value!r} is not supported by our GPT-2 (supported: {allowed}).")
+            raise UserError(f"{source}: {name}={value!r} is not supported by our GPT-2 (supported: {allowed}).")
     return GPT2Config(
         vocab_size=hf["vocab_size"], max_len=hf["n_positions"], num_layers=hf["n_layer"],
         num_heads=hf["n_head"], embed_dim=hf["n_embd"], mlp_dim=hf.get("n_inner") or 4 * hf["n_embd"],

@@ -19,6 +19,7 @@ import numpy as np
 from t5x_like import checkpoints
 from t5x_like import inference
 from t5x_like.convert import gpt2, mapping, neox, t5
+from t5x_like.errors import UserError
 
 FAMILIES = {"gpt2": gpt2, "neox": neox, "t5": t5}
 """Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
@@ -31,7 +32,7 @@ OPENAI_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vo
 
 def converter_for(family: str):
     if family not in FAMILIES:
-        raise ValueError(f"no converter for model family {family!r}; converters exist for {sorted(FAMILIES)}.")
+        raise UserError(f"no converter for model family {family!r}; converters exist for {sorted(FAMILIES)}.")
     return FAMILIES[family]
 
 
@@ -93,8 +94,8 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     """
     config_file = os.path.join(src, "config.json")
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"{config_file} does not exist; from-hf expects a Hugging Face model directory "
-                                "(config.json + model.safetensors or pytorch_model.bin).")
+        raise UserError(f"{config_file} does not exist; from-hf expects a Hugging Face model directory "
+                        "(config.json + model.safetensors or pytorch_model.bin).")
     with open(config_file) as f:
         hf_config = json.load(f)
     family = family_for_hf(hf_config.get("model_type"), config_file)
@@ -113,8 +114,8 @@ def family_for_hf(model_type: str | None, source: str):
         if family.HF_MODEL_TYPE == model_type:
             return family
     known = sorted(f.HF_MODEL_TYPE for f in FAMILIES.values())
-    raise ValueError(f"{source}: model_type {model_type!r} has no converter; supported Hugging Face model types: "
-                     f"{known}.")
+    raise UserError(f"{source}: model_type {model_type!r} has no converter; supported Hugging Face model types: "
+                    f"{known}.")
 
 
 def read_hf_weights(src: str) -> dict[str, np.ndarray]:
@@ -132,11 +133,16 @@ def read_hf_weights(src: str) -> dict[str, np.ndarray]:
         state = torch.load(os.path.join(src, "pytorch_model.bin"), map_location="cpu", weights_only=True)
         return {name: tensor.float().numpy() for name, tensor in state.items()}
     else:
-        raise FileNotFoundError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
+        raise UserError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
     tensors = {}
     for file in files:
         tensors.update((name, t.float().numpy()) for name, t in load_file(os.path.join(src, file)).items())
     return tensors
+
+
+MAX_UNUSED_VOCAB_ROWS = 1024
+"""Embedding rows past a model's tokenizer: models pad their vocabulary (GPT-NeoX-20B 50277 -> 50432, T5
+32100 -> 32128), but by fewer rows than this."""
 
 
 def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
@@ -147,7 +153,14 @@ def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     os.makedirs(dst, exist_ok=True)
     for name in present:
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    inference.open_tokenizer(dst, config)
+    tokenizer = inference.open_tokenizer(dst, config)
+    unused = config.vocab_size - tokenizer.vocab_size
+    if unused > MAX_UNUSED_VOCAB_ROWS:
+        shutil.rmtree(dst)
+        raise UserError(
+            f"{src}: the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {config.vocab_size}, "
+            f"so {unused} embedding rows would never be used: these are not the model's tokenizer files. Put the "
+            "model's own tokenizer files in the directory, or remove them (and pass --tokenizer to eval and generate).")
     return os.path.abspath(dst)
 
 
@@ -171,8 +184,8 @@ def write_hf_tokenizer(tokenizer, dst: str, special: dict) -> None:
         return
     source = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not source.endswith(".json"):
-        raise ValueError(f"tokenizer {path}: only GPT-2 BPE files, a sentencepiece model and tokenizer.json can "
-                         "be written for Hugging Face; convert it to tokenizer.json first.")
+        raise UserError(f"tokenizer {path}: only GPT-2 BPE files, a sentencepiece model and tokenizer.json can "
+                        "be written for Hugging Face; convert it to tokenizer.json first.")
     shutil.copyfile(source, os.path.join(dst, "tokenizer.json"))
     write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **special})
 

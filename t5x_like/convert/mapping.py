@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from t5x_like.errors import UserError
+
 
 class Transform(NamedTuple):
     """to_hf(our arrays, config) -> one HF array; from_hf(HF array, config) -> our arrays."""
@@ -93,7 +95,7 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], config, top: Sequence[Entry]
     """Our flat parameters from HF tensors (popped as they are used)."""
     def take(name: str) -> np.ndarray:
         if name not in tensors:
-            raise ValueError(f"{source}: tensor {name!r} is missing; is this a complete {config.family} checkpoint?")
+            raise UserError(f"{source}: tensor {name!r} is missing; is this a complete {config.family} checkpoint?")
         return tensors.pop(name)
 
     flat = {}

@@ -26,13 +26,15 @@ from typing import BinaryIO
 
 import zstandard
 
+from t5x_like.errors import UserError
+
 FORMATS = ["auto", "text", "jsonl", "json_array", "wikiextractor", "wikitext"]
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 _WIKIEXTRACTOR_NAME = re.compile(r"^wiki_\d+$")
 _CHUNK = 1 << 20
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """Corpus input that cannot be read as configured; the message names the file and the fix."""
 
 
@@ -43,7 +45,9 @@ def expand_inputs(specs: Sequence[str]) -> list[str]:
         matches = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
         found = [f for m in matches for f in _files_under(m)]
         if not found:
-            raise InputError(f"--input={spec}: no such file, directory or matching glob")
+            problem = "the directory holds no files (hidden ones are skipped)" if os.path.isdir(spec) \
+                else "no such file, directory or matching glob"
+            raise InputError(f"--input={spec}: {problem}")
         paths += found
     return paths
 

@@ -29,6 +29,7 @@ import numpy as np
 from absl import flags
 
 from t5x_like.data.token_file import TokenFile
+from t5x_like.errors import UserError
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
                                DECODER_TARGET_TOKENS)
 
@@ -96,14 +97,15 @@ def split_documents(data_split: str, num_documents: int, split: str, name: str) 
     except ValueError:
         ratios = np.array([])
     if len(ratios) != 3 or (ratios < 0).any() or ratios.sum() <= 0:
-        raise ValueError(f"DATA_SPLIT={data_split!r}: expected three non-negative ratios train,validation,test "
-                         "like '949,50,1'")
+        raise UserError(f"DATA_SPLIT={data_split!r}: expected three non-negative ratios train,validation,test "
+                        "like '949,50,1'")
     bounds = np.round(np.concatenate([[0], np.cumsum(ratios) / ratios.sum()]) * num_documents).astype(int)
     index = SPLITS.index(split)
     first, last = int(bounds[index]), int(bounds[index + 1])
     if first == last:
-        raise ValueError(f"{name}: DATA_SPLIT={data_split!r} leaves the {split} split none of its "
-                         f"{num_documents} documents; give it a larger ratio")
+        hint = " (or train without validation: EVAL_EVERY=0)" if split == "validation" else ""
+        raise UserError(f"{name}: DATA_SPLIT={data_split!r} leaves the {split} split none of its "
+                        f"{num_documents} documents; give it a larger ratio{hint}")
     return first, last
 
 
@@ -200,8 +202,8 @@ def token_file_rows(file: TokenFile, split: str, *, data_split: str, seq_len: in
     else:
         source = Windows(file.tokens, int(file.offsets[first]), int(file.offsets[last]), seq_len)
     if len(source) == 0:
-        raise ValueError(f"{name}: {file.offsets[last] - file.offsets[first]} tokens, fewer than one row of "
-                         f"SEQ_LEN+1 = {seq_len + 1}; lower SEQ_LEN or give the split more documents")
+        raise UserError(f"{name}: {file.offsets[last] - file.offsets[first]} tokens, fewer than one row of "
+                        f"SEQ_LEN+1 = {seq_len + 1}; lower SEQ_LEN or give the split more documents")
     return endless_rows(source, name, split, seed)
 
 
@@ -215,9 +217,9 @@ def endless_rows(source, name: str, split: str, seed: int) -> grain.MapDataset:
 
 def blend(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None) -> grain.MapDataset:
     if weights is not None and len(weights) != len(datasets):
-        raise ValueError(f"blend_weights={list(weights)}: {len(weights)} weights for {len(datasets)} data paths")
+        raise UserError(f"blend_weights={list(weights)}: {len(weights)} weights for {len(datasets)} data paths")
     if weights is not None and (min(weights) < 0 or sum(weights) <= 0):
-        raise ValueError(f"blend_weights={list(weights)}: weights must be non-negative with a positive sum")
+        raise UserError(f"blend_weights={list(weights)}: weights must be non-negative with a positive sum")
     return datasets[0] if len(datasets) == 1 else grain.MapDataset.mix(list(datasets), weights)
 
 

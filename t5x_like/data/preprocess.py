@@ -25,6 +25,7 @@ from absl import app, flags
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+from t5x_like.errors import UserError, exit_on_user_error
 
 FLAGS = flags.FLAGS
 CHUNK_CHARS = 1 << 20  # characters of text per task sent to a worker
@@ -76,7 +77,7 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                decode_errors: str = "strict", progress: bool = False) -> dict:
     """Tokenizes `inputs` into the token file `output_prefix`; returns its metadata plus timing."""
     if workers < 1:
-        raise ValueError(f"--workers={workers}: must be at least 1")
+        raise UserError(f"--workers={workers}: must be at least 1")
     paths = formats.expand_inputs(inputs)
     tokenizer = load_tokenizer(tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
@@ -127,4 +128,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(exit_on_user_error(main))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from t5x_like.data import builtin, loader
+from t5x_like.errors import UserError
 from t5x_like.data.loader import BatchSource, GrainBatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
@@ -46,11 +47,11 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     t5x_like/data/objectives.py with the same data_path / tokenizer / split / blend / packing settings.
     """
     if objective not in OBJECTIVES:
-        raise ValueError(f"OBJECTIVE={objective!r} is unknown; choose one of {OBJECTIVES}.")
+        raise UserError(f"OBJECTIVE={objective!r} is unknown; choose one of {OBJECTIVES}.")
     if objective != "causal_lm":
         if tfds_name is not None:
-            raise ValueError(f"OBJECTIVE={objective!r} reads token files or pair files; tfds_name works with "
-                             "'causal_lm' only (preprocess the TFDS text into a token file instead).")
+            raise UserError(f"OBJECTIVE={objective!r} reads token files or pair files; tfds_name works with "
+                            "'causal_lm' only (preprocess the TFDS text into a token file instead).")
         from t5x_like.data import objectives
 
         common = dict(batch_size=batch_size, feature_lengths=feature_lengths, seed=seed, shard_index=shard_index,
@@ -60,14 +61,14 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
             return objectives.make_span_corruption_source(
                 split, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length, **common)
         if data_path is None:
-            raise ValueError("OBJECTIVE='seq2seq' needs DATA_PATH: a .jsonl / .tsv file of input/target pairs, "
-                             "token files P.inputs + P.targets, or a dict of them per split.")
+            raise UserError("OBJECTIVE='seq2seq' needs DATA_PATH: a .jsonl / .tsv file of input/target pairs, "
+                            "token files P.inputs + P.targets, or a dict of them per split.")
         return objectives.make_seq2seq_source(split, **common)
     seq_len = decoder_only_length(feature_lengths)
     if split not in loader.SPLITS:
-        raise ValueError(f"split={split!r}: expected one of {loader.SPLITS}")
+        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
     if batch_size < 1 or seq_len < 1:
-        raise ValueError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
+        raise UserError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
     if tfds_name is not None:
         from t5x_like.data import tfds_source  # tensorflow_datasets is heavy: import only when used
         return tfds_source.make_tfds_source(
@@ -85,6 +86,19 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
                                   shard_index=shard_index, shard_count=shard_count, packing=packing,
                                   worker_count=worker_count)
     return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path)
+
+
+def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,
+                         tfds_name: str | None = None) -> int:
+    """The vocabulary size of `make_source`'s batches for these arguments, without reading any batch."""
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer).vocab_size
+    if tfds_name is not None:
+        raise UserError(f"tfds_name={tfds_name!r} needs a tokenizer: set TOKENIZER (make_source.tokenizer)")
+    if data_path is None:
+        return builtin.BUILTIN_VOCAB_SIZE
+    prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
+    return _vocabulary_from_metadata([open_token_file(p) for p in prefixes])[0]
 
 
 def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:

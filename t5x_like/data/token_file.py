@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from t5x_like.errors import UserError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")
@@ -34,7 +36,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 
 
-class TokenFileError(ValueError):
+class TokenFileError(UserError):
     """A token file that is missing, truncated or inconsistent; the message names the file and the fix."""
 
 

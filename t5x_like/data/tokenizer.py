@@ -22,6 +22,8 @@ import sentencepiece
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
+from t5x_like.errors import UserError
+
 EOD_TOKENS = ("<|endoftext|>", "</s>")
 OPENAI_BPE_FILE_PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
 
@@ -89,8 +91,8 @@ class SentencePieceTokenizer(Tokenizer):
         self.vocab_size = self._processor.get_piece_size()
         self.eod_id = self._processor.eos_id()
         if self.eod_id < 0:
-            raise ValueError(f"{model_file}: sentencepiece model has no end-of-sentence piece; "
-                             "train it with eos_id >= 0 (train_tokenizer does)")
+            raise UserError(f"{model_file}: sentencepiece model has no end-of-sentence piece; "
+                            "train it with eos_id >= 0 (train_tokenizer does)")
         self.sha256 = hashlib.sha256(self._processor.serialized_model_proto()).hexdigest()
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -109,8 +111,8 @@ def _find_eod(path: str, token_to_id) -> int:
         token_id = token_to_id(token)
         if token_id is not None:
             return token_id
-    raise ValueError(f"{path}: tokenizer has no end-of-document token (one of {EOD_TOKENS}); "
-                     "add one as a special token")
+    raise UserError(f"{path}: tokenizer has no end-of-document token (one of {EOD_TOKENS}); "
+                    "add one as a special token")
 
 
 def openai_bpe(vocab_file: str, merges_file: str) -> tokenizers.Tokenizer:
@@ -139,7 +141,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         return HuggingFaceTokenizer(tokenizers.Tokenizer.from_file(path), path)
     elif p.is_file() and p.suffix == ".model":
         return SentencePieceTokenizer(path, path)
-    raise ValueError(
+    raise UserError(
         f"--tokenizer={path}: not a tokenizer. Expected a directory with a tokenizer.json (Hugging Face), "
         "vocab.json+merges.txt or encoder.json+vocab.bpe (GPT-2 BPE) or one *.model (sentencepiece), "
         "or the path of such a .json/.model file")

@@ -10,6 +10,7 @@ Inputs and formats are those of `t5x_like.data.preprocess`. The EOD token is `<|
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from t5x_like.data import formats
 from t5x_like.data.tokenizer import EOD_TOKENS
+from t5x_like.errors import UserError, exit_on_user_error
 
 FLAGS = flags.FLAGS
 SENTENCEPIECE_MAX_LINES = 10_000_000  # sentencepiece holds its training lines in memory
@@ -41,13 +43,20 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> N
     """A sentencepiece unigram model with T5's special ids (<pad>=0, </s>=1, <unk>=2) written to `output`,
     trained on the texts' non-empty lines (a sample of SENTENCEPIECE_MAX_LINES of them when there are more)."""
     if not output.endswith(".model"):
-        raise ValueError(f"--output={output}: a sentencepiece model path must end in .model")
+        raise UserError(f"--output={output}: a sentencepiece model path must end in .model")
     lines = (line for text in texts for line in text.splitlines() if line.strip())
     with tempfile.TemporaryDirectory(dir=Path(output).parent) as tmp:
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=lines, model_prefix=os.path.join(tmp, "model"), vocab_size=vocab_size,
-            model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True,
-            input_sentence_size=SENTENCEPIECE_MAX_LINES, shuffle_input_sentence=True, minloglevel=1)
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=lines, model_prefix=os.path.join(tmp, "model"), vocab_size=vocab_size,
+                model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True,
+                input_sentence_size=SENTENCEPIECE_MAX_LINES, shuffle_input_sentence=True, minloglevel=1)
+        except RuntimeError as e:
+            largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(e))
+            if not largest:
+                raise
+            raise UserError(f"--vocab_size={vocab_size}: this corpus yields at most {largest[1]} sentencepiece ids; "
+                            f"pass --vocab_size={largest[1]} or less, or train on more text.") from None
         os.replace(os.path.join(tmp, "model.model"), output)
 
 
@@ -66,6 +75,9 @@ def main(argv: list[str]) -> None:
         train_sentencepiece(texts, FLAGS.vocab_size, FLAGS.output)
         size = FLAGS.vocab_size
     print(f"wrote {FLAGS.output}: {FLAGS.type}, {size} ids")
+    if size < FLAGS.vocab_size:
+        print(f"note: fewer ids than --vocab_size={FLAGS.vocab_size}: the corpus has no more merges to learn. "
+              f"A model for it needs vocab_size >= {size} (model_config.vocab_from_tokenizer=True takes it).")
 
 
 def define_flags() -> None:
@@ -80,4 +92,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(exit_on_user_error(main))

@@ -95,6 +95,12 @@ def test_tpu_errors_say_what_to_do(args, message):
   assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
+def test_tpu_help_shows_a_mounted_model_dir_not_a_gs_url():
+  result = _run('tpu_pod.sh', '--help')
+  assert result.returncode == 0 and "MODEL_DIR=\"'/mnt/shared/runs/gpt2'\"" in result.stdout
+  assert "MODEL_DIR=\"'gs://" not in result.stdout
+
+
 # --- SLURM GPU cluster --------------------------------------------------------------------------
 
 @pytest.mark.parametrize('flags, tasks_per_node', [([], '1'), (['--per_gpu'], '8')])
@@ -105,7 +111,7 @@ def test_slurm_launch_submits_the_cluster_shape(flags, tasks_per_node):
   assert _option(sbatch, '--nodes') == '4' and _option(sbatch, '--gpus-per-node') == '8'
   assert _option(sbatch, '--ntasks-per-node') == tasks_per_node
   assert _option(sbatch, '--partition') == 'h100'
-  at = sbatch.index('scripts/slurm_gpu.sbatch')
+  at = sbatch.index(str(SCRIPTS / 'slurm_gpu.sbatch'))  # absolute: the printed command runs from anywhere
   assert sbatch[at + 1:] == TRAIN_ARGS
 
 

@@ -86,10 +86,14 @@ def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path
     quickstart("FSDP_PARALLEL=2")
     fsdp2, _ = compile_tool.compile_step(jax.devices(), None)
     output = tmp_path / "report.json"
-    subprocess.run([sys.executable, "-m", "t5x_like.compile", "--gin_file=quickstart.gin", "--topology=cpu:8",
-                    f"--gin.BATCH_SIZE={BATCH}", f"--gin.SEQ_LEN={SEQ_LEN}", "--gin.FSDP_PARALLEL=8",
-                    f"--output={output}"], cwd=ROOT, check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "t5x_like.compile", "--gin_file=quickstart.gin", "--topology=cpu:8",
+                           f"--gin.BATCH_SIZE={BATCH}", f"--gin.SEQ_LEN={SEQ_LEN}", "--gin.FSDP_PARALLEL=8",
+                           f"--output={output}"], cwd=ROOT, check=True, capture_output=True, text=True)
     fsdp8 = json.loads(output.read_text())
+    gib = lambda key: f"{fsdp8[key] / (1 << 30):.2f} GiB"  # noqa: E731
+    assert f"  train state      {gib('state_bytes_per_device')}\n" in done.stdout
+    assert f"  total            {gib('total_bytes_per_device')} of unknown\n" in done.stdout
+    assert "5,322,240 parameters" in done.stdout and '"num_params"' not in done.stdout  # a summary, not JSON
     assert fsdp8["mesh"] == {"data": 1, "stage": 1, "fsdp": 8, "tensor": 1} and fsdp8["topology"] == "cpu:8"
     assert fsdp8["num_params"] == fsdp2["num_params"] == 5_322_240
     for key in ("state_bytes_per_device", "argument_bytes_per_device"):
@@ -112,3 +116,10 @@ def test_tpu_topology_compiles_without_tpus(quickstart):
     assert report["device_kind"] == "TPU v5 lite" and report["device_memory_bytes"] == 16 << 30
     assert report["fits"] and report["state_bytes_per_device"] < report["argument_bytes_per_device"]
     assert report["step_seconds_at_peak"] == pytest.approx(report["analytic_flops_per_step"] / (4 * 197e12))
+
+
+def test_help_lists_the_gin_flags():
+    done = subprocess.run([sys.executable, "-m", "t5x_like.compile", "--help"], cwd=ROOT, capture_output=True,
+                          text=True)
+    for flag in ("--gin_file", "--gin_bindings", "--topology", "--output"):
+        assert flag in done.stdout, flag

@@ -12,6 +12,7 @@ import pytest
 from partitioning import Partitioner, make_mesh
 from t5x_like import eval as evaluation
 from t5x_like import inference
+from t5x_like.errors import UserError
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -211,3 +212,59 @@ def test_bad_arguments_are_refused(converted, tmp_path):
     with pytest.raises(ValueError, match="--seq_len=64 exceeds the model's max_len 40"):
         evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
                          f"--tokenizer={GPT2_BPE}", "--seq_len=64"])
+
+
+def test_token_file_limits_and_the_runs_validation_split_equal_torch(converted, tmp_path):
+    from t5x_like.data.token_file import TokenFileWriter
+
+    checkpoint, model, _ = converted
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpoint, run_dir)
+    (run_dir / "config.gin").write_text("DATA_SPLIT = '50,50,0'\n")  # as train writes it
+    ids = np.random.default_rng(2).integers(0, 50257, 150)
+    with TokenFileWriter(tmp_path / "corpus", np.int32, {"tokenizer": "test"}) as writer:
+        writer.write(ids, np.array([60, 40, 30, 20]))
+    args = ["--task=tokens", f"--checkpoint={run_dir}", f"--data={tmp_path / 'corpus'}", f"--seq_len={SEQ_LEN}"]
+
+    one_window = evaluation.main([*args, "--max_examples=1"])
+    assert (one_window["num_scored_tokens"], one_window["num_tokens"]) == (SEQ_LEN, 150)
+    assert one_window["loss"] == pytest.approx(reference_stream_nll(model, ids[:SEQ_LEN + 1].tolist(), SEQ_LEN,
+                                                                    SEQ_LEN) / SEQ_LEN, rel=1e-5)
+    two_windows = evaluation.main([*args, "--max_batches=1", "--batch_size=2", "--data_parallel=2",
+                                   "--tensor_parallel=4"])
+    assert two_windows["num_scored_tokens"] == 2 * SEQ_LEN
+    # DATA_SPLIT '50,50,0' over 4 documents: validation is documents 2 and 3, ids[100:150].
+    validation = evaluation.main([*args, "--split=validation"])
+    held_out = ids[100:].tolist()
+    assert (validation["num_tokens"], validation["data_split"]) == (50, "50,50,0")
+    assert validation["loss"] == pytest.approx(reference_stream_nll(model, held_out, SEQ_LEN, SEQ_LEN) / 49, rel=1e-5)
+    assert "validation split under DATA_SPLIT='50,50,0'" in evaluation.summary(validation)
+    (run_dir / "operative_config.gin").write_text("BATCH_SIZE = 8\nDATA_SPLIT = '80,20,0'\n")  # preferred
+    assert evaluation.run_data_split(str(run_dir)) == "80,20,0"
+
+
+@pytest.mark.parametrize("task, name, content, match", [
+    ("wikitext", "lambada.jsonl", '{"text": "a b c"}\n', "holds JSON lines, not WikiText"),
+    ("lambada", "wiki.txt", " = Heading = \n text .\n", "reads JSON lines with a 'text' field"),
+    ("tokens", "wiki.txt", " = Heading = \n", "is a text file; --task=tokens takes a token-file prefix"),
+    ("tokens", "corpus.bin", "", "pass the token file's prefix, without .bin"),
+])
+def test_data_of_the_wrong_shape_is_refused(tmp_path, task, name, content, match):
+    (tmp_path / name).write_text(content)
+    args = evaluation.parse_args([f"--task={task}", "--checkpoint=unused", f"--data={tmp_path / name}"])
+    with pytest.raises(UserError, match=match):
+        evaluation.check_arguments(args)
+
+
+def test_a_token_file_prefix_given_to_wikitext_says_use_tokens(tmp_path):
+    (tmp_path / "corpus.bin").write_bytes(b"")
+    args = evaluation.parse_args(["--task=wikitext", "--checkpoint=unused", f"--data={tmp_path / 'corpus'}"])
+    with pytest.raises(UserError, match="it is a token file: use --task=tokens"):
+        evaluation.check_arguments(args)
+
+
+def test_row_limit_takes_the_smaller_limit():
+    assert evaluation.row_limit(None, None, 8) is None
+    assert evaluation.row_limit(3, None, 8) == 24 and evaluation.row_limit(3, 10, 8) == 10
+    with pytest.raises(UserError, match="limits must be positive"):
+        evaluation.row_limit(0, None, 8)

@@ -180,3 +180,11 @@ def test_worker_processes_give_the_same_batches_and_resume(numbered_file):
         assert_same_batches(take(resumed, 3), expected[3:])
     finally:
         resumed.close()
+
+
+def test_a_data_split_without_validation_names_eval_every():
+    from t5x_like.errors import UserError
+
+    with pytest.raises(UserError, match=r"corpus: DATA_SPLIT=.100,0,0. leaves the validation split none of its 10 documents; "
+                                        r"give it a larger ratio \(or train without validation: EVAL_EVERY=0\)"):
+        split_documents("100,0,0", 10, "validation", "corpus")

@@ -1,0 +1,195 @@
+"""Gin on the command line: the macros' documentation, quoting hints, merged overrides and the
+operative configuration (every parameter a run uses, defaults included).
+
+gin's own `operative_config_str()` lists only what has run and `config_str()` only what the files
+bind; `operative_config_str` here walks the configurables a root configurable (`train`) reaches
+through its bindings and defaults, so it can be printed before anything runs. gin has no public
+API for the registry and the macro table, so this reads `gin.config._REGISTRY` and `_CONFIG`.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import re
+from typing import Any, Callable, Iterator
+
+import gin
+from gin import config as gin_config
+
+from t5x_like.errors import UserError
+
+MACRO_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.*?)\s*(?:#\s?(.*))?$")
+GIN_CALL_CONTEXT = re.compile(r"\n  In call to configurable '[^']*' \(<[^>]*>\)")
+MERGED_BINDINGS = ("model_config.overrides",)
+"""Dict-valued parameters whose command-line bindings merge key by key into the files' value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Macro:
+    name: str
+    default: str
+    doc: str
+
+
+def read_macros(path: str) -> list[Macro]:
+    """The macros a gin file defines, with their defaults and end-of-line comments (an indented
+    comment line below a macro continues its comment)."""
+    macros: list[Macro] = []
+    with open(path) as f:
+        for line in f:
+            match = MACRO_LINE.match(line.rstrip("\n"))
+            if match:
+                macros.append(Macro(match[1], match[2], match[3] or ""))
+            elif macros and line.lstrip().startswith("#") and line.startswith(" "):
+                last = macros[-1]
+                macros[-1] = dataclasses.replace(last, doc=f"{last.doc} {line.strip().lstrip('#').strip()}")
+    return macros
+
+
+def macros_help(path: str) -> str:
+    """The macros of `path` as an aligned table for --help."""
+    macros = read_macros(path)
+    width = max(len(m.name) for m in macros)
+    default_width = max(len(m.default) for m in macros if m.default != "%gin.REQUIRED")
+    defaults = [("required" if m.default == "%gin.REQUIRED" else m.default) for m in macros]
+    lines = [f"  {m.name:<{width}}  {d:<{default_width}}  {m.doc}".rstrip() for m, d in zip(macros, defaults)]
+    return "\n".join(lines)
+
+
+def check_binding(binding: str) -> None:
+    """Raise UserError when a NAME=VALUE binding's value is a bare word or path that gin cannot
+    parse (a string without inner quotes), saying how to quote it."""
+    name, sep, value = binding.partition("=")
+    value = value.strip()
+    if not sep or not value or value[0] in "@%" or "@" in value or "%" in value:
+        return
+    try:
+        ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        name = name.strip()
+        raise UserError(
+            f"--gin.{name}={value}: {value!r} is not a gin value; a string needs quotes inside the shell's "
+            f"quotes: --gin.{name}=\"'{value}'\" (in a gin file: {name} = '{value}').") from None
+
+
+def apply_bindings(bindings: list[str]) -> None:
+    """Apply command-line bindings in order; a dict for one of MERGED_BINDINGS updates the current dict
+    (from the files or earlier bindings) key by key instead of replacing it (None clears it)."""
+    for binding in bindings:
+        check_binding(binding)
+        name = binding.partition("=")[0].strip()
+        previous = _bound_value(name) if name in MERGED_BINDINGS else None
+        try:
+            gin.parse_config(binding)
+        except (ValueError, SyntaxError) as e:  # an unknown configurable or parameter, a malformed value
+            raise UserError(f"--gin.{binding.strip()}: {str(e).splitlines()[0]}") from None
+        current = _bound_value(name) if previous else None
+        if isinstance(previous, dict) and isinstance(current, dict):
+            gin.bind_parameter(name, {**previous, **current})
+
+
+def _bound_value(name: str) -> Any:
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return None
+
+
+def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a CLI main: a UserError raised inside a gin-configured call loses the "In call to
+    configurable ..." lines gin appends, so the user reads only the message."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise UserError(GIN_CALL_CONTEXT.sub("", str(e))) from None
+
+    return wrapped
+
+
+# ---------------------------------------------------------------- operative configuration
+
+
+def operative_config_str(root: str) -> str:
+    """Gin text for every macro and every parameter of each configurable `root` reaches (through
+    bound references, configurable defaults and default instances of configurable classes), bound
+    or default; parameters the caller supplies at call time (no default, not bound) are left out."""
+    lines = ["# Macros"]
+    lines += [f"{name} = {_format(value)}" for name, value in sorted(macro_values().items())]
+    for configurable in _reachable(root):
+        short = _short_name(configurable)
+        lines += ["", f"# {short}"]
+        for name, value in _parameters(configurable):
+            lines.append(f"{short}.{name} = {_format(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def macro_values() -> dict[str, Any]:
+    """Every bound macro and its value."""
+    return {scope: gin.query_parameter(f"%{scope}") for scope, selector in gin_config._CONFIG
+            if selector == "gin.macro"}
+
+
+def _reachable(root: str) -> Iterator[gin_config.Configurable]:
+    seen: set[str] = set()
+    queue = [gin_config._REGISTRY.get_match(root)]
+    while queue:
+        configurable = queue.pop(0)
+        if configurable is None or configurable.selector in seen:
+            continue
+        seen.add(configurable.selector)
+        yield configurable
+        for _, value in _parameters(configurable, with_denylisted=True):
+            queue.append(_configurable_of(value))
+
+
+def _parameters(configurable, with_denylisted: bool = False) -> list[tuple[str, Any]]:
+    """(name, bound value or default) for each parameter, in signature order."""
+    fn = configurable.wrapped
+    signature = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
+    bound = gin.get_bindings(configurable.selector, resolve_references=False)
+    denied = set(configurable.denylist or ())
+    out = []
+    for name, p in signature.parameters.items():
+        if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name in denied and not with_denylisted:
+            continue
+        if name in bound:
+            out.append((name, bound[name]))
+        elif p.default is not p.empty:
+            out.append((name, p.default))
+    return out
+
+
+def _configurable_of(value: Any) -> gin_config.Configurable | None:
+    """The configurable a value refers to: a @reference, a configurable function, or an instance of a
+    configurable class; None otherwise (and for macros)."""
+    if isinstance(value, gin_config.ConfigurableReference):
+        return None if value.configurable.name == "macro" else value.configurable
+    target = value if callable(value) and not dataclasses.is_dataclass(value) else type(value)
+    for _, configurable in gin_config._REGISTRY.items():
+        if target is configurable.wrapper or target is configurable.wrapped:
+            return configurable
+    return None
+
+
+def _short_name(configurable) -> str:
+    """The name gin files use: `name` alone when unambiguous, else `module.name`."""
+    return gin_config._REGISTRY.minimal_selector(configurable.selector)
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, gin_config.ConfigurableReference):
+        return repr(value)
+    if value is gin.REQUIRED:
+        return "%gin.REQUIRED"
+    configurable = _configurable_of(value)
+    if configurable is not None:
+        call = "" if callable(value) and not dataclasses.is_dataclass(value) else "()"
+        return f"@{_short_name(configurable)}{call}"
+    return repr(value)

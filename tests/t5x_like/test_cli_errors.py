@@ -1,0 +1,25 @@
+"""Every CLI reports a user mistake as one `error: ...` line with exit status 1, no traceback."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("t5x_like.data.preprocess", ["--input={tmp}", "--output_prefix={tmp}/out", "--tokenizer={tmp}"],
+     "error: --input={tmp}: the directory holds no files (hidden ones are skipped)"),
+    ("t5x_like.convert", ["from-hf", "{tmp}", "{tmp}/ours"], "error: {tmp}/config.json does not exist"),
+    ("t5x_like.eval", ["--task=tokens", "--checkpoint={tmp}", "--data={tmp}/corpus.bin"],
+     "error: --data={tmp}/corpus.bin: pass the token file's prefix, without .bin."),
+    ("t5x_like.compile", ["--gin_file=quickstart.gin", "--topology=cpu:2", "--gin.RULES=fsdp"],
+     "error: --gin.RULES=fsdp: 'fsdp' is not a gin value"),
+])
+def test_a_user_mistake_is_one_line(tmp_path, module, args, message):
+    done = subprocess.run([sys.executable, "-m", module, *[a.format(tmp=tmp_path) for a in args]], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(message.format(tmp=tmp_path))

@@ -1,0 +1,176 @@
+"""The train CLI's configuration side: --print_config, the operative config, --help's macros,
+merged overrides, the vocabulary from the tokenizer, RESTORE_FROM's architecture, gin quoting."""
+import dataclasses
+import os
+import subprocess
+import sys
+
+import gin
+import numpy as np
+import pytest
+
+from models.gpt2 import GPT2Config
+from t5x_like import experiment, gin_cli, train
+from t5x_like.data.token_file import TokenFileWriter, token_dtype
+from t5x_like.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "t5x_like.train", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_print_config_shows_defaults_and_the_model_and_leaves_model_dir_untouched(tmp_path):
+    model_dir = tmp_path / "run"
+    done = cli("--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
+               "--gin.model_config.overrides={'dropout_rate': 0.05}", "--print_config")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for line in ("BATCH_SIZE = 8", "make_optimizer.weight_decay = 0.1", "make_optimizer.b1 = 0.9",
+                 "make_optimizer.b2 = 0.95", "make_optimizer.clip_grad_norm = 1.0", "build_experiment.z_loss = 0.0",
+                 "LossScaleConfig.window = 1000", "make_source.data_split = %DATA_SPLIT",
+                 "# Model: gpt2: 4 layers, width 256, 4 heads x 64, mlp 1024, vocab 8192",
+                 "#     dropout_rate = 0.05", "#     attention_dropout_rate = 0.0"):
+        assert line in out, line
+    # 4 blocks of 12·256² + 13·256 weights, 8192 + 256 embedding rows, the final norm.
+    assert f"#   {4 * (12 * 256 * 256 + 13 * 256) + (8192 + 256) * 256 + 2 * 256:,} parameters" in out
+    assert not model_dir.exists()
+
+
+def test_help_lists_the_macros_with_defaults_and_comments():
+    done = cli("--help", timeout=120)
+    assert "--[no]print_config" in done.stdout
+    assert "DATA_SPLIT" in done.stdout and "'949,50,1'" in done.stdout
+    assert "train,validation,test proportions by document" in done.stdout
+    assert "MODEL_DIR          required" in done.stdout
+
+
+def test_an_unquoted_string_is_one_line_naming_the_quoting(tmp_path):
+    done = cli("--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{tmp_path}'", "--gin.RULES=fsdp", "--print_config")
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --gin.RULES=fsdp") and "--gin.RULES=\"'fsdp'\"" in last
+    assert "Traceback" not in done.stderr and "USAGE" not in done.stderr
+
+
+@pytest.mark.parametrize("binding, hint", [
+    ("MODEL_DIR=/x/y", "--gin.MODEL_DIR=\"'/x/y'\""),
+    ("RULES = fsdp", "--gin.RULES=\"'fsdp'\""),
+    ("model_config.remat_policy=full", "--gin.model_config.remat_policy=\"'full'\""),
+])
+def test_unquoted_strings_say_how_to_quote(clean_gin, binding, hint):
+    with pytest.raises(UserError, match=hint.replace('"', '.').replace("'", ".")):
+        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", binding], [])
+
+
+def test_quoted_values_references_and_numbers_parse(clean_gin):
+    train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "RULES='fsdp'", "LEARNING_RATE=1e-3",
+                                         "DATA_SPLIT=\"98,2,0\"", "build_experiment.loss_scale=@trainer.LossScaleConfig()"], [])
+    assert gin.query_parameter("%RULES") == "fsdp" and gin.query_parameter("%LEARNING_RATE") == 1e-3
+
+
+def test_an_unknown_parameter_is_a_user_error(clean_gin):
+    with pytest.raises(UserError, match="--gin.train.lr=0.1: Configurable 'train' doesn't have a parameter named 'lr'"):
+        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "train.lr=0.1"], [])
+
+
+def test_unknown_macro_is_a_user_error(clean_gin):
+    with pytest.raises(UserError, match="no gin file defines the macro BACTH_SIZE"):
+        train.parse_gin(["quickstart.gin"], ["BACTH_SIZE = 4", "MODEL_DIR = '/tmp/x'"], [])
+
+
+def test_command_line_overrides_merge_with_the_files(clean_gin):
+    train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "model_config.overrides={'dropout_rate': 0.05}",
+                                         "model_config.overrides={'mlp_dim': 512}"], [])
+    assert gin.query_parameter("model_config.overrides") == {
+        "dropout_rate": 0.05, "attention_dropout_rate": 0.0, "mlp_dim": 512}
+    config = train.model_config()
+    assert (config.dropout_rate, config.attention_dropout_rate, config.mlp_dim) == (0.05, 0.0, 512)
+    with gin.unlock_config():
+        gin_cli.apply_bindings(["model_config.overrides=None"])  # None clears them
+    assert gin.query_parameter("model_config.overrides") is None
+
+
+def test_the_tiny_model_takes_the_corpus_tokenizers_vocabulary(clean_gin, tmp_path):
+    prefix = str(tmp_path / "neox")
+    made_with = {"path": "20B_tokenizer.json", "sha256": "0" * 64, "vocab_size": 50277, "eod_id": 0}
+    with TokenFileWriter(prefix, token_dtype(50277), {"tokenizer": made_with}) as writer:
+        writer.write(np.tile(np.arange(50000, 50277), 40), np.full(40, 277))
+    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_PATH='{prefix}'"], [])
+    assert train.model_config().vocab_size == 50277
+    assert "vocab 50277 (padded to 50304)" in train.describe_run()
+
+
+def test_operative_config_is_written_to_model_dir(clean_gin, tmp_path):
+    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
+    train.write_operative_config()
+    text = (tmp_path / "operative_config.gin").read_text()
+    assert "make_optimizer.weight_decay = 0.01" in text and "make_optimizer.b2 = 0.95" in text
+    gin.clear_config()
+    gin.parse_config(text)  # it is gin: a run can be repeated from it
+    assert gin.query_parameter("make_optimizer.weight_decay") == 0.01
+
+
+SMALL = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64, dtype="float32")
+
+
+def test_restore_from_takes_the_checkpoints_architecture():
+    run = dataclasses.replace(SMALL, num_layers=4, embed_dim=64, dropout_rate=0.0, dtype="bfloat16")
+    config = experiment.resolve_model_config(run, 1, SMALL, adopt_architecture=True)
+    assert (config.num_layers, config.embed_dim) == (2, 32)
+    assert (config.dropout_rate, config.dtype) == (0.0, "bfloat16")  # the run's own choices stay
+
+
+def test_resuming_a_different_model_names_the_gin_line_to_add():
+    run = dataclasses.replace(SMALL, num_layers=4)
+    with pytest.raises(UserError, match=r"--gin.model_config.overrides=\"\{'num_layers': 2\}\""):
+        experiment.resolve_model_config(run, 1, SMALL)
+
+
+def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tmp_path):
+    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
+    with pytest.raises(UserError) as raised:
+        gin_cli.plain_user_errors(train.train)()
+    assert str(raised.value) == (
+        "model_config (preset 'gpt2_tiny', overrides {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0, "
+        "'num_heads': 5}): embed_dim 256 is not divisible by num_heads 5; choose a head count that divides the width.")
+
+
+def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_model(clean_gin, tmp_path):
+    train.parse_gin(["quickstart.gin"],
+                    [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
+    text = train.describe_run()
+    assert "#   mesh not checked on this machine's 8 devices (cannot fill mesh axis 'data'" in text
+    assert "vocab 8192 (padded to 8192)" in text and "5,322,240 parameters" in text
+    assert "make_mesh.fsdp = %FSDP_PARALLEL" in text and "FSDP_PARALLEL = 16" in text
+
+
+def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path, random_hf_gpt2):
+    import jax
+
+    from t5x_like import checkpoints
+    from t5x_like.convert import hf
+
+    random_hf_gpt2(0.1).save_pretrained(tmp_path / "hf")  # 2 layers, width 36, 50257 ids, 40 positions
+    hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "imported"))
+    train.parse_gin(["quickstart.gin"], [
+        f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=0",
+        "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
+    assert "#     num_layers = 2" in train.describe_run()
+    assert train.train().step == 0
+    saved = checkpoints.read_model_info(str(tmp_path / "finetune"))["config"]
+    assert (saved["num_layers"], saved["embed_dim"], saved["vocab_size"], saved["max_len"]) == (2, 36, 50257, 40)
+    assert (saved["dropout_rate"], saved["dtype"]) == (0.0, "float32")  # quickstart's own choices
+    got = jax.device_get(checkpoints.restore_params(str(tmp_path / "finetune"), None))
+    want = jax.device_get(checkpoints.restore_params(str(tmp_path / "imported"), None))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
