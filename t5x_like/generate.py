@@ -201,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(lines)
+        joint = " => " if generator.lm.KIND == "encoder_decoder" else ""  # a target, or a continuation
         for r in records:
-            print(f"{r['prompt']}{r['completion']}\n{'-' * 40}")
+            print(f"{r['prompt']}{joint}{r['completion']}\n{'-' * 40}")
     else:
         sys.stdout.write(lines)
     return records

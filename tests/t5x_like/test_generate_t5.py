@@ -2,7 +2,6 @@
 converted with `t5x_like.convert` and restored on a data 2 x fsdp 2 x tensor 2 mesh; batched
 prompts of different lengths (the encoder inputs) decode to transformers' generate token for token,
 greedy and with 4 beams (length penalties 1.0 and 0.6), rows stopping at EOS."""
-import numpy as np
 import pytest
 
 from partitioning import Partitioner, make_mesh
