@@ -1,4 +1,4 @@
-"""t5x_like.generate: greedy decoding equals transformers' generate token for token (batched prompts of
+"""t5x_like.generate: greedy decoding and 4-beam search equal transformers' generate token for token (batched prompts of
 different lengths, on a data x tensor mesh), sampling is reproducible by seed, rows stop at EOD, and the
 CLI writes the documented JSONL."""
 import json
@@ -132,3 +132,21 @@ def test_bad_requests_are_refused(loaded, tmp_path):
         generate.Sampling(temperature=-1.0)
     with pytest.raises(ValueError, match="no prompts"):
         generate.main([f"--checkpoint={tmp_path}"])
+
+
+def test_beam_search_equals_transformers(converted, loaded):
+    """4 beams over left-padded prompts of different lengths: transformers' beam search per prompt."""
+    import torch
+
+    _, model = converted
+    config, params, partitioner = loaded
+    eos = generator(loaded, generate.Sampling(temperature=0.0)).generate(PROMPTS)[0][2]  # some beams end early
+    ours = generate.Generator(config, params, partitioner, eod_id=eos, max_new_tokens=NEW, batch_size=4,
+                              settings=generate.Sampling(temperature=0.0), num_beams=4,
+                              length_penalty=0.6).generate(PROMPTS)
+    for prompt, got in zip(PROMPTS, ours):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, num_beams=4, early_stopping=False, length_penalty=0.6,
+                                 max_new_tokens=NEW, eos_token_id=eos, pad_token_id=eos)
+        assert got == generate.cut_at(out[0, len(prompt):].numpy(), eos)
