@@ -1,6 +1,6 @@
-"""t5x_like.generate: greedy decoding and 4-beam search equal transformers' generate token for token (batched prompts of
-different lengths, on a data x tensor mesh), sampling is reproducible by seed, rows stop at EOD, and the
-CLI writes the documented JSONL."""
+"""t5x_like.generate: greedy decoding and 4-beam search equal transformers' generate token for token
+(batched prompts of different lengths, on a data x tensor mesh), sampling is reproducible by seed, rows
+stop at EOD, and the CLI writes the documented JSONL."""
 import json
 import shutil
 from pathlib import Path
