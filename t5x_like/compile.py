@@ -106,8 +106,7 @@ def step_config_from(settings: dict[str, Any], config) -> trainer.StepConfig:
     """The StepConfig train() builds from the same settings."""
     shared = {f.name for f in dataclasses.fields(trainer.StepConfig)} & set(settings) - {"loss_scale"}
     return trainer.StepConfig(**{name: settings[name] for name in shared},
-                              loss_scale=settings["loss_scale"] if config.dtype == "float16" else None,
-                              skip_nonfinite=settings["on_nonfinite"] == "skip")
+                              loss_scale=settings["loss_scale"] if config.dtype == "float16" else None)
 
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")

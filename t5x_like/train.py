@@ -6,12 +6,15 @@ partitioning; this file only wires it together.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import math
 import os
 import re
 import signal
 import sys
+import time
 from typing import Callable
 
 import flax.linen as nn
@@ -24,7 +27,8 @@ from absl import app, flags, logging
 import configs
 import models
 from partitioning import Partitioner, make_mesh, pipeline
-from t5x_like import checkpoints, data, distributed, metrics, optim, trainer
+from t5x_like import checkpoints, data, distributed, metrics, optim, run_lock, trainer
+from t5x_like.errors import UserError, exit_on_user_error
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -65,101 +69,190 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
           batch_size: int = gin.REQUIRED, seq_len: int = gin.REQUIRED, seed: int = 0,
           grad_accum_steps: int = 1, z_loss: float = 0.0,
           loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
-          on_nonfinite: str = "stop", checkpoint_every: int = 1000, keep_checkpoints: int = 3,
-          eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
+          on_nonfinite: str = "stop", on_corrupt_checkpoint: str = "fallback", checkpoint_every: int = 1000,
+          keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
           log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "chunked",
           offload_optimizer_state: bool = False, pipeline_repeats: int = 1,
           data_source: Callable = make_source) -> TrainResult:
-    """Train `model` for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint."""
+    """Train `model` for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint.
+
+    `on_nonfinite`: a step with a non-finite loss or gradients is never applied; 'stop' stops the run
+    (nothing of that step is saved), 'skip' goes on. `on_corrupt_checkpoint`: a damaged checkpoint is
+    skipped for the previous one ('fallback', logged loudly) or stops the run ('stop')."""
+    check_integers(train_steps=train_steps, batch_size=batch_size, seq_len=seq_len, grad_accum_steps=grad_accum_steps,
+                   checkpoint_every=checkpoint_every, eval_every=eval_every, eval_steps=eval_steps, log_every=log_every)
     if on_nonfinite not in ("stop", "skip"):
-        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
+        raise UserError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
+    if on_corrupt_checkpoint not in checkpoints.ON_CORRUPT:
+        raise UserError(f"train.on_corrupt_checkpoint={on_corrupt_checkpoint!r}: choose one of "
+                        f"{checkpoints.ON_CORRUPT}.")
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
     primary = distributed.is_primary()
-    if primary:
-        os.makedirs(model_dir, exist_ok=True)
-        with open(os.path.join(model_dir, "config.gin"), "w") as f:
-            f.write(gin.config_str())
-    ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
-    resume_step = ckpt.latest_step()
-    stored = checkpoints.read_model_info(model_dir if resume_step is not None else restore_from) \
-        if (resume_step is not None or restore_from) else None
-    config = resolve_model_config(model, mesh.shape["tensor"], stored)
-    source = open_source(data_source, "train", batch_size, seq_len, seed, config)
-    eval_source = open_source(data_source, "validation", batch_size, seq_len, seed, config) if eval_every else None
+    with contextlib.ExitStack() as run:
+        if primary:
+            run.enter_context(run_lock.RunLock(model_dir))
+        ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
+        run.callback(ckpt.close)
+        latest = ckpt.latest_step()
+        if latest is not None and latest >= train_steps:
+            return finished_run(ckpt, latest, train_steps, model_dir)
+        stored = ckpt.model_info() if latest is not None else (
+            checkpoints.read_model_info(restore_from) if restore_from else None)
+        config = resolve_model_config(model, mesh.shape["tensor"], stored)
+        source = open_source(data_source, "train", batch_size, seq_len, seed, config)
+        eval_source = open_source(data_source, "validation", batch_size, seq_len, seed, config) if eval_every else None
 
-    step_config = trainer.StepConfig(
-        grad_accum_steps=grad_accum_steps, z_loss=z_loss,
-        loss_scale=loss_scale if config.dtype == "float16" else None,
-        skip_nonfinite=on_nonfinite == "skip", cross_entropy=cross_entropy,
-        offload_optimizer_state=offload_optimizer_state)
-    module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
-                       pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
-    with partitioner.activate():
+        step_config = trainer.StepConfig(
+            grad_accum_steps=grad_accum_steps, z_loss=z_loss,
+            loss_scale=loss_scale if config.dtype == "float16" else None, cross_entropy=cross_entropy,
+            offload_optimizer_state=offload_optimizer_state)
+        module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
+                           pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
+        run.enter_context(partitioner.activate())
         state, shardings, num_params = create_state(
             module, optimizer, partitioner, seed, seq_len, step_config, config)
-        if resume_step is not None:
-            state, data_state = restore_state(ckpt, resume_step, state, shardings)
+        resumed = restore_newest(ckpt, state, shardings, on_corrupt_checkpoint) if latest is not None else None
+        if resumed is not None:
+            state, data_state = resumed
             source.set_state(data_state)
-            logging.info("resumed from %s at step %d", ckpt.directory, resume_step)
+            logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
+            warn_schedule_change(stored, optimizer, train_steps, int(state.step))
         elif restore_from:
             state = state.replace(params=checkpoints.restore_params(
                 restore_from, checkpoints.with_shardings(state.params, shardings.params)))
             logging.info("initialised parameters from %s (params only)", restore_from)
+        step = int(state.step)
+        if primary:
+            write_config(model_dir, step)
         batch_sharding = partitioner.batch_sharding()
         step_fn = jit_train_step(module, optimizer, step_config, shardings, partitioner)
         eval_fn = jax.jit(trainer.make_eval_step(module, cross_entropy), in_shardings=(shardings.params, batch_sharding),
                           out_shardings=partitioner.replicated)
-        model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path}
-        writer = metrics.MetricsWriter(model_dir, enabled=primary)
+        model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path,
+                      "train_steps": train_steps}
+        writer = metrics.MetricsWriter(model_dir, enabled=primary, start_step=step)
+        run.callback(writer.close)
         throughput = metrics.Throughput(
             tokens_per_step=batch_size * seq_len,
             flops_per_step=metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len)
             * batch_size * seq_len,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         stop = StopSignal()
-        step = int(state.step)
+        run.callback(stop.restore)
+        check = NonfiniteCheck(state.params, on_nonfinite)
+        run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
+        start, first_step = time.perf_counter(), step
         pending = None
-        try:
-            while step < train_steps and not stop.signum:
-                batch = global_batch(next(source), batch_sharding)
-                state, step_metrics = step_fn(state, batch)
-                step += 1
-                if pending:
-                    report(*pending, writer, throughput, train_steps, log_every, on_nonfinite)
-                pending = (step, step_metrics)
-                throughput.step_done()
-                if step % checkpoint_every == 0:
-                    save(ckpt, step, state, source, model_info)
-                if eval_every and step % eval_every == 0:
-                    evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+        while step < train_steps and not stop.signum:
+            batch = global_batch(next(source), batch_sharding)
+            if step == first_step:
+                step_fn = compile_step(step_fn, state, batch)
+                throughput.reset()
+            state, step_metrics = step_fn(state, batch)
+            step += 1
             if pending:
-                report(*pending, writer, throughput, train_steps, 1, on_nonfinite)
-            if stop.signum:
-                logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
-            if ckpt.latest_step() != step:
-                save(ckpt, step, state, source, model_info)
-            if eval_every and step % eval_every and step >= train_steps:
+                report(*pending, writer, throughput, train_steps, log_every, check)
+            pending = (step, step_metrics)
+            throughput.step_done()
+            saving, evaluating = step % checkpoint_every == 0, eval_every and step % eval_every == 0
+            if saving or evaluating:  # only a step that passed the check is saved or evaluated
+                report(*pending, writer, throughput, train_steps, log_every, check)
+                pending = None
+            if saving:
+                save(ckpt, step, state, source, model_info, optimizer)
+            if evaluating:
                 evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
-        finally:
-            ckpt.wait()
-            ckpt.close()
-            writer.close()
-            stop.restore()
+        if pending:
+            report(*pending, writer, throughput, train_steps, 1, check)
+        if stop.signum:
+            logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
+        if ckpt.latest_step() != step:
+            save(ckpt, step, state, source, model_info, optimizer)
+        if eval_every and step % eval_every and step >= train_steps:
+            evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+        ckpt.wait()
+        if primary:
+            logging.info("%s", summary(model_dir, step - first_step, step, train_steps, batch_size * seq_len,
+                                       time.perf_counter() - start))
     return TrainResult(step, stop.signum)
+
+
+def check_integers(**values) -> None:
+    """A macro given as something other than an integer (e.g. BATCH_SIZE='eight') named, with the fix."""
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            macro = MACROS.get(name, f"train.{name}")
+            raise UserError(f"{macro}={value!r}: expected an integer, e.g. --gin.{macro}=8 (no quotes).")
+
+
+MACROS = {"train_steps": "TRAIN_STEPS", "batch_size": "BATCH_SIZE", "seq_len": "SEQ_LEN",
+          "grad_accum_steps": "GRAD_ACCUM_STEPS", "checkpoint_every": "CHECKPOINT_EVERY",
+          "eval_every": "EVAL_EVERY", "eval_steps": "EVAL_STEPS"}
+
+
+def finished_run(ckpt: checkpoints.Checkpointer, latest: int, train_steps: int, model_dir: str) -> TrainResult:
+    """A restart of a run that has reached TRAIN_STEPS: say so, and apply keep_checkpoints."""
+    ckpt.enforce_retention()
+    logging.info("the run in %s is complete: its latest checkpoint is step %d and TRAIN_STEPS=%d; nothing to "
+                 "do (raise TRAIN_STEPS to train further)", model_dir, latest, train_steps)
+    return TrainResult(latest)
+
+
+def write_config(model_dir: str, step: int) -> None:
+    """MODEL_DIR/config.gin: the validated run's config; config.<step>.gin keeps each start's."""
+    text = gin.config_str()
+    for name in ("config.gin", f"config.{step}.gin"):
+        path = os.path.join(model_dir, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+
+
+def compile_step(step_fn, state, batch):
+    """The train step compiled ahead of the first step, saying so and how long it took."""
+    logging.info("compiling the train step ...")
+    started = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    logging.info("compiled the train step in %.1fs", time.perf_counter() - started)
+    return compiled
+
+
+def warn_schedule_change(stored: dict | None, optimizer: optim.Optimizer, train_steps: int, step: int) -> None:
+    """Changing TRAIN_STEPS on resume reshapes the learning-rate schedule: show the jump."""
+    saved = (stored or {}).get("train_steps")
+    if saved is None or saved == train_steps:
+        return
+    before, after = (stored or {}).get("next_learning_rate"), float(optimizer.schedule(step))
+    jump = f"from {before:.3e} to {after:.3e}" if before is not None else f"to {after:.3e}"
+    logging.warning("TRAIN_STEPS=%d but the checkpoint's run had TRAIN_STEPS=%d: the learning-rate schedule "
+                    "changes, and at step %d the learning rate jumps %s", train_steps, saved, step, jump)
+
+
+def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float) -> str:
+    """The end-of-run lines: steps, tokens, wall time, validation losses, where the outputs are."""
+    evals = [(row["step"], row["eval_loss"]) for row in metrics.read_rows(model_dir) if "eval_loss" in row]
+    lines = [f"done: step {step}/{train_steps}; this run trained {steps} steps, {steps * tokens_per_step:,} tokens "
+             f"in {datetime.timedelta(seconds=round(seconds))}"]
+    if evals:
+        best = min(evals, key=lambda e: e[1])
+        lines.append(f"validation loss: final {evals[-1][1]:.4f} (step {evals[-1][0]}), best {best[1]:.4f} "
+                     f"(step {best[0]})")
+    lines.append(f"outputs in {model_dir}: checkpoints/, metrics.jsonl, tensorboard/, config.gin")
+    return "\n".join(lines)
 
 
 def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
     if batch_size % grad_accum_steps:
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
+        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
     micro = batch_size // grad_accum_steps
     if micro % batch_shards:
-        raise ValueError(
+        raise UserError(
             f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
             f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
             f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
     if batch_size % jax.process_count():
-        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
+        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
 
 
 def resolve_model_config(config, tensor: int, stored: dict | None):
@@ -172,7 +265,7 @@ def resolve_model_config(config, tensor: int, stored: dict | None):
     differ = {f: (getattr(saved, f), getattr(config, f)) for f in shape_fields
               if getattr(saved, f) != getattr(config, f)}
     if differ:
-        raise ValueError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
+        raise UserError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
                          "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
     if saved.padded_vocab_size % tensor == 0:
         config = dataclasses.replace(config, vocab_pad_multiple=saved.vocab_pad_multiple)
@@ -183,12 +276,12 @@ def open_source(data_source: Callable, split: str, batch_size: int, seq_len: int
     source = data_source(split, batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
                          shard_index=jax.process_index(), shard_count=jax.process_count())
     if source.vocab_size > config.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
             f"{config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
             "(model_config.overrides={'vocab_size': ...}) or the model's own tokenizer.")
     if seq_len > config.max_len:
-        raise ValueError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
+        raise UserError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
     return source
 
 
@@ -198,7 +291,7 @@ def pipelined(module, config, stages: int, microbatches: int, repeats: int, rows
     if stages == 1 and microbatches == 1 and repeats == 1:
         return module
     if stages == 1:
-        raise ValueError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
+        raise UserError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
                          "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
     schedule = pipeline.Schedule(stages, microbatches, repeats)
     schedule.check(config.num_layers, rows, batch_shards)
@@ -256,22 +349,57 @@ def restore_state(ckpt, step, state, shardings):
     return state.replace(params=params, **rest), data_state
 
 
+def restore_newest(ckpt, state, shardings, on_corrupt: str):
+    """(state, data position) from the newest checkpoint that verifies, or None when there is none."""
+    target = checkpoints.with_shardings(train_state_item(state), train_state_item(shardings))
+    restored = ckpt.restore_newest(params=checkpoints.with_shardings(state.params, shardings.params),
+                                   train_state=target, on_corrupt=on_corrupt)
+    if restored is None:
+        return None
+    _, params, rest, data_state = restored
+    return state.replace(params=params, **rest), data_state
+
+
 def global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
     """This host's rows -> global arrays laid out over the data-parallel devices."""
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
 
-def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinite) -> None:
+class NonfiniteCheck:
+    """What a step with a non-finite loss or gradients leads to (the step itself never applied it):
+    a warning ('skip') or a FloatingPointError naming the step, what was not finite and likely causes."""
+
+    def __init__(self, params, on_nonfinite: str):
+        self.leaf_names = [jax.tree_util.keystr(path, simple=True, separator="/")
+                           for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        self.on_nonfinite = on_nonfinite
+
+    def __call__(self, step: int, values: dict, grad_finite: np.ndarray) -> None:
+        if not values["skipped"]:
+            return
+        bad = [name for name, finite in zip(self.leaf_names, grad_finite) if not finite]
+        what = (f"loss is {values['loss']}" if not math.isfinite(values["loss"]) else
+                f"loss is {values['loss']:.4f} but the gradients are not finite")
+        where = (f"; non-finite gradients in {len(bad)} of {len(self.leaf_names)} parameters: "
+                 f"{', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}") if bad else ""
+        if self.on_nonfinite == "skip" or "loss_scale" in values:
+            logging.warning("step %d: %s%s; update skipped%s", step, what, where,
+                            f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
+            return
+        raise FloatingPointError(
+            f"step {step}: {what}{where}. The update was not applied and no checkpoint of this or a later step "
+            "was written: the run resumes from the last checkpoint. Likely causes: a learning rate too high for "
+            "this model or batch (lower LEARNING_RATE, lengthen WARMUP_STEPS, keep gradient clipping on); "
+            "float16 overflow (use bfloat16 or float32); bad input (token ids beyond the vocabulary, "
+            "NaN loss weights). Or set train.on_nonfinite='skip' to skip such steps.")
+
+
+def report(step, step_metrics, writer, throughput, total, log_every, check: NonfiniteCheck) -> None:
     """Check one step's metrics on the host; every `log_every` steps, write and print them."""
-    values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-    if not math.isfinite(values["loss"]):
-        if on_nonfinite == "stop":
-            raise FloatingPointError(
-                f"step {step}: loss is {values['loss']}; stopping. Lower LEARNING_RATE, use bfloat16/float32, "
-                "or set train.on_nonfinite='skip' to skip such steps.")
-    if values["skipped"]:
-        logging.warning("step %d: non-finite gradients, update skipped%s", step,
-                        f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
+    host = jax.device_get(step_metrics)
+    grad_finite = host.pop("grad_finite")
+    values = {k: float(v) for k, v in host.items()}
+    check(step, values, grad_finite)
     if step % log_every and step != total:
         return
     row = {k: v for k, v in values.items() if k != "tokens"}
@@ -280,9 +408,11 @@ def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinit
     logging.info(metrics.console_line(step, total, row, row["step_time"]))
 
 
-def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, source, model_info: dict) -> None:
+def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, source, model_info: dict,
+         optimizer: optim.Optimizer) -> None:
+    info = {**model_info, "next_learning_rate": float(optimizer.schedule(step))}
     ckpt.save(step, params=state.params, train_state=train_state_item(state), data_state=source.get_state(),
-              model=model_info)
+              model=info)
 
 
 def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> None:
@@ -357,6 +487,7 @@ def quiet_library_logs() -> None:
     logging.get_absl_handler().addFilter(keep)
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()
