@@ -236,6 +236,14 @@ class Checkpointer:
             distributed.barrier("checkpoints_set_aside")
             self._manager.reload()
 
+    def intact(self, step: int) -> bool:
+        """Whether `step`'s files match its manifest (restore_newest says what is wrong otherwise)."""
+        try:
+            verify_manifest(self.step_dir(step))
+        except CorruptCheckpointError:
+            return False
+        return True
+
     def model_info(self) -> dict | None:
         """The 'model' item of the newest step whose files verify (restore_newest reports the others)."""
         for step in sorted(self._manager.all_steps(), reverse=True):

@@ -33,6 +33,7 @@ from absl import app, flags
 import models
 from partitioning import Partitioner, make_mesh
 from t5x_like import checkpoints, metrics, train, trainer
+from t5x_like.errors import exit_on_user_error
 
 GiB = 1 << 30
 # HBM per chip by jax device_kind; a chip's TensorCores shown as separate devices share it.
@@ -225,6 +226,7 @@ def compile_or_explain(step, state, batch) -> jax.stages.Compiled:
         raise DoesNotFit(f"XLA could not fit one train step: {str(e).splitlines()[0]} " + HOW_TO_FIT) from None
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
     f = flags.FLAGS

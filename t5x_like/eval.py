@@ -34,6 +34,7 @@ from tqdm import tqdm
 import models
 from partitioning import Partitioner
 from t5x_like import inference
+from t5x_like.errors import exit_on_user_error
 
 # ---------------------------------------------------------------- scoring
 
@@ -291,6 +292,7 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     result = run(args)

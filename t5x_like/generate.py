@@ -26,6 +26,7 @@ import numpy as np
 import models
 from partitioning import Partitioner
 from t5x_like import inference
+from t5x_like.errors import exit_on_user_error
 
 PROMPT_BUCKET = 64
 """Padded prompt lengths are multiples of this (capped by max_len), so few shapes compile."""
@@ -202,6 +203,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prompts = read_prompts(args)

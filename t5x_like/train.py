@@ -95,7 +95,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
         ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
         run.callback(ckpt.close)
         latest = ckpt.latest_step()
-        if latest is not None and latest >= train_steps:
+        if latest is not None and latest >= train_steps and ckpt.intact(latest):
             return finished_run(ckpt, latest, train_steps, model_dir)
         stored = ckpt.model_info() if latest is not None else (
             checkpoints.read_model_info(restore_from) if restore_from else None)

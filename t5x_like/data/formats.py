@@ -26,13 +26,15 @@ from typing import BinaryIO
 
 import zstandard
 
+from t5x_like.errors import UserError
+
 FORMATS = ["auto", "text", "jsonl", "json_array", "wikiextractor", "wikitext"]
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 _WIKIEXTRACTOR_NAME = re.compile(r"^wiki_\d+$")
 _CHUNK = 1 << 20
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """Corpus input that cannot be read as configured; the message names the file and the fix."""
 
 

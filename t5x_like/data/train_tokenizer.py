@@ -21,6 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from t5x_like.data import formats
 from t5x_like.data.tokenizer import EOD_TOKENS
+from t5x_like.errors import exit_on_user_error
 
 FLAGS = flags.FLAGS
 SENTENCEPIECE_MAX_LINES = 10_000_000  # sentencepiece holds its training lines in memory
@@ -51,6 +52,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> N
         os.replace(os.path.join(tmp, "model.model"), output)
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
     texts = formats.read_documents(formats.expand_inputs(FLAGS.input), FLAGS.format, FLAGS.json_keys,
