@@ -4,8 +4,8 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -91,17 +91,19 @@ def test_a_finished_run_says_so_and_applies_retention(reference, synthetic_sourc
 
 def test_raising_train_steps_on_resume_warns_with_the_learning_rate_jump(reference, synthetic_source, tmp_path,
                                                                         caplog):
-    class StopAfterOneStep(synthetic_source):
+    class Interrupted(Exception):
+        pass
+
+    class NoBatches(synthetic_source):
         def __next__(self):
-            os.kill(os.getpid(), signal.SIGTERM)
-            return super().__next__()
+            raise Interrupted
 
     model_dir = tmp_path / "longer"
     shutil.copytree(reference[0], model_dir)
     old = float(optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=8).schedule(8))
     new = float(optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=16).schedule(8))
-    with caplog.at_level(logging.INFO):
-        run(model_dir, StopAfterOneStep, steps=16, total_steps=16)
+    with caplog.at_level(logging.INFO), pytest.raises(Interrupted):
+        run(model_dir, NoBatches, steps=16, total_steps=16)
     assert (f"TRAIN_STEPS=16 but the checkpoint's run had TRAIN_STEPS=8: the learning-rate schedule changes, and "
             f"at step 8 the learning rate jumps from {old:.3e} to {new:.3e}") in caplog.text
 
@@ -136,19 +138,34 @@ def truncate(path):
     os.truncate(path, os.path.getsize(path) // 2)
 
 
-@pytest.mark.parametrize("damage", [flip_a_bit, truncate, os.remove])
-def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumed(reference, synthetic_source, tmp_path,
-                                                                          caplog, damage):
+def damaged_copy(reference, tmp_path, damage):
+    """A copy of the reference run with `damage` done to step 8's largest params file: (dir, step dir, file)."""
     model_dir = tmp_path / "damaged"
     shutil.copytree(reference[0], model_dir)
     step_dir = os.path.join(model_dir, "checkpoints", "8")
     target = largest_params_file(step_dir)
     damage(target)
-    with caplog.at_level(logging.INFO):
-        assert run(model_dir, synthetic_source, steps=8).step == 8
-    named = f"checkpoint {step_dir} is damaged: {os.path.relpath(target, step_dir)}:"
-    assert named in caplog.text and "FALLING BACK to the previous checkpoint, step 6" in caplog.text
+    return model_dir, step_dir, os.path.relpath(target, step_dir)
+
+
+@pytest.mark.parametrize("damage, reason", [(flip_a_bit, "checksum mismatch"), (truncate, r"\d+ bytes, \d+ when "
+                                            "written"), (os.remove, r"missing \(deleted\?\)")])
+def test_a_damaged_latest_checkpoint_is_detected_and_named(reference, tmp_path, caplog, damage, reason):
+    model_dir, step_dir, name = damaged_copy(reference, tmp_path, damage)
+    ckpt = checkpoints.Checkpointer(str(model_dir))
+    try:
+        with caplog.at_level(logging.INFO):
+            assert ckpt.restore_newest(params=None, train_state=None, on_corrupt="fallback")[0] == 6
+    finally:
+        ckpt.close()
+    assert re.search(f"checkpoint {re.escape(step_dir)} is damaged: {re.escape(name)}: {reason}", caplog.text)
+    assert "FALLING BACK to the previous checkpoint, step 6" in caplog.text
     assert os.path.isdir(step_dir + ".corrupt")
+
+
+def test_training_resumes_from_the_previous_checkpoint_exactly(reference, synthetic_source, tmp_path):
+    model_dir, _, _ = damaged_copy(reference, tmp_path, flip_a_bit)
+    assert run(model_dir, synthetic_source, steps=8).step == 8
     assert loss_rows(model_dir) == loss_rows(reference[0])  # a clean continuation from step 6, rows once each
     jax.tree.map(np.testing.assert_array_equal, final_params(model_dir), final_params(reference[0]))
 
