@@ -35,7 +35,8 @@ def run(mesh, rules, data, *, config=CONFIG, step_config=trainer.StepConfig(), s
             if steps_between:
                 steps_between(i)
             state, metrics = step(state, train.global_batch(batch, partitioner.batch_sharding()))
-            history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+            history.append({k: float(v) if np.ndim(v) == 0 else np.asarray(v)
+                            for k, v in jax.device_get(metrics).items()})
     return history, state
 
 
@@ -109,13 +110,13 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     assert [m["loss_scale"] for m in history] == [256.0, 256.0, 128.0, 128.0]
 
 
-def test_skipped_step_leaves_parameters_unchanged(synthetic_source):
+def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(synthetic_source):
     data = batches(synthetic_source, 1)
     data[0] = dict(data[0], weights=data[0]["weights"] * np.float32(np.inf))
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
     partitioner = Partitioner(mesh, "fsdp_tensor")
     optimizer = optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10, decay="constant")
-    step_config = trainer.StepConfig(skip_nonfinite=True)
+    step_config = trainer.StepConfig()
     module = GPT2(CONFIG)
     with partitioner.activate():
         state, _, _ = train.create_state(module, optimizer, partitioner, 0, SEQ_LEN, step_config, CONFIG)
@@ -123,6 +124,7 @@ def test_skipped_step_leaves_parameters_unchanged(synthetic_source):
         new_state, metrics = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config))(
             state, data[0])
     assert int(metrics["skipped"]) == 1 and int(new_state.step) == 1
+    assert metrics["grad_finite"].shape == (len(jax.tree.leaves(before)),) and not metrics["grad_finite"].any()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state.params), before)
 
 
