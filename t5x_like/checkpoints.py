@@ -176,7 +176,7 @@ class Checkpointer:
     def restore(self, step: int, *, params: Any, train_state: dict) -> tuple[Any, dict, dict]:
         """(params, train_state, data position) at `step`, laid out as the abstract targets say;
         CorruptCheckpointError when a file fails its checksum, the data position or the step
-        disagree, or the parameters are not finite."""
+        disagree, or the parameters or optimizer state are not finite."""
         step_dir = self.step_dir(step)
         verified = verify_manifest(step_dir)
         if not verified:
@@ -198,9 +198,9 @@ class Checkpointer:
         if saved != (step, step):
             raise CorruptCheckpointError(step_dir, "data / train_state",
                                          f"saved at steps {saved} (data position, train state), not {step}")
-        bad = nonfinite_paths(restored.params)
+        bad = nonfinite_paths({"params": restored.params, "opt_state": restored.train_state["opt_state"]})
         if bad:
-            raise CorruptCheckpointError(step_dir, "params", f"non-finite values in {', '.join(bad[:5])}")
+            raise CorruptCheckpointError(step_dir, "params / train_state", f"non-finite values in {', '.join(bad[:5])}")
         return restored.params, restored.train_state, position
 
     def restore_newest(self, *, params: Any, train_state: dict, on_corrupt: str

@@ -94,7 +94,7 @@ class RunLock:
     def _stale_reason(self, holder: dict | None, age: float) -> str | None:
         if holder is None:
             return "unreadable"
-        if holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid", -1)):
+        if holder.get("host") == socket.gethostname() and not pid_running(holder.get("pid", -1)):
             return f"pid {holder.get('pid')} is not running on this host"
         if age > self.stale_after_s:
             return f"no heartbeat for {age:.0f}s"
@@ -116,7 +116,8 @@ class RunLock:
                 return
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether a process with this pid runs on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from t5x_like.errors import UserError
+from t5x_like.run_lock import pid_running
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -162,20 +163,10 @@ def remove_stale_temporaries(prefix: str) -> list[str]:
     for path in glob.glob(glob.escape(prefix) + ".*.tmp*"):
         suffix = path[len(prefix):]
         match = re.fullmatch(r"\.(bin|sizes|idx|json)\.tmp(\d+)", suffix)
-        if match and not _pid_running(int(match[2])):
+        if match and not pid_running(int(match[2])):
             os.unlink(path)
             removed.append(path)
     return removed
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class TokenFileWriter:

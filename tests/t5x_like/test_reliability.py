@@ -217,6 +217,23 @@ def test_a_nonfinite_step_is_never_applied_or_saved_and_is_explained(synthetic_s
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
 
 
+def test_a_checkpoint_holding_nan_is_never_trained_from(reference, tmp_path, caplog):
+    """As an older version could write: a NaN state, checksummed and consistent, is still refused."""
+    model_dir = tmp_path / "poisoned"
+    shutil.copytree(reference[0], model_dir)
+    ckpt = checkpoints.Checkpointer(str(model_dir), keep=10)
+    try:
+        params, state, position = ckpt.restore(8, params=None, train_state=None)
+        poisoned = jax.tree.map(lambda x: x * np.float32(np.nan), params)
+        ckpt.save(10, params=poisoned, train_state=dict(state, step=np.int32(10)), data_state=position, model={})
+        ckpt.wait()
+        with caplog.at_level(logging.INFO):
+            assert ckpt.restore_newest(params=None, train_state=None, on_corrupt="fallback")[0] == 8
+    finally:
+        ckpt.close()
+    assert re.search(r"checkpoints/10 is damaged: params / train_state: non-finite values in params/", caplog.text)
+
+
 # --- one trainer per MODEL_DIR --------------------------------------------------------------------------
 
 def test_a_second_trainer_on_a_locked_model_dir_is_refused(synthetic_source, tmp_path):
