@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
+from t5x_like.errors import UserError
+
 SCHEDULES = ("cosine", "linear", "constant")
 
 
@@ -20,9 +22,9 @@ def learning_rate_schedule(*, peak: float, warmup_steps: int, total_steps: int, 
     """Linear warmup from 0 to `peak`, then cosine / linear decay to `min_ratio * peak` at
     `total_steps` (or stay constant)."""
     if decay not in SCHEDULES:
-        raise ValueError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
+        raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
     if warmup_steps >= total_steps and decay != "constant":
-        raise ValueError(
+        raise UserError(
             f"WARMUP_STEPS={warmup_steps} must be smaller than TRAIN_STEPS={total_steps} for "
             f"{decay!r} decay; lower the warmup or use decay='constant'."
         )

@@ -163,6 +163,7 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
                 save(ckpt, step, state, source, model_info, optimizer)
             if evaluating:
                 evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+                throughput.reset()  # step times exclude evaluation (and its compilation)
         if pending:
             report(*pending, writer, throughput, train_steps, 1, check)
         if stop.signum:
