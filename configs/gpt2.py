@@ -12,15 +12,15 @@ _SIZES = {
     "medium": (24, 16, 1024, 50257, 1024),
     "large": (36, 20, 1280, 50257, 1024),
     "xl": (48, 25, 1600, 50257, 1024),
-    "20b": (44, 64, 6144, 50257, 2048),  # GPT-NeoX-20B's shape as a GPT-2 (learned positions)
     "175b": (96, 96, 12288, 50257, 2048),  # GPT-3 175B
 }
 
 SIZES = tuple(_SIZES)
+PRESETS = tuple(f"gpt2_{size}" for size in SIZES)
 
 
 def get_config(size: str) -> ml_collections.ConfigDict:
-    """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl', '20b', '175b')."""
+    """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl', '175b')."""
     if size not in _SIZES:
         raise ValueError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES}.")
     num_layers, num_heads, embed_dim, vocab_size, max_len = _SIZES[size]

@@ -12,7 +12,7 @@ from typing import Any, Mapping, NamedTuple
 
 import flax.linen as nn
 
-from models import gpt2
+from models import gpt2, neox, t5
 from models.config import DTYPES, FamilyConfig
 
 KINDS = ("decoder_only", "encoder_decoder")
@@ -26,6 +26,8 @@ class Family(NamedTuple):
 
 FAMILIES: dict[str, Family] = {
     "gpt2": Family(gpt2.GPT2Config, gpt2.GPT2, "decoder_only"),
+    "neox": Family(neox.NeoXConfig, neox.NeoX, "decoder_only"),
+    "t5": Family(t5.T5Config, t5.T5, "encoder_decoder"),
 }
 
 __all__ = ["DTYPES", "FAMILIES", "Family", "FamilyConfig", "KINDS", "build_model", "config_from_dict", "family_of"]

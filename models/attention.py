@@ -2,7 +2,9 @@
 
 `dot_product_attention` takes BTNH tensors (batch, length, heads, head_dim), as
 `jax.nn.dot_product_attention` does. Key/value may carry fewer heads than the query
-(grouped-query / multi-query attention); query heads are split evenly over them.
+(grouped-query / multi-query attention); query heads are split evenly over them. Key/value may
+have another length than the query (cross-attention), an additive `bias` may be added to the
+logits (T5's relative positions) and `scale` replaces 1/sqrt(head_dim) (T5 uses 1.0).
 
 The model never holds a mesh: for 'pallas' this module reads the ambient one
 (`jax.sharding.get_abstract_mesh()`, entered by the trainer with `jax.set_mesh`) and the active
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from models.kernels.flash_attention import flash_attention
@@ -20,26 +23,55 @@ from models.kernels.sharding import active_mesh, axes_size, mesh_axes
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
 
 
+BIAS_IMPLEMENTATIONS = ("xla", "cudnn")
+"""The implementations that add an additive bias to the logits. cudnn_attention's call was checked on
+one H100 (jax 0.11.2, bf16): bias [1, heads, q, kv] with a key-padding mask, scale 1.0 and 1/8,
+causal 128x128, cross 128x256 and GQA 8/2 heads over 64x192 all lowered to cuDNN, max abs error
+<= 0.0095 against an fp32 reference."""
+
+
 def attention_mask(
-    q_len: int, kv_len: int, *, causal: bool, segment_ids: jax.Array | None
+    q_len: int, kv_len: int, *, causal: bool, segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None = None,
 ) -> jax.Array | None:
     """Boolean [batch or 1, 1, q_len, kv_len] mask of allowed (query, key) pairs, or None.
 
     Segment id 0 marks padding: a padding query attends nowhere and no query attends to it.
+    kv_segment_ids are the keys' own ids (cross-attention); they default to segment_ids. With
+    kv_segment_ids alone, only the padding keys are masked.
     """
     mask = None
     if causal:
         mask = jnp.tril(jnp.ones((q_len, kv_len), dtype=bool), k=kv_len - q_len)[None, None]
-    if segment_ids is not None:
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        same &= (segment_ids != 0)[:, None, :]
+    if kv_segment_ids is None:
+        kv_segment_ids = segment_ids
+    if kv_segment_ids is not None:
+        same = jnp.broadcast_to((kv_segment_ids != 0)[:, None, :], (kv_segment_ids.shape[0], q_len, kv_len))
+        if segment_ids is not None:
+            same &= segment_ids[:, :, None] == kv_segment_ids[:, None, :]
         same = same[:, None]
         mask = same if mask is None else mask & same
     return mask
 
 
-def xla_attention(query, key, value, *, causal, segment_ids, dropout_rate=0.0, dropout_rng=None):
-    """Reference attention in plain jnp: fp32 softmax, masks, optional dropout on the probabilities."""
+def check_segment_ids(query, key, segment_ids, kv_segment_ids) -> None:
+    """Segment ids must be [batch, length] of their side; keys of another length need their own."""
+    batch, q_len, kv_len = query.shape[0], query.shape[1], key.shape[1]
+    if segment_ids is not None and segment_ids.shape != (batch, q_len):
+        raise ValueError(f"segment_ids has shape {segment_ids.shape}; it must be [batch, query length] = "
+                         f"{(batch, q_len)}.")
+    if kv_segment_ids is not None and kv_segment_ids.shape != (batch, kv_len):
+        raise ValueError(f"kv_segment_ids has shape {kv_segment_ids.shape}; it must be [batch, key length] = "
+                         f"{(batch, kv_len)}.")
+    if segment_ids is not None and kv_segment_ids is None and q_len != kv_len:
+        raise ValueError(f"query length {q_len} differs from key length {kv_len}: pass the keys' own "
+                         "kv_segment_ids with segment_ids (cross-attention).")
+
+
+def xla_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None, bias=None, scale=None,
+                  dropout_rate=0.0, dropout_rng=None):
+    """Reference attention in plain jnp: fp32 logits and softmax, bias, masks, optional dropout on
+    the probabilities."""
     batch, q_len, num_heads, head_dim = query.shape
     kv_heads = key.shape[2]
     if num_heads % kv_heads:
@@ -49,9 +81,12 @@ def xla_attention(query, key, value, *, causal, segment_ids, dropout_rate=0.0, d
         )
     group = num_heads // kv_heads
     query = query.reshape(batch, q_len, kv_heads, group, head_dim)
+    kv_len = key.shape[1]
     logits = jnp.einsum("bqkgh,bskh->bkgqs", query, key, preferred_element_type=jnp.float32)
-    logits *= head_dim**-0.5
-    mask = attention_mask(q_len, key.shape[1], causal=causal, segment_ids=segment_ids)
+    logits *= head_dim**-0.5 if scale is None else scale
+    if bias is not None:
+        logits += bias.astype(jnp.float32).reshape(bias.shape[0], kv_heads, group, q_len, kv_len)
+    mask = attention_mask(q_len, kv_len, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids)
     if mask is not None:
         logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
@@ -64,17 +99,20 @@ def xla_attention(query, key, value, *, causal, segment_ids, dropout_rate=0.0, d
     return out.reshape(batch, q_len, num_heads, head_dim)
 
 
-def cudnn_attention(query, key, value, *, causal, segment_ids):
-    """cuDNN fused attention through jax.nn.dot_product_attention (GPU only)."""
+def cudnn_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None, bias=None, scale=None):
+    """cuDNN fused attention through jax.nn.dot_product_attention (GPU only); takes a bias."""
     mask = None
-    if segment_ids is not None:
-        mask = attention_mask(query.shape[1], key.shape[1], causal=False, segment_ids=segment_ids)
+    if segment_ids is not None or kv_segment_ids is not None:
+        mask = attention_mask(query.shape[1], key.shape[1], causal=False, segment_ids=segment_ids,
+                              kv_segment_ids=kv_segment_ids)
+    if bias is not None:
+        bias = bias.astype(query.dtype)
     return jax.nn.dot_product_attention(
-        query, key, value, mask=mask, is_causal=causal, implementation="cudnn"
+        query, key, value, bias=bias, mask=mask, scale=scale, is_causal=causal, implementation="cudnn"
     )
 
 
-def pallas_attention(query, key, value, *, causal, segment_ids):
+def pallas_attention(query, key, value, *, causal, segment_ids, scale=None):
     """Pallas flash attention; under a mesh, per shard inside shard_map (batch and heads split).
 
     Batch goes over the axes 'activation_batch' maps to and heads over those of 'activation_heads'
@@ -83,7 +121,7 @@ def pallas_attention(query, key, value, *, causal, segment_ids):
     """
     mesh = active_mesh()
     if mesh is None:
-        return flash_attention(query, key, value, segment_ids, causal=causal)
+        return flash_attention(query, key, value, segment_ids, causal=causal, scale=scale)
     batch_axes = mesh_axes("activation_batch", mesh, query.shape[0])
     head_axes = mesh_axes("activation_heads", mesh, query.shape[2])
     if key.shape[2] % axes_size(mesh, head_axes):
@@ -96,7 +134,7 @@ def pallas_attention(query, key, value, *, causal, segment_ids):
         specs.append(P(batch_axes or None, None))
 
     def per_shard(q, k, v, segments=None):
-        return flash_attention(q, k, v, segments, causal=causal)
+        return flash_attention(q, k, v, segments, causal=causal, scale=scale)
 
     return jax.shard_map(
         per_shard, mesh=mesh, in_specs=tuple(specs), out_specs=heads_spec,
@@ -116,10 +154,16 @@ def pallas_attention(query, key, value, *, causal, segment_ids):
 #   (T <= 256, where xla wins) and interpret mode is jax's Pallas emulator, not a supported fast
 #   path. A length threshold (pallas from T >= 1024) is what these numbers would otherwise give.
 # gpu, bf16/fp16 -> 'cudnn'; gpu, fp32 -> 'xla' (cuDNN flash attention has no fp32 path).
-#   NOT YET MEASURED in this repository (no GPU was available): the choice rests on cuDNN's
-#   published H100 figures (~500-620 TFLOP/s forward, head dim 128). Our Pallas/Triton kernel
-#   lowers for GPU (tests/models/kernels/test_lowering.py) but is untimed; run
-#   scripts/benchmark_attention.py on a GPU before changing these rows.
+#   Measured on one H100 80GB HBM3 (jax 0.11.2, bf16, causal, 16384 tokens, 2048 hidden;
+#   scripts/benchmark_gpu.py --only=attention, docs/benchmarks.md). TFLOP/s, cudnn / pallas / xla:
+#     fwd     D=64:  T=1k 263/109/18   2k 333/152/19   4k 390/188/19   8k 427/218/19
+#     fwd+bwd D=64:  T=1k 203/111/25   2k 285/145/29   4k 357/177/30   8k 407/197/33
+#     fwd     D=128: T=1k 320/123/32   2k 419/167/35   4k 516/226/37   8k 566/263/38
+#     fwd+bwd D=128: T=1k 242/148/46   2k 351/198/55   4k 441/242/58   8k 496/272/63
+#   cuDNN is fastest at every measured length and head dim (our Pallas/Triton kernel 0.4-0.6x of
+#   it, jax's shipped Triton mha 0.3-0.7x, XLA 8-15x slower with T x T scores in memory), so one
+#   row per dtype, no length threshold. 'auto' ran within 2% of cudnn at every shape (run-to-run).
+#   fp16 was not timed; its row follows bf16 (the same cuDNN kernels).
 # tpu, any dtype -> 'xla'. NOT YET MEASURED (no TPU was available); the Pallas kernel lowers for
 #   Mosaic TPU but stays opt-in ('pallas') until scripts/benchmark_attention.py shows it faster.
 AUTO_CHOICES = {
@@ -131,13 +175,20 @@ AUTO_CHOICES = {
 }
 
 
-def choose_implementation(query: jax.Array, *, dropout_rate: float) -> str:
-    """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'."""
-    if dropout_rate > 0.0:
-        return "xla"
+def choose_implementation(query: jax.Array, *, dropout_rate: float, has_bias: bool = False) -> str:
+    """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'
+    (logged once when that replaces a fused kernel), and a bias forces one of BIAS_IMPLEMENTATIONS
+    ('xla' where the table's choice has none)."""
     platform = jax.default_backend()
     dtype = jnp.dtype(query.dtype).name
-    return AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
+    choice = AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
+    if dropout_rate > 0.0 and choice != "xla":
+        logging.log_first_n(
+            logging.WARNING, "attention dropout %s runs attention in plain XLA (T x T scores in memory) "
+            "instead of %r; set the model's attention_dropout_rate to 0 for the fused kernel.", 1,
+            dropout_rate, choice)
+        return "xla"
+    return "xla" if has_bias and choice not in BIAS_IMPLEMENTATIONS else choice
 
 
 def dot_product_attention(
@@ -147,31 +198,49 @@ def dot_product_attention(
     *,
     causal: bool = True,
     segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    scale: float | None = None,
     implementation: str = "auto",
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
 ) -> jax.Array:
     """Multi-head attention over BTNH inputs; returns BTNH with the query's heads.
 
+    causal: query i sees keys j <= i + (kv_len - q_len); False for encoder and cross-attention.
+    segment_ids [batch, q_len] / kv_segment_ids [batch, kv_len]: packed documents (0 = padding);
+    kv_segment_ids default to segment_ids (equal lengths). bias: added to the fp32 logits,
+    [batch or 1, heads, q_len, kv_len]. scale: multiplies q.k (default head_dim ** -0.5).
     implementation: 'auto' | 'xla' | 'cudnn' | 'pallas'. Attention dropout (dropout_rate > 0)
-    runs only in 'xla'; 'auto' picks it then. 'pallas' runs interpreted (slow, exact) on CPU.
+    runs only in 'xla'; 'auto' picks it then. A bias runs in 'xla' or 'cudnn' ('auto' picks one).
+    'pallas' runs interpreted (slow, exact) on CPU.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"attention implementation {implementation!r} is unknown; choose one of {IMPLEMENTATIONS}."
         )
+    check_segment_ids(query, key, segment_ids, kv_segment_ids)
     if implementation == "auto":
-        implementation = choose_implementation(query, dropout_rate=dropout_rate)
+        implementation = choose_implementation(query, dropout_rate=dropout_rate, has_bias=bias is not None)
     if dropout_rate > 0.0 and implementation != "xla":
         raise ValueError(
             f"attention dropout {dropout_rate} needs implementation='xla' (or 'auto'); "
             f"{implementation!r} has no dropout. Set the model's attention dropout to 0 to use it."
         )
+    if bias is not None and implementation not in BIAS_IMPLEMENTATIONS:
+        raise ValueError(
+            f"an attention bias (e.g. T5's relative positions) needs implementation 'xla', 'cudnn' or 'auto'; "
+            f"{implementation!r} has no bias. Set the model's attention to 'auto'."
+        )
     if implementation == "xla":
         return xla_attention(
-            query, key, value, causal=causal, segment_ids=segment_ids,
-            dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+            query, key, value, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+            bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
         )
     if implementation == "pallas":
-        return pallas_attention(query, key, value, causal=causal, segment_ids=segment_ids)
-    return cudnn_attention(query, key, value, causal=causal, segment_ids=segment_ids)
+        if kv_segment_ids is not None:
+            raise ValueError("implementation 'pallas' takes one segment_ids for queries and keys of equal "
+                             "length, not kv_segment_ids (cross-attention); use 'xla', 'cudnn' or 'auto'.")
+        return pallas_attention(query, key, value, causal=causal, segment_ids=segment_ids, scale=scale)
+    return cudnn_attention(query, key, value, causal=causal, segment_ids=segment_ids,
+                           kv_segment_ids=kv_segment_ids, bias=bias, scale=scale)

@@ -11,7 +11,8 @@ subclasses `FamilyConfig` and has at least these fields:
     remat_policy       'none' or a name in models.layers.REMAT_POLICIES
     scan_layers        stack the blocks with nn.scan (needed for pipeline parallelism)
 
-and implements `train_flops_per_example`, `check_lengths` and `summary`. The runtime asks these
+Decoder-only families also have `max_len` (the longest sequence). Each config implements
+`train_flops_per_example`, `check_lengths`, `pipeline_layers` and `summary`. The runtime asks these
 instead of reading a family's own fields.
 """
 from __future__ import annotations
@@ -61,6 +62,36 @@ class FamilyConfig:
         """Raise ValueError naming the length and the limit when the model cannot take these lengths."""
         raise NotImplementedError
 
+    def pipeline_layers(self) -> int:
+        """How many layers the stack that pipeline parallelism splits into stages has; raise
+        ValueError naming the reason when the family cannot be pipelined."""
+        raise NotImplementedError
+
     def summary(self) -> str:
         """One line on the model's shape, for the start-up log (layers, width, heads, vocabulary)."""
         raise NotImplementedError
+
+
+class DecoderOnlyConfig(FamilyConfig):
+    """What decoder-only families (GPT-2, GPT-NeoX) share: one 'targets' length up to `max_len`, a
+    pipeline over all `num_layers` blocks, and FLOPs from `matmul_params()` (the weights each token
+    multiplies with) plus causal attention."""
+
+    def matmul_params(self) -> int:
+        raise NotImplementedError
+
+    def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
+        """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
+        scores, 3x for forward + backward): 6·L·T²·d."""
+        t = lengths["targets"]
+        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.embed_dim
+
+    def check_lengths(self, lengths: Mapping[str, int]) -> None:
+        if set(lengths) != {"targets"}:
+            raise ValueError(f"FEATURE_LENGTHS={dict(lengths)}: a decoder-only model takes only 'targets' "
+                             "(set SEQ_LEN, or FEATURE_LENGTHS={'targets': N}).")
+        if lengths["targets"] > self.max_len:
+            raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
+
+    def pipeline_layers(self) -> int:
+        return self.num_layers

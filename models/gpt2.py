@@ -11,19 +11,17 @@ scan_layers=False names them `block_0`, `block_1`, ...):
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Callable, ClassVar, Mapping
+from typing import Callable, ClassVar
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from models import layers
-from models.config import FamilyConfig
+from models.config import DecoderOnlyConfig, FamilyConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(FamilyConfig):
+class GPT2Config(DecoderOnlyConfig):
     """Hyper-parameters of one GPT-2; plain values only, so it round-trips through JSON."""
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate", "attention_dropout_rate")
@@ -62,19 +60,6 @@ class GPT2Config(FamilyConfig):
         e, m = self.embed_dim, self.mlp_dim
         block = 4 * e * e + 2 * e * m
         return self.num_layers * block + self.vocab_size * e
-
-    def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
-        """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
-        scores, 3x for forward + backward): 6·L·T²·d."""
-        t = lengths["targets"]
-        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.embed_dim
-
-    def check_lengths(self, lengths: Mapping[str, int]) -> None:
-        if set(lengths) != {"targets"}:
-            raise ValueError(f"FEATURE_LENGTHS={dict(lengths)}: a decoder-only model takes only 'targets' "
-                             "(set SEQ_LEN, or FEATURE_LENGTHS={'targets': N}).")
-        if lengths["targets"] > self.max_len:
-            raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
 
     def summary(self) -> str:
         return (f"gpt2: {self.num_layers} layers, width {self.embed_dim}, {self.num_heads} heads x "
@@ -121,26 +106,10 @@ class GPT2(nn.Module):
         self.wpe = layers.Embed(c.max_len, c.embed_dim, ("position", "embed"), c.init_std, dtype=dtype)
         self.ln_f = layers.LayerNorm(c.layer_norm_eps, dtype=dtype)
 
-    def stack(self, deterministic: bool) -> nn.Module:
+    def stack(self, deterministic: bool) -> Callable:
         c = self.config
-        block = layers.remat(Block, c.remat_policy)
-        if not c.scan_layers:
-            if self.layer_stack is not None:
-                raise ValueError("a replaced layer stack (pipeline parallelism) needs scan_layers=True; "
-                                 "set model_config.scan_layers = True.")
-            blocks = [block(c, deterministic, name=f"block_{i}") for i in range(c.num_layers)]
-            return functools.partial(_apply_in_turn, blocks)
-        stack = nn.scan(
-            block,
-            variable_axes={"params": 0, "cache": 0},
-            split_rngs={"params": True, "dropout": True},
-            in_axes=(nn.broadcast,),
-            length=c.num_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        if self.layer_stack is not None:
-            stack = self.layer_stack(block, stack)
-        return stack(c, deterministic, name="blocks")
+        return layers.block_stack(layers.remat(Block, c.remat_policy), (c, deterministic), num_layers=c.num_layers,
+                                  scan_layers=c.scan_layers, broadcast_args=1, layer_stack=self.layer_stack)
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
@@ -158,13 +127,7 @@ class GPT2(nn.Module):
         segment_ids marking padding with 0.
         """
         c = self.config
-        if tokens.shape[1] > c.max_len:
-            raise ValueError(f"sequence length {tokens.shape[1]} exceeds the model's max_len {c.max_len}.")
-        if positions is None and self.is_mutable_collection("cache") and not self.is_initializing():
-            raise ValueError("decoding (mutable 'cache') needs explicit positions: each row's token positions, "
-                             "counting from its first real token.")
-        if positions is None:
-            positions = jnp.arange(tokens.shape[1])[None, :]
+        positions = layers.decoder_positions(self, tokens, positions, c.max_len)
         x = self.wte(tokens) + self.wpe(positions)
         x = nn.Dropout(c.dropout_rate, deterministic=deterministic)(x)
         x = nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED)
@@ -173,11 +136,4 @@ class GPT2(nn.Module):
         if return_hidden:
             return x, self.wte.embedding
         logits = self.wte.attend(x)
-        logits = jnp.where(jnp.arange(c.padded_vocab_size) < c.vocab_size, logits, jnp.finfo(jnp.float32).min)
-        return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
-
-
-def _apply_in_turn(blocks, x, segment_ids):
-    for block in blocks:
-        x, _ = block(x, segment_ids)
-    return x, None
+        return layers.mask_vocab_padding(logits, c.vocab_size)

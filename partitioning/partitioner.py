@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -62,6 +62,34 @@ class Partitioner:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
+    def partition(self, fn: Callable, in_shardings: Any, out_shardings: Any,
+                  donate_argnums: tuple[int, ...] = ()) -> Callable:
+        """`fn` jitted with these in/out shardings (and donated arguments) on this mesh."""
+        return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)
+
+    def abstract_and_shardings(self, init: Callable[[], Any], offload: tuple[str, ...] = ()) -> tuple[Any, Any]:
+        """(abstract boxed tree, NamedShardings) of what `init()` returns, allocating and running nothing
+        (the mesh may be compile-only: create any random key inside `init`). Boxed leaves carry logical names; a top-level field listed in
+        `offload` (e.g. 'opt_state') is sharded by the optimizer-state rules and kept in host memory,
+        and every field whose name is 'opt_state' uses the optimizer-state rules. Each sharded
+        dimension is checked to divide."""
+        abstract = jax.eval_shape(init)
+        specs = nn.get_partition_spec(abstract)
+        shardings = {}
+        for field in _fields(abstract):
+            kind = "opt_state" if field == "opt_state" else "params"
+            self.check_divisible(getattr(abstract, field), getattr(specs, field), kind)
+            field_shardings = self.shardings(getattr(specs, field), kind)
+            if field in offload:
+                field_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), field_shardings)
+            shardings[field] = field_shardings
+        return abstract, specs.replace(**shardings)
+
+    def initialize(self, init: Callable[[jax.Array], Any], rng: jax.Array, shardings: Any) -> Any:
+        """`init(rng)` (logical boxes removed) created in place with these shardings: no host ever
+        holds the whole tree."""
+        return jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+
     def batch_sharding(self, ndim: int = 2) -> NamedSharding:
         """Rows over the mesh axes of 'activation_batch', everything else replicated."""
         return NamedSharding(self.mesh, self.mesh_axes(PartitionSpec("activation_batch", *[None] * (ndim - 1))))
@@ -100,6 +128,11 @@ class Partitioner:
         header = f"mesh {dict(self.mesh.shape)}, rules {self.rules.name!r}"
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         return "\n".join([header] + lines)
+
+
+def _fields(tree: Any) -> list[str]:
+    """The dataclass fields of a flax struct (e.g. a train state)."""
+    return [f.name for f in tree.__dataclass_fields__.values()]
 
 
 def _leaves_with_paths(tree: Any) -> list[tuple[str, Any]]:

@@ -174,12 +174,13 @@ def stage_major(w: jax.Array, stages: int, repeats: int) -> jax.Array:
     return _stage_sharded(jnp.swapaxes(grouped, 0, 1), unsharded=2)
 
 
-def split_microbatches(x: jax.Array, count: int) -> jax.Array:
+def split_microbatches(x: jax.Array, count: int, setting: str = "NUM_MICROBATCHES") -> jax.Array:
     """[B, ...] -> [count, B/count, ...]; microbatch i holds rows i, i+count, ..., so every
-    microbatch keeps the batch's spread over the data-parallel devices."""
+    microbatch keeps the batch's spread over the data-parallel devices. `setting` names the macro
+    that asked for `count`, for the error message (pipeline or gradient-accumulation microbatches)."""
     if x.shape[0] % count:
-        raise ValueError(f"a batch of {x.shape[0]} rows does not split into NUM_MICROBATCHES={count}; "
-                         "make the rows per step a multiple of NUM_MICROBATCHES.")
+        raise ValueError(f"a batch of {x.shape[0]} rows does not split into {setting}={count}; "
+                         f"make the rows per step a multiple of {setting}.")
     return jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1)
 
 

@@ -23,19 +23,19 @@ ACTIVATIONS: Rules = (
 
 REPLICATED: Rules = (
     ("vocab", None), ("embed", None), ("mlp", None), ("heads", None), ("kv", None),
-    ("layers", "stage"), ("position", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
 )
 FSDP: Rules = (
     ("vocab", None), ("embed", "fsdp"), ("mlp", None), ("heads", None), ("kv", None),
-    ("layers", "stage"), ("position", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
 )
 TENSOR: Rules = (
     ("vocab", "tensor"), ("embed", None), ("mlp", "tensor"), ("heads", "tensor"), ("kv", None),
-    ("layers", "stage"), ("position", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
 )
 FSDP_TENSOR: Rules = (
     ("vocab", "tensor"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("kv", None),
-    ("layers", "stage"), ("position", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
 )
 # Megatron sequence parallelism: the residual stream [batch, length, embed] (norms, dropout, residual
 # adds) is split over 'tensor' along its length between the tensor-parallel blocks. Rules apply in

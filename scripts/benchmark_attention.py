@@ -5,18 +5,23 @@
         --dtype float32 --repeats 2                             # CPU: small, interpret mode
 
 Implementations: 'xla', 'cudnn' (GPU), 'pallas' (models.kernels.flash_attention; interpreted on
-CPU, so CPU numbers only show it runs and agrees), and 'jax-pallas', the attention kernel shipped
-with jax (jax.experimental.pallas.ops: gpu.attention.mha on GPU, tpu.flash_attention on TPU) as a
-reference point. Each shape uses batch = tokens // length and heads = hidden // head_dim.
+CPU, so CPU numbers only show it runs and agrees), 'auto' (what the model runs by default), and the
+attention kernels shipped with jax as reference points: 'jax-pallas' (jax.experimental.pallas.ops:
+gpu.attention.mha, Triton, on GPU; tpu.flash_attention on TPU) and 'jax-mgpu'
+(gpu.attention_mgpu, Mosaic GPU for Hopper; its causal backward is not implemented, so forward
+only). Each shape uses batch = tokens // length and heads = hidden // head_dim.
 
 FLOPs follow the FlashAttention papers: forward 4·B·H·T²·D, halved for causal; fwd+bwd 3.5× that
 (the backward is 2.5 forwards' worth of matmuls). Memory is the compiled step's temporary buffer
-size (XLA memory analysis), i.e. what the step needs beyond its inputs and outputs.
-`max|Δ|` is the largest difference of the forward output from 'xla' on the same inputs.
+size (XLA memory analysis), i.e. what the step needs beyond its inputs and outputs. Time is the
+median over --repeats rounds of the mean of --calls back-to-back calls (one sync per round, so
+dispatch overlaps the previous call). `max|Δ|` is the largest difference of the forward output
+from 'xla' on the same inputs. --json writes every row (with device and versions) to a file.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -30,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from models.attention import dot_product_attention  # noqa: E402
 
-IMPLEMENTATIONS = ("xla", "cudnn", "pallas", "jax-pallas")
+IMPLEMENTATIONS = ("xla", "cudnn", "pallas", "auto", "jax-pallas", "jax-mgpu")
 
 
 def jax_shipped_pallas() -> Callable | None:
@@ -39,7 +44,8 @@ def jax_shipped_pallas() -> Callable | None:
     if backend == "gpu":
         from jax.experimental.pallas.ops.gpu import attention
 
-        return lambda q, k, v: attention.mha(q, k, v, segment_ids=None, causal=True)
+        return lambda q, k, v: attention.mha(q, k, v, segment_ids=None, causal=True,
+                                             sm_scale=q.shape[-1] ** -0.5)
     if backend == "tpu":
         from jax.experimental.pallas.ops.tpu import flash_attention
 
@@ -52,9 +58,21 @@ def jax_shipped_pallas() -> Callable | None:
     return None
 
 
+def jax_shipped_mosaic_gpu() -> Callable | None:
+    """jax's Mosaic GPU (Hopper) attention as f(q, k, v) over BTNH, causal, or None off GPU."""
+    if jax.default_backend() != "gpu":
+        return None
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=True)
+    return lambda q, k, v: attention_mgpu.attention(q, k, v, config)
+
+
 def attention_fn(name: str) -> Callable | None:
     if name == "jax-pallas":
         return jax_shipped_pallas()
+    if name == "jax-mgpu":
+        return jax_shipped_mosaic_gpu()
     if name == "cudnn" and jax.default_backend() != "gpu":
         return None
     return lambda q, k, v: dot_product_attention(q, k, v, causal=True, implementation=name)
@@ -72,25 +90,26 @@ def attention_flops(batch: int, heads: int, length: int, head_dim: int, mode: st
     return forward if mode == "fwd" else 3.5 * forward
 
 
-def time_call(fn: Callable, args, repeats: int) -> float:
-    """Median seconds per call after one warm-up."""
+def time_call(fn: Callable, args, repeats: int, calls: int) -> float:
+    """Seconds per call: the median over `repeats` rounds of `calls` back-to-back calls, after a warm-up."""
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+        outs = [fn(*args) for _ in range(calls)]
+        jax.block_until_ready(outs)
+        times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
 
-def measure(name, mode, q, k, v, reference, repeats) -> dict:
+def measure(name, mode, q, k, v, reference, repeats, calls) -> dict:
     attention = attention_fn(name)
     if attention is None:
         return {"note": f"n/a on {jax.default_backend()}"}
     fn = jax.jit(attention if mode == "fwd" else forward_and_backward(attention))
     try:
         compiled = fn.lower(q, k, v).compile()
-        seconds = time_call(compiled, (q, k, v), repeats)
+        seconds = time_call(compiled, (q, k, v), repeats, calls)
     except Exception as error:  # a backend refusing a shape is a result, not a crash
         return {"note": f"error: {type(error).__name__}: {str(error).splitlines()[0][:80]}"}
     row = {"seconds": seconds, "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
@@ -109,7 +128,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--implementations", type=lambda s: s.split(","), default=list(IMPLEMENTATIONS))
     p.add_argument("--modes", type=lambda s: s.split(","), default=["fwd", "fwd+bwd"])
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (median)")
+    p.add_argument("--calls", type=int, default=10, help="back-to-back calls per round")
+    p.add_argument("--json", help="write all rows to this file")
     args = p.parse_args(argv)
     unknown = set(args.implementations) - set(IMPLEMENTATIONS)
     if unknown:
@@ -117,13 +138,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def write_json(args: argparse.Namespace, device, rows: list[dict]) -> None:
+    with open(args.json, "w") as f:
+        json.dump({"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
+                   "dtype": args.dtype, "tokens": args.tokens, "hidden": args.hidden, "rows": rows}, f, indent=1)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = jax.devices()[0]
     print(f"# jax {jax.__version__}, {device.platform} ({device.device_kind}), dtype {args.dtype}, "
-          f"causal, tokens {args.tokens}, hidden {args.hidden}")
+          f"causal, tokens {args.tokens}, hidden {args.hidden}", flush=True)
     header = f"{'impl':<11}{'mode':<9}{'T':>6}{'D':>5}{'B':>4}{'H':>4}{'ms':>11}{'TFLOP/s':>10}{'temp MiB':>10}{'max|Δ|':>10}"
     print(header)
+    rows = []
     for head_dim in args.head_dims:
         for length in args.lengths:
             batch, heads = max(1, args.tokens // length), max(1, args.hidden // head_dim)
@@ -132,15 +160,19 @@ def main(argv=None) -> None:
             reference = jax.jit(attention_fn("xla"))(q, k, v).astype(jnp.float32)
             for mode in args.modes:
                 for name in args.implementations:
-                    row = measure(name, mode, q, k, v, reference, args.repeats)
+                    row = measure(name, mode, q, k, v, reference, args.repeats, args.calls)
+                    row.update(impl=name, mode=mode, length=length, head_dim=head_dim, batch=batch, heads=heads)
+                    rows.append(row)
+                    if args.json:  # rewritten after every row, so a time-out keeps what was measured
+                        write_json(args, device, rows)
                     prefix = f"{name:<11}{mode:<9}{length:>6}{head_dim:>5}{batch:>4}{heads:>4}"
                     if "note" in row:
-                        print(f"{prefix}  {row['note']}")
+                        print(f"{prefix}  {row['note']}", flush=True)
                         continue
-                    tflops = attention_flops(batch, heads, length, head_dim, mode) / row["seconds"] / 1e12
+                    row["tflops"] = attention_flops(batch, heads, length, head_dim, mode) / row["seconds"] / 1e12
                     diff = f"{row['max_diff']:.1e}" if "max_diff" in row else "-"
-                    print(f"{prefix}{row['seconds'] * 1e3:>11.2f}{tflops:>10.3f}"
-                          f"{row['temp_bytes'] / 2**20:>10.1f}{diff:>10}")
+                    print(f"{prefix}{row['seconds'] * 1e3:>11.3f}{row['tflops']:>10.1f}"
+                          f"{row['temp_bytes'] / 2**20:>10.1f}{diff:>10}", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ ROWS = {
     "FSDP=8, remat minimal_offloaded (saved activations in host memory)": dict(
         DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'minimal_offloaded'"),
     "data parallel, optimizer state offloaded to host": dict(
-        DATA_PARALLEL=8, RULES="'data_parallel'", **{"train.offload_optimizer_state": True}),
+        DATA_PARALLEL=8, RULES="'data_parallel'", **{"build_experiment.offload_optimizer_state": True}),
     "FSDP=8, remat full, optimizer state offloaded to host": dict(
-        DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'full'", **{"train.offload_optimizer_state": True}),
+        DATA_PARALLEL=1, FSDP_PARALLEL=8, RULES="'fsdp'", remat="'full'", **{"build_experiment.offload_optimizer_state": True}),
     "FSDP=2 x tensor=4, remat full": dict(DATA_PARALLEL=1, FSDP_PARALLEL=2, TENSOR_PARALLEL=4,
                                           RULES="'fsdp_tensor'", remat="'full'"),
     "FSDP=2 x tensor=4 + sequence parallel, remat full": dict(DATA_PARALLEL=1, FSDP_PARALLEL=2, TENSOR_PARALLEL=4,

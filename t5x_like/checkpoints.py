@@ -233,7 +233,9 @@ class Checkpointer:
             for step in steps:
                 os.replace(self.step_dir(step), self.step_dir(step) + ".corrupt")
         if steps:
-            distributed.barrier("checkpoints_set_aside")
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices("t5x_like: damaged checkpoints set aside")
             self._manager.reload()
 
     def intact(self, step: int) -> bool:

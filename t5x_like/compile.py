@@ -1,4 +1,4 @@
-"""`python -m t5x_like.compile --gin_file=gpt2.gin --topology=v5p:8x8x16 --output=report.json`.
+"""`python -m t5x_like.compile --gin_file=quickstart.gin --topology=v5p:8x8x16 --output=report.json`.
 
 Compiles one train step of a gin configuration ahead of time for a target mesh, without its
 hardware, and reports what one device would hold: parameter count, argument (train state + batch),
@@ -8,14 +8,11 @@ does not fit the device's memory.
 
 Topologies: `v5p:8x8x16`, `v4:4x4x4`, `v5e:16x16`, `v6e:16x16`, ... (TPU, through libtpu's topology
 descriptions: `pip install 'jax[tpu]'` on any machine); `cpu:N` (N simulated CPU devices); none =
-this machine's devices. The train CLI's pieces build the state and the step, so what compiles here
-is what `python -m t5x_like.train` runs.
+this machine's devices. experiment.build_experiment assembles the state and the step, as for
+`python -m t5x_like.train`, so what compiles here is what training runs.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-import inspect
 import json
 import math
 import os
@@ -23,16 +20,14 @@ import sys
 import time
 from typing import Any, Sequence
 
-import flax.linen as nn
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-import models
-from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints, metrics, train, trainer
+from partitioning import make_mesh
+from t5x_like import metrics, train
+from t5x_like.experiment import build_experiment
 from t5x_like.errors import exit_on_user_error
 
 GiB = 1 << 30
@@ -92,22 +87,9 @@ def device_memory(devices: Sequence, override_gib: float | None) -> int | None:
     return stats.get("bytes_limit") if stats else None
 
 
-def train_settings(devices: Sequence) -> dict[str, Any]:
-    """train()'s arguments as the parsed gin files set them (defaults filled in), with the mesh
-    that partitioning.make_mesh's bindings describe built over `devices`."""
-    defaults = {name: p.default for name, p in inspect.signature(train.train).parameters.items()}
-    bound = gin.get_bindings("train", resolve_references=False)
-    bound.pop("mesh", None)
-    settings = {**defaults, **copy.deepcopy(bound)}  # deepcopy evaluates gin references and macros
-    settings["mesh"] = make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
-    return settings
-
-
-def step_config_from(settings: dict[str, Any], config) -> trainer.StepConfig:
-    """The StepConfig train() builds from the same settings."""
-    shared = {f.name for f in dataclasses.fields(trainer.StepConfig)} & set(settings) - {"loss_scale"}
-    return trainer.StepConfig(**{name: settings[name] for name in shared},
-                              loss_scale=settings["loss_scale"] if config.dtype == "float16" else None)
+def mesh_for(devices: Sequence):
+    """The mesh that partitioning.make_mesh's gin bindings describe, built over `devices`."""
+    return make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
 
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
@@ -125,59 +107,29 @@ def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> in
 
 def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any], jax.stages.Compiled]:
     """Compile one train step of the parsed gin configuration for `devices`: (report, executable)."""
-    s = train_settings(devices)
-    mesh, batch_size, seq_len = s["mesh"], s["batch_size"], s["seq_len"]
-    partitioner = Partitioner(mesh, s["rules"])
-    train.check_batch(batch_size, s["grad_accum_steps"], partitioner.batch_shards)
-    config = train.resolve_model_config(s["model"], mesh.shape["tensor"], None)
-    step_config = step_config_from(s, config)
-    module = train.pipelined(models.build_model(config), config, mesh.shape["stage"],
-                             s["pipeline_microbatches"], s["pipeline_repeats"],
-                             batch_size // s["grad_accum_steps"], partitioner.batch_shards)
-    optimizer = s["optimizer"]
-    with partitioner.activate():
-        _, abstract, shardings = train.abstract_state(module, optimizer, partitioner, s["seed"], seq_len, step_config)
-        state = checkpoints.with_shardings(jax.tree.map(_unbox, abstract, is_leaf=_is_box), shardings)
-        num_params = train.count_params(state.params, config)
-        state_bytes = bytes_per_device(state, shardings)
-        check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
-        batch = abstract_batch(batch_size, seq_len, partitioner.batch_sharding())
-        start = time.perf_counter()
-        compiled = compile_or_explain(train.jit_train_step(module, optimizer, step_config, shardings, partitioner),
-                                      state, batch)
-        compile_seconds = time.perf_counter() - start
-    analytic_flops = metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len) \
-        * batch_size * seq_len
+    exp = build_experiment(mesh=mesh_for(devices))
+    state = exp.sharded_abstract_state()
+    state_bytes = bytes_per_device(state, exp.shardings)
+    check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
+    start = time.perf_counter()
+    with exp.partitioner.activate():
+        compiled = compile_or_explain(exp.train_step, state, exp.abstract_batch())
+    compile_seconds = time.perf_counter() - start
+    config, step_config = exp.config, exp.step_config
     report = {
-        "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(mesh.shape),
-        "rules": partitioner.rules.name, "model": config.family, "num_layers": config.num_layers,
-        "embed_dim": config.embed_dim, "dtype": config.dtype, "remat_policy": config.remat_policy,
-        "batch_size": batch_size, "seq_len": seq_len, "grad_accum_steps": s["grad_accum_steps"],
-        "pipeline_microbatches": s["pipeline_microbatches"], "pipeline_repeats": s["pipeline_repeats"],
-        "num_params": num_params, "state_bytes_per_device": state_bytes,
-        "host_state_bytes_per_device": bytes_per_device(state, shardings, host=True),
+        "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(exp.mesh.shape),
+        "rules": exp.partitioner.rules.name, "model": config.family, "model_summary": config.summary(),
+        "dtype": config.dtype, "remat_policy": config.remat_policy,
+        "batch_size": exp.batch_size, "feature_lengths": exp.lengths, "grad_accum_steps": step_config.grad_accum_steps,
+        "num_params": exp.num_params, "state_bytes_per_device": state_bytes,
+        "host_state_bytes_per_device": bytes_per_device(state, exp.shardings, host=True),
         **memory_report(compiled), **cost_report(compiled, len(devices)),
-        "analytic_flops_per_step": analytic_flops,
-        "step_seconds_at_peak": step_seconds_at_peak(analytic_flops, devices),
+        "analytic_flops_per_step": exp.flops_per_step,
+        "step_seconds_at_peak": step_seconds_at_peak(exp.flops_per_step, devices),
         "device_memory_bytes": memory, "compile_seconds": round(compile_seconds, 1),
     }
     report["fits"] = memory is None or report["total_bytes_per_device"] <= memory
     return report, compiled
-
-
-def _is_box(x) -> bool:
-    return isinstance(x, nn.meta.AxisMetadata)
-
-
-def _unbox(x):
-    return x.unbox(apply_constraint=False) if _is_box(x) else x
-
-
-def abstract_batch(batch_size: int, seq_len: int, sharding) -> dict[str, jax.ShapeDtypeStruct]:
-    shape = (batch_size, seq_len)
-    return {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding),
-            "targets": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding),
-            "weights": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)}
 
 
 def memory_report(compiled) -> dict[str, int]:

@@ -25,33 +25,31 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-import models
 from partitioning import Partitioner
 from t5x_like import inference
 from t5x_like.errors import exit_on_user_error
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
+from t5x_like.lm import LanguageModel, make_lm
 
 # ---------------------------------------------------------------- scoring
 
 
-Rows = dict[str, np.ndarray]  # inputs, targets, weights: [rows, length]
+Rows = dict[str, np.ndarray]  # INPUTS, TARGETS, WEIGHTS: [rows, length]
+INPUTS, TARGETS, WEIGHTS = DECODER_INPUT_TOKENS, DECODER_TARGET_TOKENS, DECODER_LOSS_WEIGHTS
 
 
-def make_score_fn(module: nn.Module) -> Callable[[Any, Rows], dict[str, jax.Array]]:
+def make_score_fn(lm: LanguageModel) -> Callable[[Any, Rows], dict[str, jax.Array]]:
     """Per row: Σ weighted nll, and whether every weighted target is the argmax."""
 
     def score(params, rows):
-        logits = module.apply({"params": params}, rows["inputs"])
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        target_logit = jnp.take_along_axis(logits, rows["targets"][..., None], axis=-1)[..., 0]
-        weights = rows["weights"]
-        hit = (jnp.argmax(logits, axis=-1) == rows["targets"]) | (weights == 0)
-        return {"nll": ((log_z - target_logit) * weights).sum(-1), "all_correct": hit.all(-1)}
+        scores = lm.score(params, rows)
+        weights = rows[WEIGHTS]
+        hit = scores["correct"] | (weights == 0)
+        return {"nll": -(scores["log_prob"] * weights).sum(-1), "all_correct": hit.all(-1)}
 
     return score
 
@@ -66,15 +64,14 @@ class Scorer:
         self.partitioner = partitioner
         self.sharding = partitioner.batch_sharding()
         with partitioner.activate():
-            self._fn = jax.jit(make_score_fn(models.build_model(config)),
-                               out_shardings=partitioner.replicated)
+            self._fn = jax.jit(make_score_fn(make_lm(config)), out_shardings=partitioner.replicated)
 
     def score(self, batches: Iterable[Rows], total: int, description: str) -> dict[str, np.ndarray]:
         """Concatenated per-row results over `batches` (each at most batch_size rows)."""
         results: dict[str, list[np.ndarray]] = {"nll": [], "all_correct": []}
         with self.partitioner.activate():
             for rows in tqdm(batches, total=total, desc=description, unit="batch", file=sys.stderr):
-                count = len(rows["inputs"])
+                count = len(rows[INPUTS])
                 padded = {k: pad_rows(v, self.batch_size) for k, v in rows.items()}
                 out = jax.device_get(self._fn(self.params, {k: inference.global_array(v, self.sharding)
                                                             for k, v in padded.items()}))
@@ -140,15 +137,15 @@ def num_windows(num_tokens: int, seq_len: int, stride: int) -> int:
 def window_rows(tokens: np.ndarray, seq_len: int, stride: int, first: int, count: int) -> Rows:
     """Windows first..first+count-1: inputs tokens[s:s+seq_len], targets shifted by one, weight 1 on
     the targets the window scores (all for window 0, the last `stride` for later ones; 0 past the end)."""
-    rows = {k: np.zeros((count, seq_len), np.int32) for k in ("inputs", "targets")}
-    rows["weights"] = np.zeros((count, seq_len), np.float32)
+    rows = {k: np.zeros((count, seq_len), np.int32) for k in (INPUTS, TARGETS)}
+    rows[WEIGHTS] = np.zeros((count, seq_len), np.float32)
     for row, window in enumerate(range(first, first + count)):
         start = window * stride
         chunk = np.asarray(tokens[start:start + seq_len + 1])
         n = len(chunk) - 1
-        rows["inputs"][row, :n] = chunk[:-1]
-        rows["targets"][row, :n] = chunk[1:]
-        rows["weights"][row, 0 if window == 0 else seq_len - stride:n] = 1.0
+        rows[INPUTS][row, :n] = chunk[:-1]
+        rows[TARGETS][row, :n] = chunk[1:]
+        rows[WEIGHTS][row, 0 if window == 0 else seq_len - stride:n] = 1.0
     return rows
 
 
@@ -211,14 +208,14 @@ def lambada_example(tokenizer, text: str, strict: bool) -> tuple[list[int], list
 
 def lambada_rows(examples: Sequence[tuple[list[int], list[int]]], length: int) -> Rows:
     """One row per example, right-padded; contexts longer than length+1 lose their start."""
-    rows = {k: np.zeros((len(examples), length), np.int32) for k in ("inputs", "targets")}
-    rows["weights"] = np.zeros((len(examples), length), np.float32)
+    rows = {k: np.zeros((len(examples), length), np.int32) for k in (INPUTS, TARGETS)}
+    rows[WEIGHTS] = np.zeros((len(examples), length), np.float32)
     for row, (context, target) in enumerate(examples):
         ids = (context + target)[-(length + 1):]
         n = len(ids) - 1
-        rows["inputs"][row, :n] = ids[:-1]
-        rows["targets"][row, :n] = ids[1:]
-        rows["weights"][row, n - len(target):n] = 1.0
+        rows[INPUTS][row, :n] = ids[:-1]
+        rows[TARGETS][row, :n] = ids[1:]
+        rows[WEIGHTS][row, n - len(target):n] = 1.0
     return rows
 
 
@@ -278,9 +275,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     config, params, tokenizer, partitioner = inference.load_for_inference(args, with_tokenizer=args.task != "tokens")
-    seq_len = args.seq_len or config.max_len
-    if seq_len > config.max_len:
-        raise ValueError(f"--seq_len={seq_len} exceeds the model's max_len {config.max_len}.")
+    max_length = make_lm(config).max_length
+    seq_len = args.seq_len or max_length
+    if seq_len > max_length:
+        raise ValueError(f"--seq_len={seq_len} exceeds the model's max_len {max_length}.")
     scorer = Scorer(config, params, partitioner, args.batch_size)
     if args.task == "wikitext":
         result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len)

@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import models
 from partitioning import Partitioner
 from t5x_like import inference
 from t5x_like.errors import exit_on_user_error
+from t5x_like.lm import make_lm
 
 PROMPT_BUCKET = 64
 """Padded prompt lengths are multiples of this (capped by max_len), so few shapes compile."""
@@ -63,52 +63,6 @@ def sample(logits: jax.Array, rng: jax.Array, settings: Sampling) -> jax.Array:
     return jax.random.categorical(rng, logits).astype(jnp.int32)
 
 
-def cache_layout(module: nn.Module, batch: int, length: int) -> tuple[Any, Any]:
-    """(ShapeDtypeStructs, logical PartitionSpecs) of the decoding cache for [batch, length]."""
-    def create(params):
-        zeros = jnp.zeros((batch, length), jnp.int32)
-        return module.apply({"params": params}, zeros, positions=zeros, mutable=["cache"])[1]["cache"]
-
-    abstract, _ = inference.abstract_params(module.config)
-    boxed = jax.eval_shape(create, abstract)
-    return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
-
-
-def make_decode_fn(module: nn.Module, max_new_tokens: int, eod_id: int, settings: Sampling,
-                   cache_shardings: Any, cache_shapes: Any) -> Callable:
-    """decode(params, tokens [B, P] left-padded, valid [B, P], rng) -> generated ids [B, max_new_tokens]
-    (eod_id after a row's end of document)."""
-
-    def step(params, cache, tokens, positions, valid):
-        logits, variables = module.apply({"params": params, "cache": cache}, tokens, positions=positions,
-                                         segment_ids=valid.astype(jnp.int32), mutable=["cache"])
-        return logits[:, -1], variables["cache"]
-
-    def decode(params, tokens, valid, rng):
-        batch = tokens.shape[0]
-        cache = jax.tree.map(lambda s, sharding: jax.lax.with_sharding_constraint(
-            jnp.zeros(s.shape, s.dtype), sharding), cache_shapes, cache_shardings)
-        positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-        logits, cache = step(params, cache, tokens, positions, valid)
-        out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
-        state = (0, out, jnp.zeros(batch, bool), positions[:, -1] + 1, logits, cache)
-
-        def unfinished(state):
-            i, _, done, *_ = state
-            return (i < max_new_tokens) & ~done.all()
-
-        def body(state):
-            i, out, done, position, logits, cache = state
-            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i), settings))
-            out = out.at[:, i].set(token)
-            logits, cache = step(params, cache, token[:, None], position[:, None], jnp.ones((batch, 1), bool))
-            return i + 1, out, done | (token == eod_id), position + 1, logits, cache
-
-        return jax.lax.while_loop(unfinished, body, state)[1]
-
-    return decode
-
-
 def pad_prompts(prompts: Sequence[Sequence[int]], rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
     """Left-pad each prompt to `length` (extra rows are one-token dummies): (tokens, valid)."""
     tokens = np.zeros((rows, length), np.int32)
@@ -125,32 +79,37 @@ class Generator:
 
     def __init__(self, config, params, partitioner: Partitioner, *, eod_id: int, max_new_tokens: int,
                  settings: Sampling, batch_size: int = 8):
-        if not 0 < max_new_tokens < config.max_len:
+        self.lm = make_lm(config)
+        self.max_length = self.lm.max_length
+        if not 0 < max_new_tokens < self.max_length:
             raise ValueError(f"--max_new_tokens={max_new_tokens} must be between 1 and the model's "
-                             f"max_len - 1 ({config.max_len - 1}).")
+                             f"max_len - 1 ({self.max_length - 1}).")
         self.config, self.params, self.partitioner = config, params, partitioner
         self.eod_id, self.max_new_tokens, self.settings = eod_id, max_new_tokens, settings
         shards = partitioner.batch_shards
         self.batch_size = -(-batch_size // shards) * shards
-        self.module = models.build_model(config)
         self._compiled: dict[int, Callable] = {}
 
     def decode_fn(self, prompt_len: int) -> Callable:
+        """decode(params, tokens [B, P] left-padded, valid [B, P], rng) -> ids [B, max_new_tokens]
+        (eod_id after a row's end of document), compiled once per padded prompt length."""
         if prompt_len not in self._compiled:
-            shapes, specs = cache_layout(self.module, self.batch_size, prompt_len + self.max_new_tokens)
-            fn = make_decode_fn(self.module, self.max_new_tokens, self.eod_id, self.settings,
-                                self.partitioner.shardings(specs), shapes)
-            self._compiled[prompt_len] = jax.jit(fn, out_shardings=self.partitioner.replicated)
+            shapes, specs = self.lm.cache_layout(self.batch_size, prompt_len + self.max_new_tokens)
+            fn = functools.partial(
+                self.lm.decode, max_new_tokens=self.max_new_tokens, eod_id=self.eod_id,
+                sample=functools.partial(sample, settings=self.settings),
+                cache_layout=(shapes, self.partitioner.shardings(specs)))
+            self._compiled[prompt_len] = self.partitioner.partition(fn, None, self.partitioner.replicated)
         return self._compiled[prompt_len]
 
     def prompt_length(self, prompts: Sequence[Sequence[int]]) -> int:
-        room = self.config.max_len - self.max_new_tokens
+        room = self.max_length - self.max_new_tokens
         return min(room, -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET)
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[list[int]]:
         """Generated ids per prompt, cut before the first end-of-document id. Prompts longer than
         max_len - max_new_tokens keep their last tokens; an empty prompt starts from end-of-document."""
-        room = self.config.max_len - self.max_new_tokens
+        room = self.max_length - self.max_new_tokens
         prompts = [list(p)[-room:] if len(p) else [self.eod_id] for p in prompts]
         results = []
         sharding = self.partitioner.batch_sharding()

@@ -6,14 +6,13 @@ import argparse
 import dataclasses
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import models
 from partitioning import Partitioner, make_mesh
 from t5x_like import checkpoints
+from t5x_like.lm import make_lm
 
 
 def read_config(checkpoint: str):
@@ -41,9 +40,7 @@ def open_tokenizer(path: str | None, config, checkpoint: str = ""):
 
 def abstract_params(config) -> tuple[Any, Any]:
     """(unboxed ShapeDtypeStructs, logical PartitionSpecs) of the model's parameters."""
-    module = models.build_model(config)
-    boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
-    return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+    return make_lm(config).abstract_params()
 
 
 def restore_params(checkpoint: str, config, shardings_for: Callable[[Any], Any]) -> Any:

@@ -1,4 +1,4 @@
-"""FLOPs and MFU accounting, metric writers (metrics.jsonl, TensorBoard) and the console line."""
+"""MFU accounting (FLOPs come from the model: LanguageModel.flops_per_step), metric writers (metrics.jsonl, TensorBoard) and the console line."""
 from __future__ import annotations
 
 import json
@@ -22,12 +22,6 @@ def peak_tflops(device_kind: str) -> float | None:
     """Dense bf16 peak of one device, or None when the kind is not in PEAK_TFLOPS."""
     kind = device_kind.lower()
     return next((peak for name, peak in PEAK_TFLOPS if name in kind), None)
-
-
-def flops_per_token(num_params: int, num_layers: int, embed_dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N for the matmuls with every parameter (forward + backward)
-    plus causal attention, 6·L·T·d (the 12·L·T·d of full attention, halved by the mask)."""
-    return 6.0 * num_params + 6.0 * num_layers * seq_len * embed_dim
 
 
 METRICS_FILE = "metrics.jsonl"

@@ -1,15 +1,18 @@
-"""Optimizer: AdamW with decoupled weight decay on matrices only, global-norm clipping, and a
-warmup + decay learning-rate schedule."""
+"""Optimizers: AdamW with decoupled weight decay on matrices only (GPT recipes) or Adafactor with
+factored second moments (T5X's defaults), global-norm clipping, and learning-rate schedules: linear
+warmup then cosine / linear / constant, or T5's inverse square root ('rsqrt')."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import optax
 
 from t5x_like.errors import UserError
 
-SCHEDULES = ("cosine", "linear", "constant")
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+OPTIMIZERS = ("adamw", "adafactor")
 
 
 class Optimizer(NamedTuple):
@@ -20,9 +23,15 @@ class Optimizer(NamedTuple):
 def learning_rate_schedule(*, peak: float, warmup_steps: int, total_steps: int, decay: str = "cosine",
                            min_ratio: float = 0.1) -> optax.Schedule:
     """Linear warmup from 0 to `peak`, then cosine / linear decay to `min_ratio * peak` at
-    `total_steps` (or stay constant)."""
+    `total_steps` (or stay constant). 'rsqrt' is T5X's `constant * rsqrt_decay`: `peak` for the first
+    `warmup_steps` steps, then peak * sqrt(warmup_steps / step) (no ramp; T5 uses peak 0.01, 10k steps)."""
     if decay not in SCHEDULES:
         raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
+    if decay == "rsqrt":
+        if warmup_steps < 1:
+            raise UserError("the 'rsqrt' schedule holds the peak for WARMUP_STEPS steps; set WARMUP_STEPS >= 1 "
+                             "(T5 uses 10000).")
+        return lambda step: peak * jax.lax.rsqrt(jax.numpy.maximum(step, warmup_steps) / warmup_steps)
     if warmup_steps >= total_steps and decay != "constant":
         raise UserError(
             f"WARMUP_STEPS={warmup_steps} must be smaller than TRAIN_STEPS={total_steps} for "
@@ -49,12 +58,38 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(is_kernel, params)
 
 
-def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int, decay: str = "cosine",
-                   min_learning_rate_ratio: float = 0.1, b1: float = 0.9, b2: float = 0.95,
-                   eps: float = 1e-8, weight_decay: float = 0.1, clip_grad_norm: float = 1.0) -> Optimizer:
-    """AdamW (GPT-2/GPT-3 defaults) behind global-norm clipping (0 disables clipping)."""
+def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int, name: str = "adamw",
+                   decay: str = "cosine", min_learning_rate_ratio: float = 0.1, b1: float = 0.9, b2: float = 0.95,
+                   eps: float = 1e-8, weight_decay: float = 0.1, clip_grad_norm: float = 1.0,
+                   adafactor_decay_rate: float = 0.8) -> Optimizer:
+    """OPTIMIZER `name` behind global-norm clipping (0 disables clipping).
+
+    'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only). 'adafactor': optax's,
+    with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
+    clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay."""
+    if name not in OPTIMIZERS:
+        raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
     schedule = learning_rate_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
                                       decay=decay, min_ratio=min_learning_rate_ratio)
-    adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
+    if name == "adamw":
+        update = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
+    else:
+        update = optax.adafactor(schedule, decay_rate=adafactor_decay_rate, clipping_threshold=1.0,
+                                 multiply_by_parameter_scale=True, factored=True)
     clip = optax.clip_by_global_norm(clip_grad_norm) if clip_grad_norm > 0 else optax.identity()
-    return Optimizer(optax.chain(clip, adamw), schedule)
+    return Optimizer(optax.chain(clip, update), schedule)
+
+
+def init_state(tx: optax.GradientTransformation, params: Any) -> Any:
+    """tx.init(params), keeping each statistic's logical axis names where it has its parameter's shape.
+    Statistics of another shape (Adafactor's factored row and column moments, its [1]-shaped
+    placeholders) are small: their names are dropped, so they are replicated."""
+    is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
+    shapes = {(box.names, box.value.shape) for box in jax.tree.leaves(params, is_leaf=is_box) if is_box(box)}
+
+    def fix(leaf):
+        if is_box(leaf) and (leaf.names, leaf.value.shape) not in shapes:
+            return leaf.replace(names=(None,) * leaf.value.ndim)
+        return leaf
+
+    return jax.tree.map(fix, tx.init(params), is_leaf=is_box)

@@ -1,8 +1,8 @@
-"""`python -m t5x_like.train --gin_file=gpt2.gin --gin.MODEL_DIR="'/runs/gpt2'"`.
+"""`python -m t5x_like.train --gin_file=quickstart.gin --gin.MODEL_DIR="'/runs/quickstart'"`.
 
-Parses absl flags and gin, then runs `train()`: build mesh, model, state and data, loop over
-steps, log, evaluate and checkpoint. The machinery lives in trainer / checkpoints / metrics /
-partitioning; this file only wires it together.
+Parses absl flags and gin, then runs `train()`: assemble the run (experiment.build_experiment), open
+the data, loop over steps, log, evaluate and checkpoint. The machinery lives in experiment / trainer /
+checkpoints / metrics; this file only wires it together.
 """
 from __future__ import annotations
 
@@ -17,18 +17,16 @@ import sys
 import time
 from typing import Callable
 
-import flax.linen as nn
 import gin
 import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import app, flags, logging
 
 import configs
 import models
-from partitioning import Partitioner, make_mesh, pipeline
+from partitioning import make_mesh
 from t5x_like import checkpoints, data, distributed, metrics, optim, run_lock, trainer
 from t5x_like.errors import UserError, exit_on_user_error
+from t5x_like.experiment import Experiment, build_experiment, check_integers
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -63,31 +61,22 @@ class TrainResult:
     stopped_by_signal: int | None = None
 
 
-@gin.configurable(denylist=["data_source"])
-def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRED, rules: str = "fsdp_tensor",
-          optimizer: optim.Optimizer = gin.REQUIRED, train_steps: int = gin.REQUIRED,
-          batch_size: int = gin.REQUIRED, seq_len: int = gin.REQUIRED, seed: int = 0,
-          grad_accum_steps: int = 1, z_loss: float = 0.0,
-          loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
-          on_nonfinite: str = "stop", on_corrupt_checkpoint: str = "fallback", checkpoint_every: int = 1000,
+@gin.configurable(denylist=["data_source", "experiment"])
+def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, pipeline_microbatches: int = 1, cross_entropy: str = "chunked",
-          offload_optimizer_state: bool = False, pipeline_repeats: int = 1,
-          data_source: Callable = make_source) -> TrainResult:
-    """Train `model` for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint.
+          log_every: int = 10, on_corrupt_checkpoint: str = "fallback", data_source: Callable = make_source,
+          experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
+    """Train for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint. `experiment`
+    assembles the run (gin binds build_experiment's arguments); it is called with the restored model config.
 
-    `on_nonfinite`: a step with a non-finite loss or gradients is never applied; 'stop' stops the run
-    (nothing of that step is saved), 'skip' goes on. `on_corrupt_checkpoint`: a damaged checkpoint is
-    skipped for the previous one ('fallback', logged loudly) or stops the run ('stop')."""
-    check_integers(train_steps=train_steps, batch_size=batch_size, seq_len=seq_len, grad_accum_steps=grad_accum_steps,
-                   checkpoint_every=checkpoint_every, eval_every=eval_every, eval_steps=eval_steps, log_every=log_every)
-    if on_nonfinite not in ("stop", "skip"):
-        raise UserError(f"train.on_nonfinite={on_nonfinite!r}: choose 'stop' or 'skip'.")
+    A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
+    stops the run, nothing of that step saved; 'skip' goes on). `on_corrupt_checkpoint`: a damaged
+    checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop')."""
+    check_integers(train_steps=train_steps, checkpoint_every=checkpoint_every, eval_every=eval_every,
+                   eval_steps=eval_steps, log_every=log_every)
     if on_corrupt_checkpoint not in checkpoints.ON_CORRUPT:
         raise UserError(f"train.on_corrupt_checkpoint={on_corrupt_checkpoint!r}: choose one of "
                         f"{checkpoints.ON_CORRUPT}.")
-    partitioner = Partitioner(mesh, rules)
-    check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
     primary = distributed.is_primary()
     with contextlib.ExitStack() as run:
         if primary:
@@ -99,53 +88,43 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
             return finished_run(ckpt, latest, train_steps, model_dir)
         stored = ckpt.model_info() if latest is not None else (
             checkpoints.read_model_info(restore_from) if restore_from else None)
-        config = resolve_model_config(model, mesh.shape["tensor"], stored)
-        source = open_source(data_source, "train", batch_size, seq_len, seed, config)
-        eval_source = open_source(data_source, "validation", batch_size, seq_len, seed, config) if eval_every else None
-
-        step_config = trainer.StepConfig(
-            grad_accum_steps=grad_accum_steps, z_loss=z_loss,
-            loss_scale=loss_scale if config.dtype == "float16" else None, cross_entropy=cross_entropy,
-            offload_optimizer_state=offload_optimizer_state)
-        module = pipelined(models.build_model(config), config, mesh.shape["stage"], pipeline_microbatches,
-                           pipeline_repeats, batch_size // grad_accum_steps, partitioner.batch_shards)
-        run.enter_context(partitioner.activate())
-        state, shardings, num_params = create_state(
-            module, optimizer, partitioner, seed, seq_len, step_config, config)
-        resumed = restore_newest(ckpt, state, shardings, on_corrupt_checkpoint) if latest is not None else None
+        exp = experiment(restored=models.config_from_dict(stored["config"]) if stored else None)
+        source = open_source(data_source, "train", exp)
+        run.callback(source.close)
+        eval_source = open_source(data_source, "validation", exp) if eval_every else None
+        if eval_source is not None:
+            run.callback(eval_source.close)
+        state = exp.init_state()
+        run.enter_context(exp.partitioner.activate())
+        resumed = restore_newest(ckpt, state, exp.shardings, on_corrupt_checkpoint) if latest is not None else None
         if resumed is not None:
             state, data_state = resumed
             source.set_state(data_state)
             logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
-            warn_schedule_change(stored, optimizer, train_steps, int(state.step))
+            warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step))
         elif restore_from:
             state = state.replace(params=checkpoints.restore_params(
-                restore_from, checkpoints.with_shardings(state.params, shardings.params)))
+                restore_from, checkpoints.with_shardings(state.params, exp.shardings.params)))
             logging.info("initialised parameters from %s (params only)", restore_from)
         step = int(state.step)
         if primary:
             write_config(model_dir, step)
-        batch_sharding = partitioner.batch_sharding()
-        step_fn = jit_train_step(module, optimizer, step_config, shardings, partitioner)
-        eval_fn = jax.jit(trainer.make_eval_step(module, cross_entropy), in_shardings=(shardings.params, batch_sharding),
-                          out_shardings=partitioner.replicated)
-        model_info = {"config": dataclasses.asdict(config), "tokenizer": source.tokenizer_path,
+        model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": source.tokenizer_path,
                       "train_steps": train_steps}
         writer = metrics.MetricsWriter(model_dir, enabled=primary, start_step=step)
         run.callback(writer.close)
         throughput = metrics.Throughput(
-            tokens_per_step=batch_size * seq_len,
-            flops_per_step=metrics.flops_per_token(num_params, config.num_layers, config.embed_dim, seq_len)
-            * batch_size * seq_len,
+            tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         stop = StopSignal()
         run.callback(stop.restore)
-        check = NonfiniteCheck(state.params, on_nonfinite)
+        check = NonfiniteCheck(state.params, exp.on_nonfinite)
         run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
         start, first_step = time.perf_counter(), step
+        step_fn = exp.train_step
         pending = None
         while step < train_steps and not stop.signum:
-            batch = global_batch(next(source), batch_sharding)
+            batch = exp.global_batch(next(source))
             if step == first_step:
                 step_fn = compile_step(step_fn, state, batch)
                 throughput.reset()
@@ -160,36 +139,23 @@ def train(*, model_dir: str = gin.REQUIRED, model=gin.REQUIRED, mesh=gin.REQUIRE
                 report(*pending, writer, throughput, train_steps, log_every, check)
                 pending = None
             if saving:
-                save(ckpt, step, state, source, model_info, optimizer)
+                save(ckpt, step, state, source, model_info, exp.optimizer)
             if evaluating:
-                evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+                evaluate(exp, state.params, eval_source, eval_steps, writer, step)
                 throughput.reset()  # step times exclude evaluation (and its compilation)
         if pending:
             report(*pending, writer, throughput, train_steps, 1, check)
         if stop.signum:
             logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
         if ckpt.latest_step() != step:
-            save(ckpt, step, state, source, model_info, optimizer)
+            save(ckpt, step, state, source, model_info, exp.optimizer)
         if eval_every and step % eval_every and step >= train_steps:
-            evaluate(eval_fn, state.params, eval_source, eval_steps, batch_sharding, writer, step)
+            evaluate(exp, state.params, eval_source, eval_steps, writer, step)
         ckpt.wait()
         if primary:
-            logging.info("%s", summary(model_dir, step - first_step, step, train_steps, batch_size * seq_len,
+            logging.info("%s", summary(model_dir, step - first_step, step, train_steps, exp.tokens_per_step,
                                        time.perf_counter() - start))
     return TrainResult(step, stop.signum)
-
-
-def check_integers(**values) -> None:
-    """A macro given as something other than an integer (e.g. BATCH_SIZE='eight') named, with the fix."""
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            macro = MACROS.get(name, f"train.{name}")
-            raise UserError(f"{macro}={value!r}: expected an integer, e.g. --gin.{macro}=8 (no quotes).")
-
-
-MACROS = {"train_steps": "TRAIN_STEPS", "batch_size": "BATCH_SIZE", "seq_len": "SEQ_LEN",
-          "grad_accum_steps": "GRAD_ACCUM_STEPS", "checkpoint_every": "CHECKPOINT_EVERY",
-          "eval_every": "EVAL_EVERY", "eval_steps": "EVAL_STEPS"}
 
 
 def finished_run(ckpt: checkpoints.Checkpointer, latest: int, train_steps: int, model_dir: str) -> TrainResult:
@@ -243,100 +209,16 @@ def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_
     return "\n".join(lines)
 
 
-def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
-    if batch_size % grad_accum_steps:
-        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
-    micro = batch_size // grad_accum_steps
-    if micro % batch_shards:
-        raise UserError(
-            f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
-            f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
-            f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
-    if batch_size % jax.process_count():
-        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
-
-
-def resolve_model_config(config, tensor: int, stored: dict | None):
-    """Pad the vocabulary to 128 x tensor, unless a checkpoint fixes the padded size already."""
-    config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
-    if stored is None:
-        return config
-    saved = models.config_from_dict(stored["config"])
-    shape_fields = ("family", "vocab_size", "num_layers", "num_heads", "embed_dim", "mlp_dim", "max_len")
-    differ = {f: (getattr(saved, f), getattr(config, f)) for f in shape_fields
-              if getattr(saved, f) != getattr(config, f)}
-    if differ:
-        raise UserError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
-                         "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
-    if saved.padded_vocab_size % tensor == 0:
-        config = dataclasses.replace(config, vocab_pad_multiple=saved.vocab_pad_multiple)
-    return config
-
-
-def open_source(data_source: Callable, split: str, batch_size: int, seq_len: int, seed: int, config):
-    source = data_source(split, batch_size=batch_size // jax.process_count(), seq_len=seq_len, seed=seed,
-                         shard_index=jax.process_index(), shard_count=jax.process_count())
-    if source.vocab_size > config.vocab_size:
+def open_source(data_source: Callable, split: str, exp: Experiment):
+    """This host's batches of `split`, checked against the model's vocabulary."""
+    source = data_source(split, batch_size=exp.batch_size // jax.process_count(), feature_lengths=exp.lengths,
+                         seed=exp.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+    if source.vocab_size > exp.config.vocab_size:
         raise UserError(
             f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
-            f"{config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
+            f"{exp.config.vocab_size}; use a model with vocab_size >= {source.vocab_size} "
             "(model_config.overrides={'vocab_size': ...}) or the model's own tokenizer.")
-    if seq_len > config.max_len:
-        raise UserError(f"SEQ_LEN={seq_len} exceeds the model's max_len {config.max_len}.")
     return source
-
-
-def pipelined(module, config, stages: int, microbatches: int, repeats: int, rows: int, batch_shards: int):
-    """`module` with its layer stack pipelined over the 'stage' mesh axis (PIPELINE_PARALLEL > 1);
-    `rows` is a gradient-accumulation microbatch's row count."""
-    if stages == 1 and microbatches == 1 and repeats == 1:
-        return module
-    if stages == 1:
-        raise UserError(f"NUM_MICROBATCHES={microbatches} / train.pipeline_repeats={repeats} need "
-                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
-    schedule = pipeline.Schedule(stages, microbatches, repeats)
-    schedule.check(config.num_layers, rows, batch_shards)
-    logging.info("%s", schedule.describe())
-    return module.clone(layer_stack=schedule.layer_stack)
-
-
-def abstract_state(module, optimizer, partitioner, seed, seq_len, step_config):
-    """(init function, its abstract state, the state's shardings), checked to divide over the mesh."""
-    init = lambda rng: trainer.init_train_state(  # noqa: E731
-        module, optimizer.tx, rng, jnp.zeros((1, seq_len), jnp.int32), step_config.loss_scale)
-    abstract = jax.eval_shape(lambda: init(jax.random.PRNGKey(seed)))  # no eager op: the mesh may be compile-only
-    specs = nn.get_partition_spec(abstract)
-    partitioner.check_divisible(abstract.params, specs.params)
-    partitioner.check_divisible(abstract.opt_state, specs.opt_state, "opt_state")
-    if distributed.is_primary():
-        logging.info("parameter layout:\n%s", partitioner.describe(abstract.params, specs.params))
-    opt_shardings = partitioner.shardings(specs.opt_state, "opt_state")
-    if step_config.offload_optimizer_state:
-        opt_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), opt_shardings)
-    shardings = partitioner.shardings(specs).replace(opt_state=opt_shardings)
-    return init, abstract, shardings
-
-
-def jit_train_step(module, optimizer, step_config, shardings, partitioner):
-    """The train step, jitted with the state's and the batch's shardings, donating the old state."""
-    return jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
-                   in_shardings=(shardings, partitioner.batch_sharding()),
-                   out_shardings=(shardings, partitioner.replicated), donate_argnums=0)
-
-
-def create_state(module, optimizer, partitioner, seed, seq_len, step_config, config):
-    """A sharded fresh state (initialised in place, no host holds the whole model) and its shardings."""
-    init, _, shardings = abstract_state(module, optimizer, partitioner, seed, seq_len, step_config)
-    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(jax.random.PRNGKey(seed))
-    num_params = count_params(state.params, config)
-    logging.info("model: %s, %s parameters", config.family, f"{num_params:,}")
-    return state, shardings, num_params
-
-
-def count_params(params, config) -> int:
-    """Parameters excluding the padding rows of the vocabulary (comparable with HF's counts)."""
-    total = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-    return total - (config.padded_vocab_size - config.vocab_size) * config.embed_dim
 
 
 def train_state_item(state: trainer.TrainState) -> dict:
@@ -359,11 +241,6 @@ def restore_newest(ckpt, state, shardings, on_corrupt: str):
         return None
     _, params, rest, data_state = restored
     return state.replace(params=params, **rest), data_state
-
-
-def global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-    """This host's rows -> global arrays laid out over the data-parallel devices."""
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
 
 class NonfiniteCheck:
@@ -392,7 +269,7 @@ class NonfiniteCheck:
             "was written: the run resumes from the last checkpoint. Likely causes: a learning rate too high for "
             "this model or batch (lower LEARNING_RATE, lengthen WARMUP_STEPS, keep gradient clipping on); "
             "float16 overflow (use bfloat16 or float32); bad input (token ids beyond the vocabulary, "
-            "NaN loss weights). Or set train.on_nonfinite='skip' to skip such steps.")
+            "NaN loss weights). Or set build_experiment.on_nonfinite='skip' to skip such steps.")
 
 
 def report(step, step_metrics, writer, throughput, total, log_every, check: NonfiniteCheck) -> None:
@@ -416,12 +293,12 @@ def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, s
               model=info)
 
 
-def evaluate(eval_fn, params, source, eval_steps, sharding, writer, step) -> None:
+def evaluate(exp: Experiment, params, source, eval_steps, writer, step) -> None:
     """Validation loss over the first `eval_steps` batches of the validation split."""
     source.reset()
     nll = weight = 0.0
     for _ in range(eval_steps):
-        out = jax.device_get(eval_fn(params, global_batch(next(source), sharding)))
+        out = jax.device_get(exp.eval_step(params, exp.global_batch(next(source))))
         nll, weight = nll + float(out["nll_sum"]), weight + float(out["weight_sum"])
     loss = nll / max(weight, 1.0)
     writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 80.0))})
@@ -472,7 +349,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
         if not required:
             raise
         raise app.UsageError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
-                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/gpt2'\") or set it in a gin file.") from None
+                             f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
 
 
 def quiet_library_logs() -> None:

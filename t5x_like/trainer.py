@@ -1,9 +1,8 @@
-"""Train state and the pure step functions: loss, gradient accumulation, loss scaling.
+"""Train state and the pure step functions: gradient accumulation, loss scaling, the update.
 
 `train_step(state, batch)` and `eval_step(params, batch)` are built by `make_train_step` /
-`make_eval_step` and jitted by the caller with in/out shardings and donation. Batches are
-dicts of [batch, length] arrays: inputs, targets, weights and, for packed rows, segment_ids
-and positions.
+`make_eval_step` over a LanguageModel (t5x_like/lm.py: it owns the batch's features and the loss)
+and jitted by the Partitioner with in/out shardings and donation (t5x_like/experiment.py).
 """
 from __future__ import annotations
 
@@ -11,13 +10,14 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
-from models.kernels.cross_entropy import chunked_cross_entropy
+from partitioning.pipeline import split_microbatches
+from t5x_like import optim
+from t5x_like.lm import LanguageModel, Lengths, check_cross_entropy
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -83,74 +83,29 @@ class StepConfig:
     grad_accum_steps: int = 1
     z_loss: float = 0.0
     loss_scale: LossScaleConfig | None = None  # set for float16 compute
-    cross_entropy: str = "xla"  # 'xla': from full logits; 'chunked': never materialises them
+    cross_entropy: str = "chunked"  # t5x_like.lm.CROSS_ENTROPY
     offload_optimizer_state: bool = False  # optimizer state lives in host memory, visits the device to update
 
     def __post_init__(self):
-        if self.cross_entropy not in CROSS_ENTROPY:
-            raise ValueError(f"cross_entropy={self.cross_entropy!r}: choose one of {CROSS_ENTROPY}.")
+        check_cross_entropy(self.cross_entropy)
 
 
-CROSS_ENTROPY = ("xla", "chunked")
-
-
-def init_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array,
-                     sample_tokens: jax.Array, loss_scale: LossScaleConfig | None) -> TrainState:
+def init_train_state(lm: LanguageModel, tx: optax.GradientTransformation, rng: jax.Array,
+                     lengths: Lengths, loss_scale: LossScaleConfig | None) -> TrainState:
     """A fresh state whose params and optimizer moments keep their logical-axis boxes."""
     params_rng, dropout_rng = jax.random.split(rng)
-    params = model.init(params_rng, sample_tokens)["params"]
+    params = lm.init(params_rng, lengths)
     return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng,
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=optim.init_state(tx, params), rng=dropout_rng,
         loss_scale=LossScale.create(loss_scale) if loss_scale else None,
     )
-
-
-def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                       z_loss: float) -> tuple[jax.Array, jax.Array]:
-    """(Σ weights·nll, z_loss·Σ weights·logsumexp²) in fp32; padded vocab ids are already masked."""
-    logits = logits.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = (log_z - target_logit) * weights
-    return nll.sum(), z_loss * (jnp.square(log_z) * weights).sum()
-
-
-def model_inputs(batch: Batch) -> dict[str, jax.Array]:
-    return {k: batch[k] for k in ("positions", "segment_ids") if k in batch}
-
-
-def loss_sums(model: nn.Module, params: Any, batch: Batch, *, z_loss: float, dropout_rng: jax.Array | None,
-              cross_entropy: str = "xla") -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(Σ nll, Σ z-loss, Σ weights) of one batch; dropout is on when a dropout_rng is given."""
-    outputs = model.apply({"params": params}, batch["inputs"], **model_inputs(batch),
-                          deterministic=dropout_rng is None, return_hidden=cross_entropy == "chunked",
-                          rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
-    weights = batch["weights"].astype(jnp.float32)
-    if cross_entropy == "chunked":
-        hidden, embedding = outputs
-        nll, z = chunked_cross_entropy(hidden, embedding, batch["targets"], weights,
-                                       vocab_size=model.config.vocab_size, z_loss=z_loss)
-    else:
-        nll, z = cross_entropy_sums(outputs, batch["targets"], weights, z_loss)
-    return nll, z, weights.sum()
-
-
-def split_microbatches(batch: Batch, count: int) -> Batch:
-    """[B, ...] -> [count, B/count, ...], microbatch i = rows i, i+count, ... so that every
-    microbatch keeps the batch's spread over the data-parallel devices."""
-    def split(x):
-        if x.shape[0] % count:
-            raise ValueError(f"batch of {x.shape[0]} rows does not split into {count} microbatches; "
-                             "make BATCH_SIZE a multiple of GRAD_ACCUM_STEPS.")
-        return jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1)
-    return jax.tree.map(split, batch)
 
 
 def accumulate_gradients(grad_fn: Callable, params: Any, batch: Batch, rng: jax.Array, count: int):
     """Sum (grads, aux) of grad_fn over `count` microbatches inside one scan."""
     if count == 1:
         return grad_fn(params, batch, rng)
-    micro = split_microbatches(batch, count)
+    micro = jax.tree.map(lambda x: split_microbatches(x, count, "GRAD_ACCUM_STEPS"), batch)
 
     def body(carry, xs):
         micro_batch, i = xs
@@ -167,7 +122,7 @@ def leaf_finite(tree: Any) -> jax.Array:
     return jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)])
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
+def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     config: StepConfig) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The pure train step: loss -> grads (accumulated) -> (unscaled) -> optax update. A step whose
     loss or gradients are not finite leaves params and optimizer state unchanged (metrics 'skipped'
@@ -175,8 +130,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
 
     def grad_fn(params, batch, rng, scale):
         def scaled_loss(p):
-            nll, z, w = loss_sums(model, p, batch, z_loss=config.z_loss, dropout_rng=rng,
-                                  cross_entropy=config.cross_entropy)
+            nll, z, w = lm.loss_sums(p, batch, rng, z_loss=config.z_loss, cross_entropy=config.cross_entropy)
             return (nll + z) * scale, (nll, z, w)
         return jax.grad(scaled_loss, has_aux=True)(params)
 
@@ -218,11 +172,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
     return train_step
 
 
-def make_eval_step(model: nn.Module, cross_entropy: str = "xla") -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(lm: LanguageModel, cross_entropy: str = "chunked") -> Callable[[Any, Batch], Metrics]:
     """Σ nll and Σ weights of one batch, deterministic (no dropout)."""
 
     def eval_step(params: Any, batch: Batch) -> Metrics:
-        nll, _, weight = loss_sums(model, params, batch, z_loss=0.0, dropout_rng=None, cross_entropy=cross_entropy)
+        nll, _, weight = lm.loss_sums(params, batch, z_loss=0.0, cross_entropy=cross_entropy)
         return {"nll_sum": nll, "weight_sum": weight}
 
     return eval_step

@@ -8,6 +8,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+
 
 class SyntheticSource:
     """Rows of a learnable pattern (each row counts up by a per-row stride modulo the vocab).
@@ -16,8 +18,9 @@ class SyntheticSource:
     resumed source continues exactly; state is the step index.
     """
 
-    def __init__(self, split, *, batch_size, seq_len, seed, shard_index, shard_count, vocab_size=256):
-        self.split, self.batch_size, self.seq_len, self.seed = split, batch_size, seq_len, seed
+    def __init__(self, split, *, batch_size, feature_lengths, seed, shard_index, shard_count, vocab_size=256):
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.seq_len = feature_lengths["targets"]
         self.shard_index, self.vocab_size = shard_index, vocab_size
         self.eod_id, self.tokenizer_path, self.index = 0, None, 0
 
@@ -28,8 +31,8 @@ class SyntheticSource:
         rows = [self.row(self.index, self.shard_index * self.batch_size + r) for r in range(self.batch_size)]
         self.index += 1
         tokens = np.stack(rows)
-        return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-                "weights": np.ones((self.batch_size, self.seq_len), np.float32)}
+        return {DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+                DECODER_LOSS_WEIGHTS: np.ones((self.batch_size, self.seq_len), np.float32)}
 
     def row(self, index, row):
         rng = np.random.default_rng([self.seed, {"train": 0, "validation": 1}[self.split], index, row])
@@ -44,6 +47,9 @@ class SyntheticSource:
 
     def reset(self):
         self.index = 0
+
+    def close(self):
+        pass
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +69,29 @@ def random_hf_gpt2():
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=50257, n_positions=40, n_embd=36, n_layer=2, n_head=4, n_inner=52,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * scale)
+        return model
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def random_hf_neox():
+    """A builder of small transformers GPTNeoXForCausalLMs (4 heads of 16 dims, 2 layers) with every
+    tensor perturbed by `scale`; `sizes` override the config (e.g. vocab_size=50277, the 20B
+    tokenizer's, so padding is exercised); skips without the torch extra."""
+    torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+
+    def build(scale: float, *, rotary_pct: float = 0.25, parallel: bool = True, seed: int = 0, **sizes):
+        torch.manual_seed(seed)
+        config = transformers.GPTNeoXConfig(**{
+            "vocab_size": 301, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 80, "max_position_embeddings": 40, "hidden_dropout": 0.0,
+            "attention_dropout": 0.0, "rotary_pct": rotary_pct, "use_parallel_residual": parallel, **sizes})
+        model = transformers.GPTNeoXForCausalLM(config).eval()
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * scale)

@@ -3,6 +3,10 @@
     to-hf    SRC DST        MODEL_DIR or step dir -> a directory AutoModelForCausalLM.from_pretrained loads
     from-hf  SRC DST        Hugging Face directory -> DST/checkpoints/<step> (eval, generate, RESTORE_FROM)
     to-torch SRC FILE.pt    MODEL_DIR or step dir -> a plain state_dict with Hugging Face names
+    from-neox SRC DST       GPT-NeoX's own checkpoint (global_stepN/layer_XX-model_YY-model_states.pt,
+                            tensor-parallel shards merged) -> DST/checkpoints/<step>, e.g.
+        python -m t5x_like.convert from-neox /ckpts/20B/global_step150000 /runs/neox20b --preset=neox_20b \
+          --tokenizer=/data/20B_tokenizer.json
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import sys
 from typing import Sequence
 
 import models
-from t5x_like.convert import hf
+from t5x_like.convert import hf, neox
 from t5x_like.errors import exit_on_user_error
 
 
@@ -28,13 +32,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     from_hf = commands.add_parser("from-hf", help="Hugging Face directory -> params-only checkpoint")
     from_hf.add_argument("src", help="directory with config.json and model.safetensors or pytorch_model.bin")
     from_hf.add_argument("dst", help="output MODEL_DIR (the checkpoint goes to DST/checkpoints/<step>)")
-    from_hf.add_argument("--step", type=int, default=0, help="step number to record")
-    from_hf.add_argument("--no_scan_layers", dest="scan_layers", action="store_false",
-                         help="store blocks as block_0, block_1, ... (default: stacked for nn.scan)")
-    from_hf.add_argument("--vocab_pad_multiple", type=int, default=128,
-                         help="pad the vocabulary to a multiple of this (padding rows are zeros)")
-    from_hf.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES),
-                         help="compute dtype recorded in the model config (weights stay float32)")
+    from_neox = commands.add_parser("from-neox", help="GPT-NeoX pipeline checkpoint -> params-only checkpoint")
+    from_neox.add_argument("src", help="GPT-NeoX checkpoint directory (global_stepN) with "
+                                       "layer_XX-model_YY-model_states.pt files")
+    from_neox.add_argument("dst", help="output MODEL_DIR (the checkpoint goes to DST/checkpoints/<step>)")
+    from_neox.add_argument("--preset", required=True, help="the checkpoint's model preset, e.g. neox_20b, pythia_1b")
+    from_neox.add_argument("--tokenizer", default=None,
+                           help="tokenizer to record, e.g. .../gpt-neox-20b-tokenizer/20B_tokenizer.json")
+    for command in (from_hf, from_neox):
+        command.add_argument("--step", type=int, default=0, help="step number to record")
+        command.add_argument("--no_scan_layers", dest="scan_layers", action="store_false",
+                             help="store blocks as block_0, block_1, ... (default: stacked for nn.scan)")
+        command.add_argument("--vocab_pad_multiple", type=int, default=128,
+                             help="pad the vocabulary to a multiple of this (padding rows are zeros)")
+        command.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES),
+                             help="compute dtype recorded in the model config (weights stay float32)")
     return parser.parse_args(argv)
 
 
@@ -47,6 +59,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "to-torch":
         hf.to_torch(args.src, args.file)
         print(f"wrote {args.file}")
+    elif args.command == "from-neox":
+        config = neox.preset_config(args.preset, scan_layers=args.scan_layers,
+                                    vocab_pad_multiple=args.vocab_pad_multiple, dtype=args.dtype)
+        path = neox.from_neox(args.src, args.dst, config, tokenizer=args.tokenizer, step=args.step)
+        print(f"wrote {path}")
     else:
         path = hf.from_hf(args.src, args.dst, step=args.step, scan_layers=args.scan_layers,
                           vocab_pad_multiple=args.vocab_pad_multiple, dtype=args.dtype)

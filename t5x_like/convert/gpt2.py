@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from models.gpt2 import GPT2Config
-from t5x_like.convert.mapping import Entry, Transform
+from t5x_like.convert.mapping import Entry, Stack, Transform
 
 HF_MODEL_TYPE = "gpt2"
 HF_BLOCK_PREFIX = "transformer.h.{}."
@@ -62,6 +62,17 @@ BLOCK = (
     Entry("mlp.c_proj.weight", ("mlp/proj_kernel",)),
     Entry("mlp.c_proj.bias", ("mlp/proj_bias",)),
 )
+
+
+def layout(config: GPT2Config) -> tuple[tuple[Entry, ...], list[Stack]]:
+    """(top-level entries, block stacks) of this config."""
+    return TOP, [Stack("", HF_BLOCK_PREFIX, BLOCK, config.num_layers)]
+
+
+def tokenizer_config(config: GPT2Config, tokenizer) -> dict:
+    """tokenizer_config.json entries besides tokenizer_class: the end-of-document token throughout."""
+    eod = tokenizer.decode([tokenizer.eod_id])
+    return {"bos_token": eod, "eos_token": eod, "unk_token": eod, "model_max_length": config.max_len}
 
 
 def config_to_hf(config: GPT2Config, eod_id: int | None) -> dict:

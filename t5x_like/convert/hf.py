@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -17,14 +18,15 @@ import numpy as np
 
 from t5x_like import checkpoints
 from t5x_like import inference
-from t5x_like.convert import gpt2, mapping
+from t5x_like.convert import gpt2, mapping, neox, t5
 from t5x_like.errors import UserError
 
-FAMILIES = {"gpt2": gpt2}
-"""Our family name -> converter module (HF_MODEL_TYPE, HF_BLOCK_PREFIX, TOP, BLOCK, TIED, configs)."""
-HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
+FAMILIES = {"gpt2": gpt2, "neox": neox, "t5": t5}
+"""Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
+entries and block stacks), config_to_hf, config_from_hf, tokenizer_config."""
+HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "spiece.model", "tokenizer_config.json",
                       "special_tokens_map.json")
-GPT2_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
+OPENAI_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
                   "merges.txt": "merges.txt"}
 
 
@@ -39,7 +41,7 @@ def hf_tensors(src: str) -> Iterator[tuple[str, np.ndarray]]:
     config, _ = inference.read_config(src)
     family = converter_for(config.family)
     flat = mapping.flatten(restore_on_host(src, config))
-    yield from mapping.to_hf_tensors(flat, config, family.TOP, family.BLOCK, family.HF_BLOCK_PREFIX)
+    yield from mapping.to_hf_tensors(flat, config, *family.layout(config))
 
 
 def restore_on_host(src: str, config) -> dict:
@@ -68,17 +70,18 @@ def to_hf(src: str, dst: str) -> None:
     hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:
-        write_hf_tokenizer(tokenizer, dst, config.max_len)
+        write_hf_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))
 
 
 def to_torch(src: str, file: str) -> None:
-    """torch.save a state_dict with HF names (tied tensors shared), loadable into the HF model class."""
+    """torch.save a state_dict with HF names (tied tensors shared), loadable into the HF model class.
+    A tied name that the checkpoint has its own tensor for (an untied output head) keeps it."""
     import torch
 
     config, _ = inference.read_config(src)
     state = {name: torch.from_numpy(np.array(array, np.float32)) for name, array in hf_tensors(src)}
     for name, same_as in converter_for(config.family).TIED.items():
-        state[name] = state[same_as]
+        state.setdefault(name, state[same_as])
     os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
     torch.save(state, file)
 
@@ -102,7 +105,7 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     config = family.config_from_hf(hf_config, config_file, **choices)
     tokenizer_path = copy_hf_tokenizer(src, os.path.join(dst, "tokenizer"), config)
     tensors = read_hf_weights(src)
-    flat = mapping.from_hf_tensors(tensors, config, family.TOP, family.BLOCK, family.HF_BLOCK_PREFIX, src)
+    flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)
     del tensors
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
     checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer_path})
@@ -143,7 +146,7 @@ def read_hf_weights(src: str) -> dict[str, np.ndarray]:
 def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     """Copy the HF tokenizer files in `src` to `dst` and return `dst`, or None when there are none."""
     present = [name for name in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(src, name))]
-    if not ({"vocab.json", "merges.txt"} <= set(present) or "tokenizer.json" in present):
+    if not ({"vocab.json", "merges.txt"} <= set(present) or {"tokenizer.json", "spiece.model"} & set(present)):
         return None
     os.makedirs(dst, exist_ok=True)
     for name in present:
@@ -152,22 +155,28 @@ def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     return os.path.abspath(dst)
 
 
-def write_hf_tokenizer(tokenizer, dst: str, max_len: int) -> None:
-    """The tokenizer files transformers' AutoTokenizer reads: GPT-2 BPE files or tokenizer.json."""
+def write_hf_tokenizer(tokenizer, dst: str, special: dict) -> None:
+    """The tokenizer files transformers' AutoTokenizer reads: GPT-2 BPE files, a sentencepiece model
+    (as spiece.model) or tokenizer.json; `special` (the converter's tokenizer_config) goes into
+    tokenizer_config.json and may name its own tokenizer_class."""
     path = tokenizer.path
-    eod = tokenizer.decode([tokenizer.eod_id])
-    special = {"bos_token": eod, "eos_token": eod, "unk_token": eod, "model_max_length": max_len}
     if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n)) for n in ("encoder.json", "vocab.json")) \
             and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        for name, hf_name in GPT2_BPE_FILES.items():
+        for name, hf_name in OPENAI_BPE_FILES.items():
             if os.path.isfile(os.path.join(path, name)):
                 shutil.copyfile(os.path.join(path, name), os.path.join(dst, hf_name))
         write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "GPT2Tokenizer", **special})
         return
+    sp_models = sorted(glob.glob(os.path.join(path, "*.model"))) if os.path.isdir(path) else [path]
+    if len(sp_models) == 1 and sp_models[0].endswith(".model") and not os.path.isfile(
+            os.path.join(path, "tokenizer.json")):
+        shutil.copyfile(sp_models[0], os.path.join(dst, "spiece.model"))
+        write_json(os.path.join(dst, "tokenizer_config.json"), special)
+        return
     source = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not source.endswith(".json"):
-        raise ValueError(f"tokenizer {path}: only GPT-2 BPE files and tokenizer.json can be written for "
-                         "Hugging Face; convert it to tokenizer.json first.")
+        raise ValueError(f"tokenizer {path}: only GPT-2 BPE files, a sentencepiece model and tokenizer.json can "
+                         "be written for Hugging Face; convert it to tokenizer.json first.")
     shutil.copyfile(source, os.path.join(dst, "tokenizer.json"))
     write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **special})
 

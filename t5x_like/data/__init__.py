@@ -1,7 +1,11 @@
 """Data: tokenizers, corpus preprocessing, token files and the batch sources the trainer iterates.
 
-    source = make_source('train', batch_size=8, seq_len=1024, seed=0, shard_index=0, shard_count=1)
-    batch = next(source)   # {'inputs', 'targets', 'weights'} (+ 'segment_ids', 'positions' when packing)
+    source = make_source('train', batch_size=8, feature_lengths={'targets': 1024}, seed=0, shard_index=0,
+                         shard_count=1)
+    batch = next(source)   # t5x_like/features.py: decoder_input_tokens, decoder_target_tokens, ...
+
+Encoder-decoder objectives (span corruption, seq2seq pairs) take FEATURE_LENGTHS instead of seq_len:
+make_span_corruption_source / make_seq2seq_source (t5x_like.data.objectives).
 
 Names are imported on first use, so the preprocessing CLI and its worker processes start without grain.
 """
@@ -11,6 +15,8 @@ _EXPORTS = {
     "BUILTIN_VOCAB_SIZE": "t5x_like.data.builtin",
     "BatchSource": "t5x_like.data.loader",
     "make_source": "t5x_like.data.sources",
+    "make_seq2seq_source": "t5x_like.data.objectives",
+    "make_span_corruption_source": "t5x_like.data.objectives",
     "open_token_file": "t5x_like.data.token_file",
     "Tokenizer": "t5x_like.data.tokenizer",
     "load_tokenizer": "t5x_like.data.tokenizer",

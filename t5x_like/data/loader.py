@@ -5,15 +5,16 @@ continues from a step number with no replay:
 
     rows of a token file split -> shuffle (seeded, reshuffled every epoch; train only) -> repeat forever
       -> mix blended files by weight -> batch(rows per host) -> every shard_count-th batch from shard_index
-      -> inputs / targets / weights (+ segment_ids / positions when packing)
+      -> decoder_input_tokens / decoder_target_tokens / decoder_loss_weights (+ decoder_segment_ids /
+         decoder_positions when packing): t5x_like/features.py
 
 Global batch k is the concatenation of host batches k of hosts 0..shard_count-1, i.e. exactly batch k of
 a single host reading batch_size * shard_count rows.
 
-Rows are SEQ_LEN+1 tokens: `inputs = row[:-1]`, `targets = row[1:]`. Without packing a row is a window of
+Rows are SEQ_LEN+1 tokens: inputs are `row[:-1]`, targets `row[1:]`. Without packing a row is a window of
 the concatenated documents (windows overlap by one token), every target counts. With packing a row holds
 whole documents back to back (a document longer than a row is cut into row-sized pieces), padded at the
-end; `segment_ids` number the documents 1, 2, ... (0 = padding), `positions` restart at 0 for each, and a
+end; segment ids number the documents 1, 2, ... (0 = padding), positions restart at 0 for each, and a
 target counts only when it is in the same document as its input.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ import numpy as np
 from absl import flags
 
 from t5x_like.data.token_file import TokenFile
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
+                               DECODER_TARGET_TOKENS)
 
 SPLITS = ("train", "validation", "test")
 _PLAN_WINDOW = 1 << 20  # pieces per step of the packing plan's walk
@@ -51,6 +54,9 @@ class BatchSource(Protocol):
 
     def reset(self) -> None:
         """Back to the first batch (used before every evaluation pass over the validation split)."""
+
+    def close(self) -> None:
+        """Release files and worker processes."""
 
 
 class GrainBatchSource:
@@ -121,7 +127,7 @@ class PackedRows:
 
     def __init__(self, tokens: np.ndarray, document_offsets: np.ndarray, seq_len: int):
         self._tokens, self._row_len = tokens, seq_len + 1
-        self._bounds = _piece_bounds(np.asarray(document_offsets, np.int64), self._row_len)
+        self._bounds = piece_bounds(np.asarray(document_offsets, np.int64), self._row_len)
         self._rows = _next_fit_rows(self._bounds, self._row_len)
 
     def __len__(self) -> int:
@@ -140,7 +146,7 @@ class PackedRows:
         return {"tokens": tokens, "segments": segments, "positions": positions}
 
 
-def _piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
+def piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
     """Document offsets with extra cuts every `row_len` tokens inside documents longer than a row."""
     lengths = np.diff(offsets)
     pieces = np.maximum(1, -(-lengths // row_len))
@@ -151,9 +157,15 @@ def _piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
 
 def _next_fit_rows(bounds: np.ndarray, row_len: int) -> np.ndarray:
     """Indices into `bounds` where rows start: each row takes pieces while they fit in `row_len` tokens."""
-    next_row = np.searchsorted(bounds, bounds + row_len, side="right") - 1  # > i: every piece fits in a row
+    return walk_rows(np.searchsorted(bounds, bounds + row_len, side="right") - 1)
+
+
+def walk_rows(next_row: np.ndarray) -> np.ndarray:
+    """Where rows start, plus the end: a row starting at item i ends before item `next_row[i]` (> i).
+
+    `next_row` has one entry per item and one for the end."""
     rows = array.array("q")
-    piece, end = 0, len(bounds) - 1
+    piece, end = 0, len(next_row) - 1
     while piece < end:  # walk the jumps a window at a time: Python ints only for one window
         base = piece
         window = next_row[base:base + _PLAN_WINDOW].tolist()
@@ -192,8 +204,8 @@ def split_rows(file: TokenFile, split: str, *, data_split: str, seq_len: int, pa
     return source
 
 
-def endless_rows(source: Windows | PackedRows, name: str, split: str, seed: int) -> grain.MapDataset:
-    """A split's rows forever: shuffled per epoch when training, in order otherwise."""
+def endless_rows(source, name: str, split: str, seed: int) -> grain.MapDataset:
+    """A grain data source's rows forever: shuffled per epoch when training, in order otherwise."""
     rows = grain.MapDataset.source(source)
     if split == "train":
         rows = rows.shuffle(seed=seed)
@@ -211,10 +223,20 @@ def blend(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None)
 def host_batches(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int,
                  packing: bool, worker_count: int) -> grain.IterDataset:
     """This host's slice of every global batch, as training arrays."""
+    batches = host_slice(rows, batch_size=batch_size, shard_index=shard_index, shard_count=shard_count)
+    return prefetched(batches.map(packed_arrays if packing else window_arrays), worker_count)
+
+
+def host_slice(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int) -> grain.MapDataset:
+    """Batches of `batch_size` rows, every `shard_count`-th from `shard_index`: this host's part of each
+    global batch."""
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index={shard_index} is not in [0, shard_count={shard_count})")
-    batches = rows.batch(batch_size, drop_remainder=True)[shard_index::shard_count]
-    batches = batches.map(packed_arrays if packing else window_arrays)
+    return rows.batch(batch_size, drop_remainder=True)[shard_index::shard_count]
+
+
+def prefetched(batches: grain.MapDataset, worker_count: int) -> grain.IterDataset:
+    """Batches read ahead by threads, and prepared in `worker_count` processes when > 0."""
     dataset = batches.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
     if worker_count > 0:
         ensure_absl_flags_parsed()
@@ -230,12 +252,13 @@ def ensure_absl_flags_parsed() -> None:
 
 def window_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     tokens = rows["tokens"]
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-            "weights": np.ones(tokens[:, 1:].shape, np.float32)}
+    return {DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+            DECODER_LOSS_WEIGHTS: np.ones(tokens[:, 1:].shape, np.float32)}
 
 
 def packed_arrays(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     tokens, segments = rows["tokens"], rows["segments"]
     same_document = (segments[:, 1:] == segments[:, :-1]) & (segments[:, :-1] > 0)
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": same_document.astype(np.float32),
-            "segment_ids": segments[:, :-1], "positions": rows["positions"][:, :-1]}
+    return {DECODER_INPUT_TOKENS: tokens[:, :-1], DECODER_TARGET_TOKENS: tokens[:, 1:],
+            DECODER_LOSS_WEIGHTS: same_document.astype(np.float32), DECODER_SEGMENT_IDS: segments[:, :-1],
+            DECODER_POSITIONS: rows["positions"][:, :-1]}

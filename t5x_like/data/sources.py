@@ -1,4 +1,4 @@
-"""`make_source`: the one entry point the trainer and eval tools call for batches."""
+"""`make_source`: the one entry point the trainer and eval tools call for batches, for every objective."""
 from __future__ import annotations
 
 import logging
@@ -7,9 +7,15 @@ from t5x_like.data import builtin, loader
 from t5x_like.data.loader import BatchSource, GrainBatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, check_ids, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.features import decoder_only_length
 
 
-def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
+OBJECTIVES = ("causal_lm", "span_corruption", "seq2seq")
+
+
+def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
+                shard_count: int,
+                objective: str = "causal_lm",
                 data_path: str | list[str] | None = None,
                 blend_weights: list[float] | None = None,
                 tokenizer: str | None = None,
@@ -19,8 +25,11 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
                 tfds_data_dir: str | None = None,
                 tfds_splits: dict[str, str] | None = None,
                 text_key: str = "text",
-                worker_count: int = 0) -> BatchSource:
-    """Batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of it).
+                worker_count: int = 0,
+                noise_density: float = 0.15,
+                mean_noise_span_length: float = 3.0) -> BatchSource:
+    """Causal-LM batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of
+    it), rows of FEATURE_LENGTHS {'targets': T} tokens (t5x_like/features.py names the arrays).
 
     Data, in order of precedence:
       - `tfds_name`: a TFDS dataset prepared as array_record under `tfds_data_dir`; its split of the same
@@ -32,7 +41,31 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
       - neither: the builtin corpus (Python's documentation, tokenized with its own 8192-id BPE).
     `packing` packs whole documents per row with segment_ids/positions; `worker_count` > 0 prepares
     batches in that many processes.
+
+    `objective` (OBJECTIVE): 'causal_lm' (above), or T5's 'span_corruption' (noise_density,
+    mean_noise_span_length; {'inputs': I, 'targets': T}) and 'seq2seq' input/target pairs (data_path: a
+    .jsonl / .tsv file, token files P.inputs + P.targets, or a dict of them per split), both in
+    t5x_like/data/objectives.py with the same data_path / tokenizer / split / blend / packing settings.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"OBJECTIVE={objective!r} is unknown; choose one of {OBJECTIVES}.")
+    if objective != "causal_lm":
+        if tfds_name is not None:
+            raise ValueError(f"OBJECTIVE={objective!r} reads token files or pair files; tfds_name works with "
+                             "'causal_lm' only (preprocess the TFDS text into a token file instead).")
+        from t5x_like.data import objectives
+
+        common = dict(batch_size=batch_size, feature_lengths=feature_lengths, seed=seed, shard_index=shard_index,
+                      shard_count=shard_count, data_path=data_path, blend_weights=blend_weights, tokenizer=tokenizer,
+                      data_split=data_split, packing=packing, worker_count=worker_count)
+        if objective == "span_corruption":
+            return objectives.make_span_corruption_source(
+                split, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length, **common)
+        if data_path is None:
+            raise ValueError("OBJECTIVE='seq2seq' needs DATA_PATH: a .jsonl / .tsv file of input/target pairs, "
+                             "token files P.inputs + P.targets, or a dict of them per split.")
+        return objectives.make_seq2seq_source(split, **common)
+    seq_len = decoder_only_length(feature_lengths)
     if split not in loader.SPLITS:
         raise ValueError(f"split={split!r}: expected one of {loader.SPLITS}")
     if batch_size < 1 or seq_len < 1:
@@ -47,7 +80,7 @@ def make_source(split: str, *, batch_size: int, seq_len: int, seed: int, shard_i
         data_path, tokenizer = builtin.builtin_corpus()
     prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
     files = [open_token_file(p) for p in prefixes]
-    vocab_size, eod_id, tokenizer_path = _vocabulary(files, tokenizer)
+    vocab_size, eod_id, tokenizer_path = token_files_vocabulary(files, tokenizer)
     for f in files:
         check_ids(f, vocab_size, tokenizer_path)
     passes = [loader.split_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing) for f in files]
@@ -73,7 +106,7 @@ def split_table(files: list[TokenFile], passes: list, split: str, data_split: st
     return "\n".join(lines)
 
 
-def _vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
+def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
     """(vocab_size, eod_id, tokenizer path) for the files, checking they were made with that tokenizer."""
     if tokenizer is None:
         return _vocabulary_from_metadata(files)

@@ -3,7 +3,7 @@
     documents (tfds.data_source) -> shuffle (train) -> repeat -> this host's every shard_count-th document
       -> tokenize + EOD (in loader workers when worker_count > 0)
       -> concatenate-then-split into rows of SEQ_LEN+1, or first-fit pack whole documents (longer ones cut)
-      -> batch -> inputs / targets / weights (+ segment_ids / positions)
+      -> batch -> the causal-LM features of t5x_like/features.py (loader.window_arrays / packed_arrays)
 
 Unlike token files, rows depend on which documents a host reads, so hosts see different rows than a
 single host would; the iterator state still resumes exactly.

@@ -23,7 +23,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 EOD_TOKENS = ("<|endoftext|>", "</s>")
-GPT2_FILE_PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
+OPENAI_BPE_FILE_PAIRS = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
 
 
 class Tokenizer:
@@ -41,6 +41,10 @@ class Tokenizer:
         raise NotImplementedError
 
     def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of the piece spelled `token`, None when the vocabulary has no such piece."""
         raise NotImplementedError
 
     def encode_documents(self, texts: Sequence[str], append_eod: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +76,9 @@ class HuggingFaceTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
 
 class SentencePieceTokenizer(Tokenizer):
     """A sentencepiece `.model` (e.g. T5's spiece.model); EOD is the model's `</s>`."""
@@ -92,6 +99,10 @@ class SentencePieceTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._processor.decode(list(ids))
 
+    def token_to_id(self, token: str) -> int | None:
+        piece_id = self._processor.piece_to_id(token)  # the unknown piece's id when there is no such piece
+        return piece_id if self._processor.id_to_piece(piece_id) == token else None
+
 
 def _find_eod(path: str, token_to_id) -> int:
     for token in EOD_TOKENS:
@@ -102,8 +113,8 @@ def _find_eod(path: str, token_to_id) -> int:
                      "add one as a special token")
 
 
-def gpt2_bpe(vocab_file: str, merges_file: str) -> tokenizers.Tokenizer:
-    """The OpenAI GPT-2 byte-level BPE built from its two files (encodes like tiktoken's 'gpt2')."""
+def openai_bpe(vocab_file: str, merges_file: str) -> tokenizers.Tokenizer:
+    """OpenAI's byte-level BPE (GPT-2's tokenizer) built from its two files (encodes like tiktoken's 'gpt2')."""
     tokenizer = tokenizers.Tokenizer(models.BPE.from_file(vocab_file, merges_file))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -118,9 +129,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     if p.is_dir():
         if (p / "tokenizer.json").is_file():
             return HuggingFaceTokenizer(tokenizers.Tokenizer.from_file(str(p / "tokenizer.json")), path)
-        for vocab, merges in GPT2_FILE_PAIRS:
+        for vocab, merges in OPENAI_BPE_FILE_PAIRS:
             if (p / vocab).is_file() and (p / merges).is_file():
-                return HuggingFaceTokenizer(gpt2_bpe(str(p / vocab), str(p / merges)), path)
+                return HuggingFaceTokenizer(openai_bpe(str(p / vocab), str(p / merges)), path)
         sp_models = sorted(p.glob("*.model"))
         if len(sp_models) == 1:
             return SentencePieceTokenizer(str(sp_models[0]), path)

@@ -1,5 +1,6 @@
 """models.attention: implementation choice, and 'pallas' (interpreted) equal to 'xla' with and
 without a mesh. Tolerance: float32, max abs error 1e-4 on outputs and gradients (O(1) values)."""
+import functools
 from unittest import mock
 
 import flax.linen as nn
@@ -109,3 +110,81 @@ def test_unknown_implementation_is_refused():
     q, k, v = inputs(1, 8, 2, 2)
     with pytest.raises(ValueError, match="'pallas'"):
         dot_product_attention(q, k, v, implementation="flash")
+
+
+def numpy_attention(q, k, v, *, causal, q_segments, kv_segments, bias, scale):
+    """Per (batch, head) loops in float64: softmax(scale * q.k + bias) over the allowed keys."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    batch, q_len, heads, _ = q.shape
+    kv_len, group = k.shape[1], heads // k.shape[2]
+    out = np.zeros_like(q)
+    for b in range(batch):
+        for h in range(heads):
+            logits = scale * q[b, :, h] @ k[b, :, h // group].T + np.asarray(bias[min(b, len(bias) - 1), h])
+            allowed = np.ones((q_len, kv_len), bool)
+            if causal:
+                allowed &= np.tril(np.ones((q_len, kv_len), bool), k=kv_len - q_len)
+            allowed &= (kv_segments[b] != 0)[None, :]
+            if q_segments is not None:
+                allowed &= q_segments[b][:, None] == kv_segments[b][None, :]
+            for i in range(q_len):
+                if allowed[i].any():
+                    w = np.exp(logits[i] - logits[i][allowed[i]].max()) * allowed[i]
+                    out[b, i, h] = (w / w.sum()) @ v[b, :, h // group]
+    return out
+
+
+@pytest.mark.parametrize("causal, packed_queries, bias_batch", [
+    (False, False, 1), (True, True, 2), (False, True, 2)], ids=["cross", "causal-packed", "cross-packed"])
+def test_bias_scale_and_cross_lengths_equal_numpy(causal, packed_queries, bias_batch):
+    """Queries of length 7 over keys of length 11, 4 query heads over 2 kv heads, scale 1.0 (T5)."""
+    q, _, _ = inputs(2, 7, 4, 2, head_dim=8, seed=3)
+    _, k, v = inputs(2, 11, 4, 2, head_dim=8, seed=4)
+    bias = jax.random.normal(jax.random.key(5), (bias_batch, 4, 7, 11))
+    kv_segments = np.array([[1] * 6 + [2] * 4 + [0], [1] * 11])
+    q_segments = np.array([[1] * 3 + [2] * 3 + [0], [1] * 7]) if packed_queries else None
+    got = jax.jit(functools.partial(dot_product_attention, causal=causal, scale=1.0, implementation="auto"))(
+        q, k, v, segment_ids=None if q_segments is None else jnp.asarray(q_segments),
+        kv_segment_ids=jnp.asarray(kv_segments), bias=bias)
+    want = numpy_attention(q, k, v, causal=causal, q_segments=q_segments, kv_segments=kv_segments,
+                           bias=bias, scale=1.0)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_default_scale_and_shared_segment_ids_equal_numpy():
+    q, k, v = inputs(2, 9, 2, 2, head_dim=16, seed=6)
+    segments = np.asarray(packed(2, 9))
+    got = dot_product_attention(q, k, v, causal=True, segment_ids=jnp.asarray(segments), implementation="xla")
+    want = numpy_attention(q, k, v, causal=True, q_segments=segments, kv_segments=segments,
+                           bias=np.zeros((1, 2, 9, 9)), scale=16**-0.5)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_pallas_takes_a_scale():
+    q, k, v = inputs(1, 24, 2, 2, head_dim=8)
+    got = dot_product_attention(q, k, v, scale=1.0, implementation="pallas")
+    want = dot_product_attention(q, k, v, scale=1.0, implementation="xla")
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_auto_with_a_bias_picks_a_path_that_has_one():
+    query = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
+    with mock.patch.object(attention.jax, "default_backend", lambda: "gpu"):
+        assert choose_implementation(query, dropout_rate=0.0, has_bias=True) == "cudnn"
+    with mock.patch.dict(attention.AUTO_CHOICES, {("cpu", "any"): "pallas"}):
+        assert choose_implementation(query, dropout_rate=0.0, has_bias=True) == "xla"
+
+
+def test_bias_and_cross_segments_with_pallas_are_refused():
+    q, k, v = inputs(1, 8, 2, 2)
+    with pytest.raises(ValueError, match="has no bias"):
+        dot_product_attention(q, k, v, bias=jnp.zeros((1, 2, 8, 8)), implementation="pallas")
+    with pytest.raises(ValueError, match="kv_segment_ids"):
+        dot_product_attention(q, k, v, kv_segment_ids=jnp.ones((1, 8), jnp.int32), implementation="pallas")
+
+
+def test_cross_lengths_need_the_keys_segment_ids():
+    q, _, _ = inputs(1, 5, 2, 2)
+    _, k, v = inputs(1, 8, 2, 2)
+    with pytest.raises(ValueError, match="pass the keys' own kv_segment_ids"):
+        dot_product_attention(q, k, v, causal=False, segment_ids=jnp.ones((1, 5), jnp.int32))

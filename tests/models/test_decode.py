@@ -1,15 +1,22 @@
 """KV-cache decoding (mutable 'cache') equals recomputing the whole sequence, with and without
-scanned layers and with left-padded rows; the training path is unchanged by the cache code."""
+scanned layers and with left-padded rows (GPT-2, and GPT-NeoX whose rotary angles come from each
+row's own positions); the training path is unchanged by the cache code."""
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import models
 from models.gpt2 import GPT2, GPT2Config
+from models.neox import NeoXConfig
 
 CONFIG = GPT2Config(vocab_size=301, max_len=24, num_layers=2, num_heads=3, embed_dim=24, mlp_dim=40,
                     dropout_rate=0.0, attention_dropout_rate=0.0)
+NEOX_CONFIG = NeoXConfig(vocab_size=301, max_len=24, num_layers=2, num_heads=3, embed_dim=24, mlp_dim=40,
+                         rotary_pct=0.5, use_parallel_residual=False)
 PROMPT, TOTAL, PAD = 5, 11, 3  # row 0 prefills PROMPT + PAD tokens, row 1 PAD padding slots + PROMPT
 
 
@@ -45,10 +52,11 @@ def decode_logits(model, params, tokens, pad):
     return [np.asarray(jnp.concatenate(r, axis=0)) for r in rows]
 
 
+@pytest.mark.parametrize("family_config", [CONFIG, NEOX_CONFIG], ids=lambda c: c.family)
 @pytest.mark.parametrize("scan_layers", [True, False])
-def test_cached_decoding_equals_full_recomputation(scan_layers):
-    config = GPT2Config(**{**CONFIG.__dict__, "scan_layers": scan_layers})
-    model = GPT2(config)
+def test_cached_decoding_equals_full_recomputation(family_config, scan_layers):
+    config = dataclasses.replace(family_config, scan_layers=scan_layers)
+    model = models.build_model(config)
     params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"])
     tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (2, TOTAL), 0, config.vocab_size))
     expected = np.asarray(full_logits(model, params, tokens))[..., :config.vocab_size]

@@ -12,14 +12,18 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2, GPT2Config
+from models.neox import NeoXConfig
 from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
-from t5x_like import checkpoints, optim, train, trainer
+from t5x_like import checkpoints, optim, train
+from t5x_like.experiment import build_experiment, pipeline_stack
 
 SEQ_LEN, BATCH, STEPS, SEED = 16, 16, 10, 3
 # 8 layers: 2 or 4 stages, each with 1 or 2 repeats, all divide them.
 CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
+NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
+                         dtype="float32")
 
 
 def make_optimizer():
@@ -27,29 +31,39 @@ def make_optimizer():
 
 
 def batches(source_cls):
-    source = source_cls("train", batch_size=BATCH, seq_len=SEQ_LEN, seed=SEED, shard_index=0, shard_count=1)
+    source = source_cls("train", batch_size=BATCH, feature_lengths={"targets": SEQ_LEN}, seed=SEED, shard_index=0,
+                        shard_count=1)
     return [next(source) for _ in range(STEPS)]
 
 
-def losses(mesh, rules, data, *, schedule=(1, 1, 1), grad_accum_steps=1, config=CONFIG):
+def experiment(mesh, rules, *, schedule=(1, 1, 1), grad_accum_steps=1, config=CONFIG, seed=SEED, restored=None):
+    """The run the train CLI would assemble for this mesh and pipeline schedule."""
+    _, microbatches, repeats = schedule
+    return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=make_optimizer(), batch_size=BATCH,
+                            feature_lengths={"targets": SEQ_LEN}, seed=seed, grad_accum_steps=grad_accum_steps,
+                            pipeline_microbatches=microbatches, pipeline_repeats=repeats, restored=restored)
+
+
+def losses(mesh, rules, data, **settings):
     """Per-step losses of training on `data` with the train CLI's own pieces."""
-    partitioner = Partitioner(mesh, rules)
-    optimizer = make_optimizer()
-    step_config = trainer.StepConfig(grad_accum_steps=grad_accum_steps)
-    module = train.pipelined(GPT2(config), config, *schedule, BATCH // grad_accum_steps, partitioner.batch_shards)
-    with partitioner.activate():
-        state, shardings, _ = train.create_state(module, optimizer, partitioner, SEED, SEQ_LEN, step_config, config)
-        step = train.jit_train_step(module, optimizer, step_config, shardings, partitioner)
-        history = []
+    exp = experiment(mesh, rules, **settings)
+    state = exp.init_state()
+    history = []
+    with exp.partitioner.activate():
         for batch in data:
-            state, metrics = step(state, train.global_batch(batch, partitioner.batch_sharding()))
+            state, metrics = exp.train_step(state, exp.global_batch(batch))
             history.append(float(metrics["loss"]))
     return history
 
 
+def pipelined(config, stages, microbatches, repeats, rows, batch_shards):
+    """The GPT-2 module with its layer stack pipelined by this schedule."""
+    return GPT2(config, layer_stack=pipeline_stack(config, stages, microbatches, repeats, rows, batch_shards))
+
+
 @functools.cache
-def reference_losses(source_cls):
-    return losses(make_mesh(data=8), "data_parallel", batches(source_cls))
+def reference_losses(source_cls, config=CONFIG):
+    return losses(make_mesh(data=8), "data_parallel", batches(source_cls), config=config)
 
 
 CASES = {
@@ -60,12 +74,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_pipelined_training_equals_data_parallel(name, synthetic_source):
+@pytest.mark.parametrize("name, family_config", [(name, CONFIG) for name in CASES] + [
+    ("gpipe stage=2 x tensor=2 x data=2", NEOX_CONFIG)], ids=[*CASES, "neox gpipe stage=2 x tensor=2 x data=2"])
+def test_pipelined_training_equals_data_parallel(name, family_config, synthetic_source):
     sizes, rules, schedule, accum, remat = CASES[name]
-    want = reference_losses(synthetic_source)
+    want = reference_losses(synthetic_source, family_config)
     assert want[-1] < want[0] - 0.1  # it learns, so equal curves mean something
-    config = dataclasses.replace(CONFIG, remat_policy=remat)
+    config = dataclasses.replace(family_config, remat_policy=remat)
     got = losses(make_mesh(**sizes), rules, batches(synthetic_source), schedule=schedule,
                  grad_accum_steps=accum, config=config)
     np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
@@ -75,11 +90,11 @@ def test_train_resumes_a_plain_checkpoint_on_a_pipeline(tmp_path, synthetic_sour
     """Steps 1-3 on a plain mesh, then 4-6 resumed by the train CLI on a circular pipeline with fsdp:
     the uninterrupted plain run's losses (same parameter and optimizer-state layout)."""
     model_dir = str(tmp_path / "run")
-    common = dict(model_dir=model_dir, model=CONFIG, optimizer=make_optimizer(), batch_size=BATCH,
-                  seq_len=SEQ_LEN, seed=SEED, log_every=1, data_source=synthetic_source)
-    train.train(train_steps=3, mesh=make_mesh(data=8), rules="data_parallel", **common)
-    train.train(train_steps=6, mesh=make_mesh(data=2, stage=2, fsdp=2), rules="fsdp", pipeline_microbatches=2,
-                pipeline_repeats=2, **common)
+    common = dict(model_dir=model_dir, log_every=1, data_source=synthetic_source)
+    train.train(train_steps=3, experiment=functools.partial(experiment, make_mesh(data=8), "data_parallel"),
+                **common)
+    train.train(train_steps=6, experiment=functools.partial(
+        experiment, make_mesh(data=2, stage=2, fsdp=2), "fsdp", schedule=(2, 2, 2)), **common)
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"loss"' in line]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
@@ -89,11 +104,8 @@ def test_train_resumes_a_plain_checkpoint_on_a_pipeline(tmp_path, synthetic_sour
 def test_pipeline_checkpoint_restores_onto_a_plain_mesh(tmp_path):
     """A state saved from a 4-stage GPipe mesh restores onto a data-parallel mesh unchanged."""
     def state_on(mesh, rules, schedule, seed):
-        partitioner = Partitioner(mesh, rules)
-        module = train.pipelined(GPT2(CONFIG), CONFIG, *schedule, BATCH, partitioner.batch_shards)
-        with partitioner.activate():
-            return train.create_state(module, make_optimizer(), partitioner, seed, SEQ_LEN, trainer.StepConfig(),
-                                      CONFIG)[:2]
+        exp = experiment(mesh, rules, schedule=schedule, seed=seed)
+        return exp.init_state(), exp.shardings
 
     saved, _ = state_on(make_mesh(data=2, stage=4), "data_parallel", (4, 4, 1), seed=1)
     assert saved.params["blocks"]["mlp"]["fc_kernel"].sharding.spec[0] == "stage"
@@ -112,7 +124,7 @@ def test_gpipe_moves_activations_not_weights():
     """Each stage keeps its own layers: the compiled gradient has collective permutes (the rotation)
     and no all-gather or all-to-all of weights."""
     partitioner = Partitioner(make_mesh(data=2, stage=4), "data_parallel")
-    module = train.pipelined(GPT2(CONFIG), CONFIG, 4, 4, 1, BATCH, partitioner.batch_shards)
+    module = pipelined(CONFIG, 4, 4, 1, BATCH, partitioner.batch_shards)
     tokens = jax.ShapeDtypeStruct((BATCH, SEQ_LEN), "int32", sharding=partitioner.batch_sharding())
     boxed = jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.numpy.zeros((1, SEQ_LEN), "int32"))
     params = checkpoints.with_shardings(nn.meta.unbox(boxed)["params"],
@@ -150,19 +162,19 @@ def test_circular_schedule_needs_enough_microbatches():
 
 def test_microbatches_without_stages_are_rejected():
     with pytest.raises(ValueError, match="need PIPELINE_PARALLEL > 1.*GRAD_ACCUM_STEPS"):
-        train.pipelined(GPT2(CONFIG), CONFIG, 1, 4, 1, BATCH, 1)
+        pipeline_stack(CONFIG, 1, 4, 1, BATCH, 1)
 
 
 def test_pipeline_needs_scanned_layers():
     config = dataclasses.replace(CONFIG, scan_layers=False)
-    module = train.pipelined(GPT2(config), config, 2, 2, 1, BATCH, 1)
+    module = pipelined(config, 2, 2, 1, BATCH, 1)
     with pytest.raises(ValueError, match="scan_layers=True"):
         jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.numpy.zeros((2, SEQ_LEN), "int32"))
 
 
 def test_pipeline_dropout_is_seeded():
     config = dataclasses.replace(CONFIG, dropout_rate=0.5, attention_dropout_rate=0.5)
-    module = train.pipelined(GPT2(config), config, 2, 2, 1, 4, 1)
+    module = pipelined(config, 2, 2, 1, 4, 1)
     tokens = jax.numpy.arange(4 * SEQ_LEN).reshape(4, SEQ_LEN) % 256
     params = jax.jit(module.init)(jax.random.PRNGKey(0), tokens[:1])
     run = jax.jit(lambda seed, deterministic: module.apply(params, tokens, deterministic=deterministic,

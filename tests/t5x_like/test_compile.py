@@ -11,9 +11,9 @@ import gin
 import jax
 import pytest
 
-from partitioning import Partitioner
 from t5x_like import compile as compile_tool
-from t5x_like import train, trainer
+from t5x_like import train
+from t5x_like.experiment import build_experiment
 
 BATCH, SEQ_LEN = 32, 128
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,17 +60,13 @@ def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
     quickstart("FSDP_PARALLEL=2")
     devices = jax.devices()
     report, step = compile_tool.compile_step(devices, None)
-    s = compile_tool.train_settings(devices)
-    partitioner = Partitioner(s["mesh"], s["rules"])
-    config = train.resolve_model_config(s["model"], 1, None)
-    module, step_config = train.models.build_model(config), trainer.StepConfig()
-    with partitioner.activate():
-        state, shardings, num_params = train.create_state(module, s["optimizer"], partitioner, 0, SEQ_LEN,
-                                                          step_config, config)
+    exp = build_experiment(mesh=compile_tool.mesh_for(devices))
+    state, num_params = exp.init_state(), exp.num_params
+    with exp.partitioner.activate():
         on_device_0 = sum(shard.data.nbytes for x in jax.tree.leaves(state) for shard in x.addressable_shards
                           if shard.device == devices[0])
-        source = synthetic_source("train", batch_size=BATCH, seq_len=SEQ_LEN, seed=0, shard_index=0, shard_count=1)
-        batch = train.global_batch(next(source), partitioner.batch_sharding())
+        source = synthetic_source("train", batch_size=BATCH, feature_lengths={"targets": SEQ_LEN}, seed=0, shard_index=0, shard_count=1)
+        batch = exp.global_batch(next(source))
         state, _ = step(state, batch)
         growth = []
         for _ in range(3):  # the allocator sometimes reuses pages it kept from the step before
@@ -102,7 +98,7 @@ def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path
 
 def test_a_state_that_does_not_fit_fails_before_compiling(quickstart, monkeypatch):
     quickstart("FSDP_PARALLEL=8")
-    monkeypatch.setattr(train, "jit_train_step", lambda *a: pytest.fail("compiled although it cannot fit"))
+    monkeypatch.setattr(compile_tool, "compile_or_explain", lambda *a: pytest.fail("compiled although it cannot fit"))
     with pytest.raises(compile_tool.DoesNotFit, match=r"needs 0.01 GiB per device but a device has 0.00 GiB.*"
                                                       "FSDP_PARALLEL"):
         compile_tool.compile_step(jax.devices(), 1 << 20)

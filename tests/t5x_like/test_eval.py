@@ -12,6 +12,7 @@ import pytest
 from partitioning import Partitioner, make_mesh
 from t5x_like import eval as evaluation
 from t5x_like import inference
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GPT2_BPE = DATA / "gpt2-bpe"
@@ -37,11 +38,11 @@ def test_windows_score_every_target_once_with_enough_context(num_tokens, seq_len
     tokens = np.arange(num_tokens)
     count = evaluation.num_windows(num_tokens, seq_len, stride)
     rows = evaluation.window_rows(tokens, seq_len, stride, 0, count)
-    scored = rows["targets"][rows["weights"] > 0]
+    scored = rows[DECODER_TARGET_TOKENS][rows[DECODER_LOSS_WEIGHTS] > 0]
     assert sorted(scored) == list(range(1, num_tokens))
     for window in range(1, count):  # later windows score targets with >= seq_len - stride tokens before them
-        assert (np.nonzero(rows["weights"][window])[0] >= seq_len - stride).all()
-    np.testing.assert_array_equal(rows["targets"][rows["weights"] > 0] - 1, rows["inputs"][rows["weights"] > 0])
+        assert (np.nonzero(rows[DECODER_LOSS_WEIGHTS][window])[0] >= seq_len - stride).all()
+    np.testing.assert_array_equal(rows[DECODER_TARGET_TOKENS][rows[DECODER_LOSS_WEIGHTS] > 0] - 1, rows[DECODER_INPUT_TOKENS][rows[DECODER_LOSS_WEIGHTS] > 0])
 
 
 # ----------------------------------------------------------------- against torch (converted model)
@@ -176,7 +177,7 @@ def test_accuracy_counts_a_row_only_when_every_target_is_the_argmax(converted):
     weights = np.zeros((2, 8), np.float32)
     weights[:, 5:7] = 1.0
     scorer = evaluation.Scorer(config, params, partitioner, batch_size=2)
-    out = scorer.score([{"inputs": inputs, "targets": targets, "weights": weights}], 1, "test")
+    out = scorer.score([{DECODER_INPUT_TOKENS: inputs, DECODER_TARGET_TOKENS: targets, DECODER_LOSS_WEIGHTS: weights}], 1, "test")
     assert out["all_correct"].tolist() == [True, False]
 
 

@@ -1,4 +1,5 @@
 """train(): resume, restore onto another mesh, params-only restore, signals, bad configs, the CLI."""
+import functools
 import json
 import os
 import shutil
@@ -15,18 +16,26 @@ from absl import app
 from models.gpt2 import GPT2Config
 from partitioning import make_mesh
 from t5x_like import checkpoints, optim, train
+from t5x_like.experiment import build_experiment
+from t5x_like.features import DECODER_LOSS_WEIGHTS
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(model_dir, source, *, steps, mesh=None, total_steps=20, **kwargs):
+def experiment(mesh=None, total_steps=20, **settings):
+    """The run's assembly (build_experiment's arguments); train() calls it with the restored config."""
+    settings = dict(dict(model=CONFIG, mesh=mesh or make_mesh(data=2, fsdp=2, tensor=2), batch_size=8,
+                         optimizer=optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=total_steps),
+                         feature_lengths={"targets": 16}), **settings)
+    return functools.partial(build_experiment, **settings)
+
+
+def run(model_dir, source, *, steps, mesh=None, total_steps=20, settings=None, **kwargs):
     kwargs = dict(dict(checkpoint_every=10, eval_every=0, log_every=1), **kwargs)
-    return train.train(
-        model_dir=str(model_dir), model=CONFIG, mesh=mesh or make_mesh(data=2, fsdp=2, tensor=2),
-        optimizer=optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=total_steps),
-        train_steps=steps, batch_size=8, seq_len=16, data_source=source, **kwargs)
+    return train.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
+                       experiment=experiment(mesh, total_steps, **(settings or {})), **kwargs)
 
 
 def losses(model_dir):
@@ -72,7 +81,7 @@ def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path)
 def test_resume_with_the_optimizer_state_offloaded_to_host(straight_and_half, synthetic_source, tmp_path):
     moved = tmp_path / "offloaded"
     shutil.copytree(straight_and_half / "half", moved)
-    run(moved, synthetic_source, steps=20, offload_optimizer_state=True)
+    run(moved, synthetic_source, steps=20, settings={"offload_optimizer_state": True})
     straight, got = losses(straight_and_half / "straight"), losses(moved)
     np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-6)
 
@@ -106,7 +115,7 @@ def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
         def __next__(self):
             batch = super().__next__()
             if self.index == 3:
-                batch["weights"] = batch["weights"] * np.float32(np.nan)
+                batch[DECODER_LOSS_WEIGHTS] = batch[DECODER_LOSS_WEIGHTS] * np.float32(np.nan)
             return batch
 
     with pytest.raises(FloatingPointError, match="step 3: loss is nan"):
@@ -121,9 +130,8 @@ def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
 def test_bad_configs_fail_fast(synthetic_source, tmp_path, kwargs, match):
     sizes = kwargs.pop("mesh_sizes")
     with pytest.raises(ValueError, match=match):
-        train.train(model_dir=str(tmp_path), model=CONFIG, mesh=make_mesh(**sizes),
-                    optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=4),
-                    train_steps=4, seq_len=16, data_source=synthetic_source, **{"batch_size": 8, **kwargs})
+        train.train(model_dir=str(tmp_path), train_steps=4, data_source=synthetic_source,
+                    experiment=experiment(make_mesh(**sizes), 4, **kwargs))
 
 
 @pytest.fixture
@@ -146,7 +154,7 @@ def test_missing_required_macro_names_the_flag(clean_gin):
 def test_bad_mesh_product_names_the_macros(clean_gin):
     train.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
     with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL"):
-        gin.query_parameter("train.mesh").scoped_configurable_fn()
+        gin.query_parameter("build_experiment.mesh").scoped_configurable_fn()
 
 
 def test_cli_quickstart_writes_metrics_tensorboard_config_and_checkpoints(tmp_path):

@@ -4,60 +4,69 @@ import logging
 
 import jax
 import numpy as np
+import pytest
 
-from models.gpt2 import GPT2, GPT2Config
-from partitioning import Partitioner, make_mesh
-from t5x_like import optim, train, trainer
+from models.gpt2 import GPT2Config
+from models.neox import NeoXConfig
+from partitioning import make_mesh
+from t5x_like import optim, trainer
+from t5x_like.experiment import build_experiment
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS
 
 SEQ_LEN = 16
 # 8 heads and a vocabulary padded to 1024 so every mesh below divides the same parameters.
 CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
                     dropout_rate=0.0, attention_dropout_rate=0.0, vocab_pad_multiple=1024, dtype="float32")
+NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
+                         vocab_pad_multiple=1024, dtype="float32")
 
 
 def batches(source_cls, count, batch_size=8):
-    source = source_cls("train", batch_size=batch_size, seq_len=SEQ_LEN, seed=3, shard_index=0, shard_count=1)
+    source = source_cls("train", batch_size=batch_size, feature_lengths={"targets": SEQ_LEN}, seed=3, shard_index=0,
+                        shard_count=1)
     return [next(source) for _ in range(count)]
 
 
-def run(mesh, rules, data, *, config=CONFIG, step_config=trainer.StepConfig(), steps_between=None):
+def experiment(mesh, rules, data, *, config=CONFIG, **settings):
+    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=max(len(data), 3))
+    return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=len(
+        data[0][DECODER_INPUT_TOKENS]), feature_lengths={"targets": SEQ_LEN}, **settings)
+
+
+def run(mesh, rules, data, *, config=CONFIG, steps_between=None, **settings):
     """Train on `data` batches; returns per-step metrics and the final state."""
-    partitioner = Partitioner(mesh, rules)
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=len(data))
-    module = GPT2(config)
-    with partitioner.activate():
-        state, shardings, _ = train.create_state(module, optimizer, partitioner, 0, SEQ_LEN, step_config, config)
-        step = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config),
-                       in_shardings=(shardings, partitioner.batch_sharding()),
-                       out_shardings=(shardings, partitioner.replicated), donate_argnums=0)
-        history = []
+    exp = experiment(mesh, rules, data, config=config, **settings)
+    state = exp.init_state()
+    history = []
+    with exp.partitioner.activate():
         for i, batch in enumerate(data):
             if steps_between:
                 steps_between(i)
-            state, metrics = step(state, train.global_batch(batch, partitioner.batch_sharding()))
+            state, metrics = exp.train_step(state, exp.global_batch(batch))
             history.append({k: float(v) if np.ndim(v) == 0 else np.asarray(v)
                             for k, v in jax.device_get(metrics).items()})
     return history, state
 
 
 MESHES = {
-    "data=8": (dict(data=8), "fsdp_tensor", trainer.StepConfig()),
-    "fsdp=8": (dict(data=1, fsdp=8), "fsdp", trainer.StepConfig()),
-    "tensor=8": (dict(data=1, tensor=8), "tensor", trainer.StepConfig()),
-    "data=2,fsdp=2,tensor=2": (dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", trainer.StepConfig()),
-    "zero1 data=2,fsdp=4": (dict(data=2, fsdp=4), "zero1", trainer.StepConfig()),
-    "chunked cross-entropy, vocab over tensor=2": (
-        dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", trainer.StepConfig(cross_entropy="chunked")),
+    "data=8": (dict(data=8), "fsdp_tensor", {}),
+    "fsdp=8": (dict(data=1, fsdp=8), "fsdp", {}),
+    "tensor=8": (dict(data=1, tensor=8), "tensor", {}),
+    "data=2,fsdp=2,tensor=2": (dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", {}),
+    "zero1 data=2,fsdp=4": (dict(data=2, fsdp=4), "zero1", {}),
+    "full-logits cross-entropy, vocab over tensor=2": (
+        dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", {"cross_entropy": "full_logits"}),
 }
 
 
-def test_same_losses_on_every_mesh(synthetic_source):
+@pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=lambda c: c.family)
+def test_same_losses_on_every_mesh(synthetic_source, config):
     data = batches(synthetic_source, 10)
-    reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
+    reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, config=config)
     want = [m["loss"] for m in reference]
     assert want[-1] < want[0]  # it learns
-    for name, (sizes, rules, step_config) in MESHES.items():
-        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data, step_config=step_config)[0]]
+    for name, (sizes, rules, settings) in MESHES.items():
+        got = [m["loss"] for m in run(make_mesh(**sizes), rules, data, config=config, **settings)[0]]
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
 
 
@@ -65,7 +74,7 @@ def test_gradient_accumulation_equals_one_big_batch(synthetic_source):
     data = batches(synthetic_source, 3)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
     whole, state_whole = run(mesh, "fsdp_tensor", data)
-    accumulated, state_acc = run(mesh, "fsdp_tensor", data, step_config=trainer.StepConfig(grad_accum_steps=4))
+    accumulated, state_acc = run(mesh, "fsdp_tensor", data, grad_accum_steps=4)
     np.testing.assert_allclose([m["loss"] for m in accumulated], [m["loss"] for m in whole], rtol=1e-5)
     np.testing.assert_allclose([m["grad_norm"] for m in accumulated], [m["grad_norm"] for m in whole], rtol=1e-4)
     # atol covers parameters whose true gradient is zero (the key bias: softmax ignores it), where
@@ -100,11 +109,11 @@ def test_loss_scale_update_rules():
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     data = batches(synthetic_source, 4)
-    data[1] = dict(data[1], weights=data[1]["weights"] * np.float32(1e30))  # injected overflow at step 2
+    data[1] = dict(data[1], **{DECODER_LOSS_WEIGHTS: data[1][DECODER_LOSS_WEIGHTS] * np.float32(1e30)})  # injected overflow at step 2
     loss_scale = trainer.LossScaleConfig(initial_scale_power=8, window=2, hysteresis=1)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
     history, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="float16"),
-                     step_config=trainer.StepConfig(loss_scale=loss_scale))
+                     loss_scale=loss_scale)
     assert [m["skipped"] for m in history] == [0, 1, 0, 0]
     # scale used by each step: 256, 256 (overflow -> halve), 128, 128 (2 finite since overflow -> double)
     assert [m["loss_scale"] for m in history] == [256.0, 256.0, 128.0, 128.0]
@@ -112,17 +121,12 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
 
 def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(synthetic_source):
     data = batches(synthetic_source, 1)
-    data[0] = dict(data[0], weights=data[0]["weights"] * np.float32(np.inf))
-    mesh = make_mesh(data=1, devices=jax.devices()[:1])
-    partitioner = Partitioner(mesh, "fsdp_tensor")
-    optimizer = optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10, decay="constant")
-    step_config = trainer.StepConfig()
-    module = GPT2(CONFIG)
-    with partitioner.activate():
-        state, _, _ = train.create_state(module, optimizer, partitioner, 0, SEQ_LEN, step_config, CONFIG)
-        before = jax.device_get(state.params)
-        new_state, metrics = jax.jit(trainer.make_train_step(module, optimizer.tx, optimizer.schedule, step_config))(
-            state, data[0])
+    data[0] = dict(data[0], **{DECODER_LOSS_WEIGHTS: data[0][DECODER_LOSS_WEIGHTS] * np.float32(np.inf)})
+    exp = experiment(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
+    state = exp.init_state()
+    before = jax.device_get(state.params)
+    with exp.partitioner.activate():
+        new_state, metrics = exp.train_step(state, exp.global_batch(data[0]))
     assert int(metrics["skipped"]) == 1 and int(new_state.step) == 1
     assert metrics["grad_finite"].shape == (len(jax.tree.leaves(before)),) and not metrics["grad_finite"].any()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state.params), before)
@@ -160,7 +164,7 @@ def test_offloaded_optimizer_state_lives_in_host_memory_and_trains_the_same(synt
     data = batches(synthetic_source, 3)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     want, _ = run(mesh, "fsdp_tensor", data)
-    got, state = run(mesh, "fsdp_tensor", data, step_config=trainer.StepConfig(offload_optimizer_state=True))
+    got, state = run(mesh, "fsdp_tensor", data, offload_optimizer_state=True)
     assert {x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)} == {"pinned_host"}
     assert {x.sharding.memory_kind for x in jax.tree.leaves(state.params)} == {"device"}
     np.testing.assert_allclose([m["loss"] for m in got], [m["loss"] for m in want], rtol=1e-6)

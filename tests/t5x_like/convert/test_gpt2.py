@@ -3,6 +3,7 @@ are lossless, one AdamW step matches torch.optim.AdamW, and bad inputs fail clea
 
 Tiny random models with odd sizes (head_dim 9, mlp 52) and the real vocabulary (50257, padded to 50304)."""
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from t5x_like import checkpoints, optim, trainer  # noqa: E402
 from t5x_like import inference  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import gpt2, hf, mapping  # noqa: E402
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+from t5x_like.lm import make_lm  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 HF_SIZES = dict(vocab_size=50257, n_positions=40, n_embd=36, n_layer=3, n_head=4, n_inner=52,
@@ -156,14 +159,15 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     config, _ = inference.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))
     batch_tokens = np.random.default_rng(5).integers(0, 50257, (2, 13))
-    batch = {"inputs": batch_tokens[:, :-1], "targets": batch_tokens[:, 1:],
-             "weights": np.ones((2, 12), np.float32)}
+    batch = {DECODER_INPUT_TOKENS: batch_tokens[:, :-1], DECODER_TARGET_TOKENS: batch_tokens[:, 1:],
+             DECODER_LOSS_WEIGHTS: np.ones((2, 12), np.float32)}
 
     opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
                                b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
     state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
-    step = jax.jit(trainer.make_train_step(models.build_model(config), opt.tx, opt.schedule, trainer.StepConfig()))
+    step = jax.jit(trainer.make_train_step(make_lm(config), opt.tx, opt.schedule,
+                                           trainer.StepConfig(cross_entropy="full_logits")))
     new_state, metrics = step(state, batch)
 
     torch_model = random_hf_model()
@@ -173,15 +177,15 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     others = [p for n, p in torch_model.named_parameters() if all(p is not q for q in decayed)]
     torch_opt = torch.optim.AdamW([{"params": decayed, "weight_decay": weight_decay},
                                    {"params": others, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=eps)
-    logits = torch_model(torch.tensor(batch["inputs"])).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), torch.tensor(batch["targets"]).reshape(-1))
+    logits = torch_model(torch.tensor(batch[DECODER_INPUT_TOKENS])).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), torch.tensor(batch[DECODER_TARGET_TOKENS]).reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(torch_model.parameters(), 1.0)
     torch_opt.step()
 
     assert float(metrics["loss"]) == pytest.approx(loss.item(), rel=1e-5)
     ours = dict(mapping.to_hf_tensors(mapping.flatten(jax.tree.map(np.asarray, new_state.params)), config,
-                                      gpt2.TOP, gpt2.BLOCK, gpt2.HF_BLOCK_PREFIX))
+                                      *gpt2.layout(config)))
     theirs = {n: p.detach().numpy() for n, p in torch_model.named_parameters()}
     assert sorted(ours) == sorted(theirs)
     grads = {n: p.grad.numpy() for n, p in torch_model.named_parameters()}
@@ -199,10 +203,10 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
 
 
 def test_from_hf_refuses_another_family(hf_dir, tmp_path):
-    (tmp_path / "neox").mkdir()
-    (tmp_path / "neox" / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "vocab_size": 10}))
-    with pytest.raises(ValueError, match=r"config.json: model_type 'gpt_neox' has no converter.*\['gpt2'\]"):
-        hf.from_hf(str(tmp_path / "neox"), str(tmp_path / "out"))
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 10}))
+    with pytest.raises(ValueError, match=r"config.json: model_type 'llama' has no converter.*'gpt2', 'gpt_neox'"):
+        hf.from_hf(str(tmp_path / "llama"), str(tmp_path / "out"))
     config = dict(json.loads((hf_dir[0] / "config.json").read_text()), scale_attn_by_inverse_layer_idx=True)
     (tmp_path / "scaled").mkdir()
     (tmp_path / "scaled" / "config.json").write_text(json.dumps(config))
@@ -236,18 +240,21 @@ def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_so
     """RESTORE_FROM a from-hf checkpoint: the first step's loss is the converted model's loss."""
     from partitioning import make_mesh
     from t5x_like import train
+    from t5x_like.experiment import build_experiment
 
     src, _ = hf_dir
     hf.from_hf(str(src), str(tmp_path / "ours"))
     config, _ = inference.read_config(str(tmp_path / "ours"))
-    train.train(model_dir=str(tmp_path / "run"), model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2),
-                optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
-                train_steps=1, batch_size=8, seq_len=16, data_source=synthetic_source, log_every=1,
-                restore_from=str(tmp_path / "ours"))
-    batch = next(synthetic_source("train", batch_size=8, seq_len=16, seed=0, shard_index=0, shard_count=1))
-    logits = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), batch["inputs"])
+    experiment = functools.partial(
+        build_experiment, model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2), batch_size=8,
+        optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
+        feature_lengths={"targets": 16})
+    train.train(model_dir=str(tmp_path / "run"), train_steps=1, data_source=synthetic_source, log_every=1,
+                restore_from=str(tmp_path / "ours"), experiment=experiment)
+    batch = next(synthetic_source("train", batch_size=8, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1))
+    logits = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), batch[DECODER_INPUT_TOKENS])
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    expected = float((log_z - np.take_along_axis(logits, batch["targets"][..., None], -1)[..., 0]).mean())
+    expected = float((log_z - np.take_along_axis(logits, batch[DECODER_TARGET_TOKENS][..., None], -1)[..., 0]).mean())
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 1
     assert rows[0]["loss"] == pytest.approx(expected, rel=1e-5)

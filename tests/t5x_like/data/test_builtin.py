@@ -6,6 +6,7 @@ import pytest
 
 from t5x_like.data import BUILTIN_VOCAB_SIZE, load_tokenizer, make_source, open_token_file
 from t5x_like.data import builtin
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -61,19 +62,19 @@ def test_concurrent_builders_agree_and_leave_no_temporaries(tmp_path, monkeypatc
 
 def test_make_source_without_data_path_serves_the_builtin_corpus(builtin_cache, monkeypatch):
     monkeypatch.setenv("T5X_LIKE_CACHE", str(builtin_cache))
-    source = make_source("train", batch_size=4, seq_len=32, seed=0, shard_index=0, shard_count=1)
+    source = make_source("train", batch_size=4, feature_lengths={"targets": 32}, seed=0, shard_index=0, shard_count=1)
     assert source.vocab_size == 8192 and source.eod_id == 0
     assert Path(source.tokenizer_path).is_file()
     batch = next(source)
-    assert batch["inputs"].shape == batch["targets"].shape == (4, 32)
-    assert batch["inputs"].dtype == np.int32 and batch["weights"].dtype == np.float32
-    np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+    assert batch[DECODER_INPUT_TOKENS].shape == batch[DECODER_TARGET_TOKENS].shape == (4, 32)
+    assert batch[DECODER_INPUT_TOKENS].dtype == np.int32 and batch[DECODER_LOSS_WEIGHTS].dtype == np.float32
+    np.testing.assert_array_equal(batch[DECODER_INPUT_TOKENS][:, 1:], batch[DECODER_TARGET_TOKENS][:, :-1])
 
 
 def test_builtin_validation_starts_at_the_first_held_out_document(builtin_cache, monkeypatch):
     monkeypatch.setenv("T5X_LIKE_CACHE", str(builtin_cache))
     corpus = open_token_file(builtin.builtin_corpus()[0])
     first_held_out = round(corpus.num_documents * 949 / 1000)  # DATA_SPLIT defaults to '949,50,1'
-    validation = make_source("validation", batch_size=2, seq_len=64, seed=0, shard_index=0, shard_count=1)
-    row = next(validation)["inputs"][0]
+    validation = make_source("validation", batch_size=2, feature_lengths={"targets": 64}, seed=0, shard_index=0, shard_count=1)
+    row = next(validation)[DECODER_INPUT_TOKENS][0]
     np.testing.assert_array_equal(row, corpus.tokens[corpus.offsets[first_held_out]:][:64])

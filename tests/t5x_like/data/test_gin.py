@@ -3,6 +3,7 @@ import gin
 import numpy as np
 
 from t5x_like.data import make_source
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 
 
 def test_gin_binds_the_configured_arguments(numbered_file, tmp_path, write_token_file):
@@ -18,10 +19,10 @@ def test_gin_binds_the_configured_arguments(numbered_file, tmp_path, write_token
             data_gin_test.make_source.packing = True
         """)
     try:
-        source = configurable("train", batch_size=4, seq_len=16, seed=0, shard_index=0, shard_count=1)
+        source = configurable("train", batch_size=4, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1)
         batch = next(source)
     finally:
         gin.clear_config()
-    assert set(batch) == {"inputs", "targets", "weights", "segment_ids", "positions"}
-    assert (batch["inputs"] == 5).any() and (batch["inputs"] > 1000).any()
-    assert np.asarray(batch["inputs"]).shape == (4, 16)
+    assert set(batch) == {DECODER_INPUT_TOKENS, DECODER_TARGET_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_SEGMENT_IDS, DECODER_POSITIONS}
+    assert (batch[DECODER_INPUT_TOKENS] == 5).any() and (batch[DECODER_INPUT_TOKENS] > 1000).any()
+    assert np.asarray(batch[DECODER_INPUT_TOKENS]).shape == (4, 16)

@@ -7,10 +7,11 @@ import pytest
 
 from t5x_like.data import make_source
 from t5x_like.data.loader import split_documents
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 
 
 def source(path, split="train", *, batch_size=4, seq_len=16, seed=0, shard_index=0, shard_count=1, **configured):
-    return make_source(split, batch_size=batch_size, seq_len=seq_len, seed=seed, shard_index=shard_index,
+    return make_source(split, batch_size=batch_size, feature_lengths={"targets": seq_len}, seed=seed, shard_index=shard_index,
                        shard_count=shard_count, data_path=path, **configured)
 
 
@@ -31,21 +32,21 @@ def test_windows_cover_the_train_split_once_per_epoch(numbered_file, numbered_do
     rows_per_epoch = (len(stream) - 1) // 16
     src = source(numbered_file, batch_size=rows_per_epoch)
     batch = next(src)
-    assert set(batch) == {"inputs", "targets", "weights"}
-    assert batch["inputs"].dtype == batch["targets"].dtype == np.int32 and batch["weights"].dtype == np.float32
-    np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
-    assert (batch["weights"] == 1).all()
-    starts = sorted(int(np.flatnonzero(stream == row[0])[0]) for row in batch["inputs"])
+    assert set(batch) == {DECODER_INPUT_TOKENS, DECODER_TARGET_TOKENS, DECODER_LOSS_WEIGHTS}
+    assert batch[DECODER_INPUT_TOKENS].dtype == batch[DECODER_TARGET_TOKENS].dtype == np.int32 and batch[DECODER_LOSS_WEIGHTS].dtype == np.float32
+    np.testing.assert_array_equal(batch[DECODER_INPUT_TOKENS][:, 1:], batch[DECODER_TARGET_TOKENS][:, :-1])
+    assert (batch[DECODER_LOSS_WEIGHTS] == 1).all()
+    starts = sorted(int(np.flatnonzero(stream == row[0])[0]) for row in batch[DECODER_INPUT_TOKENS])
     assert starts == list(range(0, rows_per_epoch * 16, 16))  # each window exactly once, in shuffled order
-    assert [row[0] for row in batch["inputs"]] != sorted(row[0] for row in batch["inputs"])
-    second_epoch = next(src)["inputs"]
-    assert {tuple(r) for r in second_epoch} == {tuple(r) for r in batch["inputs"]}
-    assert not np.array_equal(second_epoch, batch["inputs"])  # reshuffled
+    assert [row[0] for row in batch[DECODER_INPUT_TOKENS]] != sorted(row[0] for row in batch[DECODER_INPUT_TOKENS])
+    second_epoch = next(src)[DECODER_INPUT_TOKENS]
+    assert {tuple(r) for r in second_epoch} == {tuple(r) for r in batch[DECODER_INPUT_TOKENS]}
+    assert not np.array_equal(second_epoch, batch[DECODER_INPUT_TOKENS])  # reshuffled
 
 
 def test_seed_changes_the_order_and_only_the_order(numbered_file):
     a, b = next(source(numbered_file, seed=1)), next(source(numbered_file, seed=2))
-    assert not np.array_equal(a["inputs"], b["inputs"])
+    assert not np.array_equal(a[DECODER_INPUT_TOKENS], b[DECODER_INPUT_TOKENS])
     assert_same_batches([next(source(numbered_file, seed=1))], [a])
 
 
@@ -74,8 +75,8 @@ def test_two_hosts_read_disjoint_halves_of_the_global_batch(numbered_file, tmp_p
 
 def test_packing_never_crosses_a_document_boundary_unmarked(numbered_file):
     batch = next(source(numbered_file, batch_size=64, seq_len=32, packing=True))
-    tokens = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
-    segments, positions, weights = batch["segment_ids"], batch["positions"], batch["weights"]
+    tokens = np.concatenate([batch[DECODER_INPUT_TOKENS], batch[DECODER_TARGET_TOKENS][:, -1:]], axis=1)
+    segments, positions, weights = batch[DECODER_SEGMENT_IDS], batch[DECODER_POSITIONS], batch[DECODER_LOSS_WEIGHTS]
     document, offset = tokens // 1000, tokens % 1000 - 1
     seen_split_document = False
     for r in range(len(tokens)):
@@ -97,7 +98,7 @@ def test_packing_keeps_every_token_of_the_split(numbered_file, numbered_document
     seen = []
     for _ in range(400):  # more than one epoch of rows
         batch = next(src)
-        row = np.concatenate([batch["inputs"][0], batch["targets"][0, -1:]])
+        row = np.concatenate([batch[DECODER_INPUT_TOKENS][0], batch[DECODER_TARGET_TOKENS][0, -1:]])
         seen.extend(row[row > 0].tolist())  # padding is id 0, which no numbered document holds
     expected = sorted(np.concatenate(train_documents).tolist())
     assert sorted(set(seen)) == expected
@@ -121,7 +122,7 @@ def test_empty_split_and_bad_ratio_are_clear_errors(numbered_file):
 
 def test_train_and_validation_documents_are_disjoint(numbered_file):
     def documents(split):
-        rows = np.concatenate([b["inputs"] for b in take(source(numbered_file, split, data_split="8,1,1"), 30)])
+        rows = np.concatenate([b[DECODER_INPUT_TOKENS] for b in take(source(numbered_file, split, data_split="8,1,1"), 30)])
         return set((rows // 1000).ravel().tolist())
     train, validation, test = documents("train"), documents("validation"), documents("test")
     assert max(train) < min(validation) and max(validation) < min(test)
@@ -131,7 +132,7 @@ def test_train_and_validation_documents_are_disjoint(numbered_file):
 def test_blend_proportions_follow_the_weights(tmp_path, write_token_file):
     a = write_token_file(tmp_path / "a", [[1] * 40] * 50, vocab_size=10)
     b = write_token_file(tmp_path / "b", [[2] * 40] * 50, vocab_size=10)
-    rows = np.concatenate([x["inputs"] for x in take(source([a, b], blend_weights=[0.25, 0.75], batch_size=50), 8)])
+    rows = np.concatenate([x[DECODER_INPUT_TOKENS] for x in take(source([a, b], blend_weights=[0.25, 0.75], batch_size=50), 8)])
     share_of_a = np.mean(rows[:, 0] == 1)
     assert share_of_a == pytest.approx(0.25, abs=0.03)
 
@@ -142,10 +143,10 @@ def test_validation_repeats_in_order_logs_epochs_and_resets(numbered_file, caplo
     with caplog.at_level(logging.INFO):
         later = take(src, 200)
     assert any("epoch 1 begins" in r.getMessage() for r in caplog.records)
-    assert any(np.array_equal(b["inputs"], first[0]["inputs"]) for b in later)
+    assert any(np.array_equal(b[DECODER_INPUT_TOKENS], first[0][DECODER_INPUT_TOKENS]) for b in later)
     src.reset()
     assert_same_batches(take(src, 3), first)
-    inputs = np.concatenate([b["inputs"] for b in first])
+    inputs = np.concatenate([b[DECODER_INPUT_TOKENS] for b in first])
     assert (np.diff(inputs[:, 0].astype(np.int64)) > 0).all()  # in file order, not shuffled
 
 

@@ -11,6 +11,7 @@ from t5x_like.data import load_tokenizer, make_source, open_token_file
 from t5x_like.data.formats import InputError
 from t5x_like.data.preprocess import preprocess
 from t5x_like.data.train_tokenizer import train_byte_level_bpe, train_sentencepiece
+from t5x_like.features import DECODER_INPUT_TOKENS
 
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i % 7} lazy dogs. " * (1 + i % 5) for i in range(300)]
 
@@ -61,10 +62,10 @@ def test_bad_input_midway_leaves_nothing(tmp_path, corpus, tokenizer_path):
 
 def test_make_source_reads_the_preprocessed_file_with_its_tokenizer(tmp_path, corpus, tokenizer_path):
     preprocess(corpus, str(tmp_path / "p"), tokenizer_path)
-    src = make_source("train", batch_size=2, seq_len=8, seed=0, shard_index=0, shard_count=1,
+    src = make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
                       data_path=str(tmp_path / "p"))
     assert (src.vocab_size, src.eod_id, src.tokenizer_path) == (400, 0, tokenizer_path)
-    assert next(src)["inputs"].max() < 400
+    assert next(src)[DECODER_INPUT_TOKENS].max() < 400
 
 
 def run_cli(module, *args):

@@ -9,6 +9,7 @@ from etils import epath
 
 from t5x_like.data import load_tokenizer, make_source
 from t5x_like.data.train_tokenizer import train_byte_level_bpe
+from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 
 # tfds-nightly still reads FieldDescriptor.label, deprecated in protobuf 6 (and gone in 7).
 pytestmark = pytest.mark.filterwarnings(r"ignore:label\(\) is deprecated:DeprecationWarning")
@@ -42,20 +43,20 @@ def prepared(tmp_path_factory):
 
 
 def tfds_source(prepared, split="train", **kwargs):
-    args = dict(batch_size=2, seq_len=24, seed=0, shard_index=0, shard_count=1, **prepared)
+    args = dict(batch_size=2, feature_lengths={"targets": 24}, seed=0, shard_index=0, shard_count=1, **prepared)
     return make_source(split, **{**args, **kwargs})
 
 
 def stories(batches, decode):
-    return {int(n) for b in batches for row in b["inputs"] for n in re.findall(r"story (\d+)", decode(row))}
+    return {int(n) for b in batches for row in b[DECODER_INPUT_TOKENS] for n in re.findall(r"story (\d+)", decode(row))}
 
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_batches_resume_exactly(prepared, packing):
     src = tfds_source(prepared, packing=packing)
     batches = [next(src) for _ in range(4)]
-    keys = {"inputs", "targets", "weights"} | ({"segment_ids", "positions"} if packing else set())
-    assert set(batches[0]) == keys and batches[0]["inputs"].shape == (2, 24)
+    keys = {DECODER_INPUT_TOKENS, DECODER_TARGET_TOKENS, DECODER_LOSS_WEIGHTS} | ({DECODER_SEGMENT_IDS, DECODER_POSITIONS} if packing else set())
+    assert set(batches[0]) == keys and batches[0][DECODER_INPUT_TOKENS].shape == (2, 24)
     state = json.loads(json.dumps(src.get_state()))
     after = [next(src) for _ in range(4)]
     resumed = tfds_source(prepared, packing=packing)
@@ -69,10 +70,10 @@ def test_batches_resume_exactly(prepared, packing):
 
 def test_packed_rows_mark_documents(prepared):
     batch = next(tfds_source(prepared, packing=True, batch_size=4))
-    segments = batch["segment_ids"]
+    segments = batch[DECODER_SEGMENT_IDS]
     assert (segments > 1).any()
     same = (np.diff(np.concatenate([segments, segments[:, -1:]], 1), axis=1) == 0) & (segments > 0)
-    assert ((batch["weights"] == 1) <= same).all()
+    assert ((batch[DECODER_LOSS_WEIGHTS] == 1) <= same).all()
 
 
 def test_hosts_read_different_documents_and_validation_is_its_own_split(prepared):
@@ -98,7 +99,7 @@ def test_worker_processes_tokenize_with_the_same_result(prepared):
     src = tfds_source(prepared, packing=True, worker_count=2)
     try:
         for batch in expected:
-            np.testing.assert_array_equal(next(src)["inputs"], batch["inputs"])
+            np.testing.assert_array_equal(next(src)[DECODER_INPUT_TOKENS], batch[DECODER_INPUT_TOKENS])
     finally:
         src.close()
 

@@ -66,6 +66,15 @@ def test_t5_sentencepiece_matches_sentencepiece(shared_data, wikitext_documents)
     assert _split(ids, lengths) == [reference.encode(d) + [1] for d in documents]
 
 
+def test_token_to_id_finds_pieces_and_only_pieces(shared_data):
+    spiece = load_tokenizer(shared_data / "t5-spiece")
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(shared_data / "t5-spiece" / "spiece.model"))
+    assert [spiece.token_to_id(p) for p in ("</s>", "<unk>", "▁the")] == [1, 2, reference.piece_to_id("▁the")]
+    assert spiece.token_to_id("<extra_id_0>") is None  # sentencepiece answers the <unk> id; that is no piece
+    gpt2 = load_tokenizer(shared_data / "gpt2-bpe")
+    assert (gpt2.token_to_id("<|endoftext|>"), gpt2.token_to_id("<extra_id_0>")) == (50256, None)
+
+
 def test_the_same_vocabulary_has_the_same_identity_whatever_the_path(shared_data, tmp_path):
     shutil.copytree(shared_data / "gpt2-bpe", tmp_path / "copy")
     assert load_tokenizer(tmp_path / "copy").sha256 == load_tokenizer(shared_data / "gpt2-bpe").sha256

@@ -1,0 +1,489 @@
+"""The whole GPU suite in one invocation: GPT-2 ours vs PyTorch, attention kernels, a profile, XLA flags.
+
+    python scripts/benchmark_gpu.py --out=results/           # on one GPU, ~9 minutes
+    python scripts/benchmark_gpu.py --out=/tmp/smoke --smoke # tiny shapes, runs on a CPU
+
+Writes under --out: results.md (the tables), results.json (every row), profile.txt (the 124M
+step's top GPU kernels), step_hlo.txt (that step's optimized HLO, naming the fusions) and log.txt
+(every child's output). Items, in order (--only picks some):
+
+  small     GPT-2 124M, T=1024, bf16: ours (benchmark_train.py with the --ours settings) vs the
+            PyTorch reference (benchmark_torch.py) at several batch sizes
+  variants  ours at the first batch size with one setting changed (VARIANTS)
+  profile   ours at the first batch size under jax.profiler: GPU time per kernel, per step
+  attention benchmark_attention.py: causal fwd and fwd+bwd, T = 1k..8k, head dim 64 and 128
+  xl        GPT-2 1.5B: ours at the listed batch sizes and remat policies
+  flags     ours at the first 124M batch size under XLA_FLAGS variants
+  dropout   ours at the first 124M batch size with dropout on: residual only (threefry, rbg PRNG)
+            and residual + attention (which runs XLA attention)
+  extra     both frameworks at the extra 124M batch sizes, the PyTorch reference at 1.5B, and more
+            of ours at 1.5B
+
+Every measurement runs in its own child process (one framework on the device at a time, allocator
+peaks per run, XLA flags per process) with a time limit; a failure or time-out is a row with a
+note, and the outputs are rewritten after every row, so one failure loses nothing else. Items that
+no longer fit in --budget_s are skipped and listed as such.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
+ITEMS = ("small", "variants", "profile", "attention", "xl", "flags", "dropout", "extra")
+VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
+    "scan_layers=True": {"overrides": {"scan_layers": True}},
+    "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
+    "cross_entropy=full_logits, scan_layers=True": {"cross_entropy": "full_logits", "overrides": {"scan_layers": True}},
+}
+FLAG_VARIANTS = {
+    "latency hiding scheduler": "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "command buffers off": "--xla_gpu_enable_command_buffer=",
+    "triton gemm off": "--xla_gpu_enable_triton_gemm=false",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """Shapes and step counts of one suite run (full on a GPU, tiny with --smoke)."""
+
+    small: str
+    small_batches: tuple[int, ...]
+    extra_batches: tuple[int, ...]
+    xl: str
+    xl_runs: tuple[tuple[str, int, str], ...]  # (framework, batch, remat)
+    xl_extra: tuple[tuple[str, int, str], ...]  # more of ours, run in 'extra'
+    seq_len: int
+    steps: int
+    warmup: int
+    attention_args: tuple[str, ...]
+    torch_compile: bool
+
+
+FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64,), xl="gpt2_xl",
+             xl_runs=(("jax", 8, "none"), ("torch", 8, "none")),
+             xl_extra=(("jax", 16, "minimal"),),
+             seq_len=1024, steps=20, warmup=10,
+             attention_args=("--lengths=1024,2048,4096,8192", "--head-dims=64,128", "--tokens=16384",
+                             "--hidden=2048", "--repeats=5", "--calls=10"),
+             torch_compile=True)
+SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny", xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none")),
+              xl_extra=(("jax", 4, "full"),),
+              seq_len=64, steps=2, warmup=1,
+              attention_args=("--lengths=128", "--head-dims=64", "--tokens=256", "--hidden=128",
+                              "--dtype=float32", "--repeats=1", "--calls=1", "--implementations=xla,pallas,auto"),
+              torch_compile=False)
+
+
+class Recorder:
+    """Collects rows per item and rewrites results.json / results.md after each one."""
+
+    def __init__(self, out: str, suite: Suite, ours: dict):
+        self.out, self.suite, self.ours = out, suite, ours
+        self.results: dict = {"environment": environment(), "suite": dataclasses.asdict(suite), "ours": ours,
+                              "command": " ".join(sys.argv), "items": {}}
+        self.log = open(os.path.join(out, "log.txt"), "a")
+
+    def add(self, item: str, row: dict) -> None:
+        self.results["items"].setdefault(item, []).append(row)
+        self.write()
+
+    def write(self) -> None:
+        with open(os.path.join(self.out, "results.json"), "w") as f:
+            json.dump(self.results, f, indent=1)
+        with open(os.path.join(self.out, "results.md"), "w") as f:
+            f.write(markdown(self.results))
+
+
+def environment() -> dict:
+    """Versions and the GPU as nvidia-smi names it (no framework is imported here)."""
+    env = {}
+    for package in ("jax", "jaxlib", "flax", "optax", "torch", "triton"):
+        try:
+            env[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            env[package] = None
+    try:
+        env["nvidia-smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        env["nvidia-smi"] = None
+    return env
+
+
+def run_child(recorder: Recorder, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int | None, str]:
+    """Run a child (this interpreter), streaming its output to the console and log.txt; (rc, output)."""
+    path = os.pathsep.join(filter(None, [os.path.dirname(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    merged = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path, JAX_COMPILATION_CACHE_DIR=CACHE_DIR,
+                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", XLA_PYTHON_CLIENT_MEM_FRACTION="0.92",
+                  **(env or {}))
+    recorder.log.write(f"\n$ {' '.join(argv)}  (env {env or {}}, limit {timeout:.0f}s)\n")
+    recorder.log.flush()
+    lines = []
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=merged)
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            recorder.log.write(line)
+            if time.monotonic() > deadline:
+                proc.kill()
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    if time.monotonic() > deadline:
+        rc = None
+    recorder.log.flush()
+    return rc, "".join(lines)
+
+
+def timed_row(recorder: Recorder, item: str, label: str, argv: list[str], json_path: str, timeout: float,
+              env: dict | None = None) -> dict:
+    """One child benchmark run that writes its row to json_path; the row (or a note) is recorded."""
+    started = time.monotonic()
+    rc, output = run_child(recorder, argv, timeout, env)
+    if rc == 0 and os.path.exists(json_path):
+        with open(json_path) as f:
+            row = json.load(f)
+    else:
+        tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or [""]
+        row = {"note": "timed out" if rc is None else f"exit {rc}: {tail[0][:200]}"}
+    row.update(label=label, wall_s=round(time.monotonic() - started, 1), xla_flags=(env or {}).get("XLA_FLAGS"))
+    recorder.add(item, row)
+    print(f"[{item}] {label}: " + (row.get("note") or f"{row['tokens_per_sec']:.0f} tokens/s, "
+                                   f"step {row['step_time_s'] * 1e3:.1f} ms, MFU {row.get('mfu')}"), flush=True)
+    return row
+
+
+def ours(recorder, item, label, suite, tmp, timeout, *, preset, batch, remat="none", env=None, profile_dir=None,
+         **settings) -> dict:
+    """benchmark_train.py with recorder.ours's settings (attention, cross_entropy, overrides), then these."""
+    merged = {**recorder.ours, **settings,
+              "overrides": {**recorder.ours.get("overrides", {}), **settings.get("overrides", {})}}
+    path = os.path.join(tmp, f"{item}_{len(recorder.results['items'].get(item, []))}.json")
+    argv = [os.path.join(SCRIPTS, "benchmark_train.py"), f"--preset={preset}", f"--batch_size={batch}",
+            f"--seq_len={suite.seq_len}", f"--steps={suite.steps}", f"--warmup={suite.warmup}",
+            f"--attention={merged.get('attention', 'auto')}", f"--cross_entropy={merged.get('cross_entropy', 'chunked')}",
+            f"--remat={remat}", f"--overrides={json.dumps(merged['overrides'])}", f"--json={path}"]
+    if profile_dir:
+        argv.append(f"--profile_dir={profile_dir}")
+    return timed_row(recorder, item, label, argv, path, timeout, env)
+
+
+def reference(recorder, item, label, suite, tmp, timeout, *, preset, batch) -> dict:
+    path = os.path.join(tmp, f"{item}_torch_{batch}.json")
+    argv = [os.path.join(SCRIPTS, "benchmark_torch.py"), f"--preset={preset}", f"--batch_size={batch}",
+            f"--seq_len={suite.seq_len}", f"--steps={suite.steps}", f"--warmup={suite.warmup}", f"--json={path}"]
+    if not suite.torch_compile:
+        argv.append("--no_compile")
+    return timed_row(recorder, item, label, argv, path, timeout)
+
+
+# ----------------------------------------------------------------------------- items
+
+
+def item_small(recorder, suite, tmp, budget):
+    for batch in suite.small_batches:
+        reference(recorder, "small", f"torch B={batch}", suite, tmp, budget(200), preset=suite.small, batch=batch)
+        ours(recorder, "small", f"ours B={batch}", suite, tmp, budget(200), preset=suite.small, batch=batch)
+
+
+def item_variants(recorder, suite, tmp, budget):
+    first = suite.small_batches[0]
+    for name, settings in VARIANTS.items():
+        ours(recorder, "small", f"ours B={first} {name}", suite, tmp, budget(150), preset=suite.small, batch=first,
+             **settings)
+
+
+def item_extra(recorder, suite, tmp, budget):
+    for batch in suite.extra_batches:
+        ours(recorder, "small", f"ours B={batch}", suite, tmp, budget(150), preset=suite.small, batch=batch)
+        reference(recorder, "small", f"torch B={batch}", suite, tmp, budget(150), preset=suite.small, batch=batch)
+    for framework, batch, _ in suite.xl_runs:
+        if framework == "torch":
+            reference(recorder, "xl", f"torch B={batch}", suite, tmp, budget(240), preset=suite.xl, batch=batch)
+    for _, batch, remat in suite.xl_extra:
+        ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(240), preset=suite.xl,
+             batch=batch, remat=remat)
+
+
+def item_profile(recorder, suite, tmp, budget):
+    trace_dir = os.path.join(tmp, "trace")
+    batch = suite.small_batches[0]
+    dump_dir = os.path.join(tmp, "hlo")
+    row = ours(recorder, "profile", f"ours B={batch} (traced)", suite, tmp, budget(150), preset=suite.small,
+               batch=batch, profile_dir=trace_dir,
+               env={"XLA_FLAGS": f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=train_step"})
+    dumps = glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
+    if dumps:  # the optimized HLO names every fusion the profile lists
+        shutil.copy(max(dumps, key=os.path.getsize), os.path.join(recorder.out, "step_hlo.txt"))
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        raise RuntimeError(f"no trace written under {trace_dir}")
+    summary = summarise_trace(files[0], suite.steps, row.get("step_time_s"))
+    with open(os.path.join(recorder.out, "profile.txt"), "w") as f:
+        f.write(summary)
+    recorder.results["profile_summary"] = summary
+    recorder.write()
+
+
+def item_attention(recorder, suite, tmp, budget):
+    path = os.path.join(tmp, "attention.json")
+    rc, output = run_child(recorder, [os.path.join(SCRIPTS, "benchmark_attention.py"), *suite.attention_args,
+                                      f"--json={path}"], budget(240))
+    if os.path.exists(path):
+        with open(path) as f:
+            recorder.results["attention"] = json.load(f)
+    else:
+        recorder.results["attention"] = {"note": "timed out" if rc is None else f"exit {rc}",
+                                         "output": output[-4000:]}
+    recorder.write()
+
+
+def item_xl(recorder, suite, tmp, budget):
+    for framework, batch, remat in suite.xl_runs:
+        if framework == "jax":  # the PyTorch reference's 1.5B run is in 'extra' (its compile is slow)
+            ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(240), preset=suite.xl,
+                 batch=batch, remat=remat)
+
+
+def item_flags(recorder, suite, tmp, budget):
+    batch = suite.small_batches[0]
+    for name, flags in FLAG_VARIANTS.items():
+        ours(recorder, "flags", f"ours B={batch} {name}", suite, tmp, budget(150), preset=suite.small, batch=batch,
+             env={"XLA_FLAGS": flags})
+
+
+def item_dropout(recorder, suite, tmp, budget):
+    batch = suite.small_batches[0]
+    residual = {"dropout_rate": 0.1}
+    ours(recorder, "dropout", f"ours B={batch} residual dropout 0.1, threefry", suite, tmp, budget(150),
+         preset=suite.small, batch=batch, overrides=residual)
+    ours(recorder, "dropout", f"ours B={batch} residual dropout 0.1, rbg", suite, tmp, budget(150),
+         preset=suite.small, batch=batch, overrides=residual, env={"JAX_DEFAULT_PRNG_IMPL": "rbg"})
+    ours(recorder, "dropout", f"ours B={batch} residual + attention dropout 0.1 (xla attention)", suite, tmp,
+         budget(150), preset=suite.small, batch=batch, overrides={"dropout_rate": 0.1, "attention_dropout_rate": 0.1})
+
+
+RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "xl": item_xl,
+           "flags": item_flags, "dropout": item_dropout, "variants": item_variants, "extra": item_extra}
+
+
+# ----------------------------------------------------------------------------- profile summary
+
+
+def category(name: str) -> str:
+    """A coarse class of a GPU kernel / HLO op name, for the profile's breakdown."""
+    lower = name.lower()
+    rules = (("attention", ("fmha", "flash", "cudnn", "attention", "sdpa")),
+             ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "dot")),
+             ("copy/transpose", ("copy", "transpose", "memcpy", "memset")),
+             ("collective", ("nccl", "all-reduce", "all_reduce")))
+    for label, needles in rules:
+        if any(n in lower for n in needles):
+            return label
+    return "fusion/elementwise" if "fusion" in lower or "triton" in lower or "loop" in lower else "other"
+
+
+def busy_union(intervals: list[tuple[int, int]]) -> int:
+    """Total length of the union of [start, end) intervals."""
+    total, current_start, current_end = 0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    return total + (current_end - current_start if current_end is not None else 0)
+
+
+def summarise_trace(path: str, steps: int, step_time_s: float | None, top: int = 30) -> str:
+    """GPU time per step by op (the 'XLA Ops' line) and by kernel (the stream lines), and how busy the GPU was."""
+    from jax.profiler import ProfileData  # the driver imports jax only here, after the children ran
+
+    data = ProfileData.from_file(path)
+    gpu_planes = [p for p in data.planes if p.name.startswith("/device:GPU")]
+    if not gpu_planes:
+        return f"no GPU plane in {path}: planes {[p.name for p in data.planes]}\n"
+    plane = gpu_planes[0]
+    by_line: dict[str, dict[str, float]] = {}
+    kernel_intervals = []
+    for line in plane.lines:
+        totals: dict[str, float] = defaultdict(float)
+        for event in line.events:
+            totals[event.name] += event.duration_ns
+            if line.name.startswith("Stream"):
+                kernel_intervals.append((event.start_ns, event.start_ns + event.duration_ns))
+        by_line[line.name] = totals
+    out = [f"trace {os.path.basename(path)}: {plane.name}, {steps} traced steps; lines: {sorted(by_line)}"]
+    busy_ms = busy_union(kernel_intervals) / 1e6 / steps
+    if step_time_s:
+        out.append(f"GPU busy (union of kernels on all streams) {busy_ms:.2f} ms per step of {step_time_s * 1e3:.2f} ms "
+                   f"wall ({100 * busy_ms / (step_time_s * 1e3):.0f}%; the rest is launch gaps / host stalls)")
+    ops = by_line.get("XLA Ops") or {}
+    kernels: dict[str, float] = defaultdict(float)
+    for name, totals in by_line.items():
+        if name.startswith("Stream"):
+            for kernel, ns in totals.items():
+                kernels[kernel] += ns
+    for title, totals in (("XLA ops", ops), ("kernels", kernels)):
+        if not totals:
+            continue
+        whole = sum(totals.values())
+        out.append(f"\n## {title}: {whole / 1e6 / steps:.2f} ms per step in all")
+        classes: dict[str, float] = defaultdict(float)
+        for name, ns in totals.items():
+            classes[category(name)] += ns
+        out.append("by class: " + ", ".join(f"{c} {ns / 1e6 / steps:.2f} ms ({100 * ns / whole:.0f}%)"
+                                             for c, ns in sorted(classes.items(), key=lambda kv: -kv[1])))
+        out.append(f"{'ms/step':>9} {'%':>5}  name")
+        for name, ns in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+            out.append(f"{ns / 1e6 / steps:>9.3f} {100 * ns / whole:>5.1f}  {name[:160]}")
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def train_table(rows: list[dict]) -> list[str]:
+    lines = ["| run | tokens/s | step ms | TFLOP/s | MFU | peak GiB | ours/torch tokens/s | note |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    torch_by_batch = {(r.get("preset"), r.get("batch_size")): r for r in rows
+                      if r.get("framework") == "torch" and "note" not in r}
+    for r in rows:
+        if "note" in r:
+            lines.append(f"| {r['label']} | | | | | | | {r['note']} |")
+            continue
+        ratio = None
+        ref = torch_by_batch.get((r.get("preset"), r.get("batch_size")))
+        if r.get("framework") == "jax" and ref:
+            ratio = r["tokens_per_sec"] / ref["tokens_per_sec"]
+        note = ", ".join(f"{k}={r[k]}" for k in ("xla_flags",) if r.get(k))
+        lines.append(f"| {r['label']} | {r['tokens_per_sec']:,.0f} | {r['step_time_s'] * 1e3:.1f} | "
+                     f"{r['tflops_per_device']:.1f} | {fmt(r.get('mfu') and 100 * r['mfu'], '.1f')}% | "
+                     f"{fmt(r.get('peak_memory_gib'), '.1f')} | {fmt(ratio, '.2f')} | {note} |")
+    best = {}
+    for r in rows:
+        if "note" not in r and r.get("framework") in ("jax", "torch"):
+            key = r["framework"]
+            if key not in best or r["tokens_per_sec"] > best[key]["tokens_per_sec"]:
+                best[key] = r
+    if best:
+        lines.append("")
+        lines.append("Best: " + "; ".join(f"{k} {v['label']} at {v['tokens_per_sec']:,.0f} tokens/s" for k, v in best.items())
+                     + (f"; ratio of bests {best['jax']['tokens_per_sec'] / best['torch']['tokens_per_sec']:.2f}"
+                        if len(best) == 2 else ""))
+    return lines
+
+
+def attention_table(result: dict) -> list[str]:
+    if "rows" not in result:
+        return [f"attention benchmark failed: {result.get('note')}", "```", result.get("output", "")[-2000:], "```"]
+    lines = [f"{result['device']}, jax {result['jax']}, {result['dtype']}, causal, {result['tokens']} tokens "
+             f"(batch = tokens / T), {result['hidden']} hidden (heads = hidden / D). TFLOP/s (temp MiB):", ""]
+    impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
+    lines.append("| mode | T | D | " + " | ".join(impls) + " | best |")
+    lines.append("| --- | ---: | ---: | " + " | ".join("---:" for _ in impls) + " | --- |")
+    groups: dict = defaultdict(dict)
+    for r in result["rows"]:
+        groups[(r["mode"], r["length"], r["head_dim"])][r["impl"]] = r
+    for (mode, length, head_dim), by_impl in groups.items():
+        cells, timed = [], {}
+        for impl in impls:
+            r = by_impl.get(impl, {})
+            if "tflops" in r:
+                timed[impl] = r["tflops"]
+                cells.append(f"{r['tflops']:.0f} ({r['temp_bytes'] / 2**20:.0f})")
+            else:
+                cells.append(r.get("note", "-")[:40])
+        best = max((i for i in timed if i != "auto"), key=timed.get, default="-")
+        lines.append(f"| {mode} | {length} | {head_dim} | " + " | ".join(cells) + f" | {best} |")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    env = results["environment"]
+    out = ["# GPU suite (scripts/benchmark_gpu.py)", "", f"Command: `{results.get('command')}`; ours: `{json.dumps(results.get('ours'))}`.", "",
+           f"GPU: {env.get('nvidia-smi')}; jax {env.get('jax')} (jaxlib {env.get('jaxlib')}), flax {env.get('flax')}, "
+           f"optax {env.get('optax')}, torch {env.get('torch')}, triton {env.get('triton')}.", ""]
+    for item in ("small", "xl", "flags", "dropout", "profile"):
+        rows = results["items"].get(item)
+        if rows:
+            devices = sorted({r["device"] for r in rows if "device" in r})
+            out += [f"## {item} ({', '.join(devices)})", "", *train_table(rows), ""]
+    if "attention" in results:
+        out += ["## attention", "", *attention_table(results["attention"]), ""]
+    if "profile_summary" in results:
+        out += ["## profile", "", "```", results["profile_summary"], "```", ""]
+    for key in ("skipped", "errors"):
+        if results.get(key):
+            out += [f"## {key}", "", *(f"- {k}: {v}" for k, v in results[key].items()), ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for results.md, results.json, profile.txt, log.txt")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes and steps (runs on a CPU)")
+    p.add_argument("--only", type=lambda s: s.split(","), default=list(ITEMS), help=f"items, from {ITEMS}")
+    p.add_argument("--ours", type=json.loads, default={"cross_entropy": "chunked", "overrides": {"scan_layers": False}},
+                   help="JSON: our settings for every run (attention, cross_entropy, overrides); variants change one")
+    p.add_argument("--budget_s", type=float, default=540.0, help="stop starting runs after this many seconds")
+    p.add_argument("--min_run_s", type=float, default=45.0, help="skip a run when less than this is left")
+    args = p.parse_args(argv)
+    unknown = set(args.only) - set(ITEMS)
+    if unknown:
+        p.error(f"unknown items {sorted(unknown)}; choose from {ITEMS}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    suite = SMOKE if args.smoke else FULL
+    recorder = Recorder(args.out, suite, args.ours)
+    deadline = time.monotonic() + args.budget_s
+
+    def budget(cap: float) -> float:
+        """Seconds the next run may take: at most `cap`, within what is left of --budget_s."""
+        left = deadline - time.monotonic()
+        if left < args.min_run_s:
+            raise TimeoutError(f"{left:.0f}s of the budget left")
+        return min(left, cap)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for item in [i for i in ITEMS if i in args.only]:
+            try:
+                RUNNERS[item](recorder, suite, tmp, budget)
+            except TimeoutError as stop:
+                recorder.results.setdefault("skipped", {})[item] = f"stopped: {stop}"
+            except Exception as error:  # one item's failure must not lose the others
+                recorder.results.setdefault("errors", {})[item] = f"{type(error).__name__}: {error}"
+            recorder.write()
+    print(markdown(recorder.results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""`build_experiment()`: the one place a run is assembled.
+
+From a model config, a mesh, a rule set, an optimizer and the batch settings it builds the
+Partitioner, the LanguageModel (pipelined when PIPELINE_PARALLEL > 1), the train state's abstract
+shape and shardings, and the jitted train and eval steps. train, compile, the benchmarks and the
+tests all call it; gin binds its arguments (gin/base.gin: `build_experiment.batch_size = ...`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh
+
+import models
+from partitioning import Partitioner, pipeline
+from t5x_like import distributed, optim, trainer
+from t5x_like.errors import UserError
+from t5x_like.lm import LanguageModel, make_lm
+
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+@dataclasses.dataclass
+class Experiment:
+    """Everything a run needs besides data and a directory."""
+
+    config: models.FamilyConfig
+    lm: LanguageModel
+    partitioner: Partitioner
+    optimizer: optim.Optimizer
+    step_config: trainer.StepConfig
+    batch_size: int
+    lengths: dict[str, int]
+    seed: int
+    on_nonfinite: str
+    abstract_state: trainer.TrainState  # boxed ShapeDtypeStructs (logical names kept)
+    shardings: trainer.TrainState  # NamedShardings
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.partitioner.mesh
+
+    @property
+    def batch_sharding(self):
+        return self.partitioner.batch_sharding()
+
+    @functools.cached_property
+    def num_params(self) -> int:
+        return self.lm.num_params()
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.lm.flops_per_step(self.lengths, self.batch_size)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * sum(self.lengths.values())
+
+    def _init(self, rng: jax.Array) -> trainer.TrainState:
+        return trainer.init_train_state(self.lm, self.optimizer.tx, rng, self.lengths, self.step_config.loss_scale)
+
+    def init_state(self) -> trainer.TrainState:
+        """A fresh state, initialised sharded in place from SEED."""
+        with self.partitioner.activate():
+            return self.partitioner.initialize(self._init, jax.random.PRNGKey(self.seed), self.shardings)
+
+    def sharded_abstract_state(self) -> trainer.TrainState:
+        """ShapeDtypeStructs of the state carrying their shardings (to restore or compile against)."""
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            nn.meta.unbox(self.abstract_state), self.shardings)
+
+    def abstract_batch(self, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        """One global batch's features, with the batch sharding."""
+        return {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.batch_sharding)
+                for k, s in self.lm.batch_spec(self.lengths, self.batch_size, packed=packed).items()}
+
+    @functools.cached_property
+    def train_step(self) -> Callable[[trainer.TrainState, dict], tuple[trainer.TrainState, dict]]:
+        """The train step, jitted with the state's and the batch's shardings, donating the old state."""
+        step = trainer.make_train_step(self.lm, self.optimizer.tx, self.optimizer.schedule, self.step_config)
+        return self.partitioner.partition(step, (self.shardings, self.batch_sharding),
+                                          (self.shardings, self.partitioner.replicated), donate_argnums=(0,))
+
+    @functools.cached_property
+    def eval_step(self) -> Callable[[Any, dict], dict]:
+        step = trainer.make_eval_step(self.lm, self.step_config.cross_entropy)
+        return self.partitioner.partition(step, (self.shardings.params, self.batch_sharding),
+                                          self.partitioner.replicated)
+
+    def global_batch(self, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """This host's rows -> global arrays laid out over the data-parallel devices."""
+        return global_batch(local, self.batch_sharding)
+
+
+def global_batch(local: Mapping[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+    """This host's rows -> global arrays laid out as `sharding`."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
+
+
+@gin.configurable(denylist=["restored"])
+def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = gin.REQUIRED,
+                     rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
+                     batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
+                     seed: int = 0, grad_accum_steps: int = 1, z_loss: float = 0.0,
+                     loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
+                     on_nonfinite: str = "stop", cross_entropy: str = "chunked",
+                     offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
+                     pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None) -> Experiment:
+    """Assemble a run. `restored`: the model config of the checkpoint the run resumes or restores
+    from; the model must have its architecture, and keeps its vocabulary padding where it divides."""
+    if on_nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
+    check_integers(batch_size=batch_size, grad_accum_steps=grad_accum_steps)
+    lengths = check_lengths(feature_lengths)
+    partitioner = Partitioner(mesh, rules)
+    check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
+    config = resolve_model_config(model, mesh.shape["tensor"], restored)
+    config.check_lengths(lengths)
+    step_config = trainer.StepConfig(
+        grad_accum_steps=grad_accum_steps, z_loss=z_loss,
+        loss_scale=loss_scale if config.dtype == "float16" else None,
+        cross_entropy=cross_entropy,
+        offload_optimizer_state=offload_optimizer_state)
+    layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
+                                 batch_size // grad_accum_steps, partitioner.batch_shards)
+    lm = make_lm(config, layer_stack)
+    experiment = Experiment(config=config, lm=lm, partitioner=partitioner, optimizer=optimizer,
+                            step_config=step_config, batch_size=batch_size, lengths=lengths, seed=seed,
+                            on_nonfinite=on_nonfinite, abstract_state=None, shardings=None)
+    with partitioner.activate():
+        offload = ("opt_state",) if offload_optimizer_state else ()
+        experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
+            lambda: experiment._init(jax.random.PRNGKey(seed)), offload)
+    if distributed.is_primary():
+        params = experiment.abstract_state.params
+        logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
+        logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
+    return experiment
+
+
+def check_integers(**values) -> None:
+    """A macro given as something other than an integer (e.g. BATCH_SIZE='eight') named, with the fix."""
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            macro = MACROS.get(name, f"train.{name}")
+            raise UserError(f"{macro}={value!r}: expected an integer, e.g. --gin.{macro}=8 (no quotes).")
+
+
+MACROS = {"train_steps": "TRAIN_STEPS", "batch_size": "BATCH_SIZE", "grad_accum_steps": "GRAD_ACCUM_STEPS",
+          "checkpoint_every": "CHECKPOINT_EVERY", "eval_every": "EVAL_EVERY", "eval_steps": "EVAL_STEPS"}
+
+
+def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:
+    """FEATURE_LENGTHS as plain ints, each set and positive."""
+    lengths = dict(feature_lengths)
+    for name, value in lengths.items():
+        if value is None:
+            raise ValueError(f"FEATURE_LENGTHS[{name!r}] is not set: set SEQ_LEN (decoder-only models) or "
+                             "FEATURE_LENGTHS, e.g. --gin.SEQ_LEN=1024.")
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"FEATURE_LENGTHS[{name!r}]={value!r}: lengths are positive integers.")
+    return lengths
+
+
+def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
+    if batch_size % grad_accum_steps:
+        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
+    micro = batch_size // grad_accum_steps
+    if micro % batch_shards:
+        raise ValueError(
+            f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
+            f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
+            f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
+    if batch_size % jax.process_count():
+        raise ValueError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
+
+
+def resolve_model_config(config: models.FamilyConfig, tensor: int,
+                         restored: models.FamilyConfig | None) -> models.FamilyConfig:
+    """Pad the vocabulary to a multiple of 128 x tensor (the config's own multiple when it is one),
+    unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis);
+    a restored checkpoint must hold the same architecture."""
+    if config.vocab_pad_multiple % (128 * tensor):
+        config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
+    if restored is None:
+        return config
+    saved, wanted = restored.architecture(), config.architecture()
+    differ = {f: (saved.get(f), wanted.get(f)) for f in sorted(set(saved) | set(wanted))
+              if saved.get(f) != wanted.get(f)}
+    if differ:
+        raise ValueError(f"the checkpoint holds a different model (checkpoint vs config: {differ}); use a new "
+                         "MODEL_DIR, or a RESTORE_FROM checkpoint of the same architecture.")
+    if restored.padded_vocab_size % tensor == 0:
+        config = dataclasses.replace(config, vocab_pad_multiple=restored.vocab_pad_multiple)
+    return config
+
+
+def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, repeats: int, rows: int,
+                   batch_shards: int) -> Callable | None:
+    """The pipelined layer stack for PIPELINE_PARALLEL > 1 (None without a pipeline); `rows` is a
+    gradient-accumulation microbatch's row count."""
+    if stages == 1 and microbatches == 1 and repeats == 1:
+        return None
+    if stages == 1:
+        raise ValueError(f"NUM_MICROBATCHES={microbatches} / PIPELINE_REPEATS={repeats} need "
+                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
+    schedule = pipeline.Schedule(stages, microbatches, repeats)
+    schedule.check(config.pipeline_layers(), rows, batch_shards)
+    logging.info("%s", schedule.describe())
+    return schedule.layer_stack

@@ -1,0 +1,23 @@
+"""Batch feature names (seqio's), defined once for the loader, the LanguageModel and the tools.
+
+Decoder-only batches: decoder_input_tokens, decoder_target_tokens, decoder_loss_weights, and when
+packed decoder_segment_ids (documents 1, 2, ...; 0 = padding) and decoder_positions (restart at 0 per
+document). Encoder-decoder batches add encoder_input_tokens (+ encoder_segment_ids, encoder_positions).
+Lengths come from FEATURE_LENGTHS: {'targets': T} or {'inputs': I, 'targets': T}.
+"""
+DECODER_INPUT_TOKENS = "decoder_input_tokens"
+DECODER_TARGET_TOKENS = "decoder_target_tokens"
+DECODER_LOSS_WEIGHTS = "decoder_loss_weights"
+DECODER_SEGMENT_IDS = "decoder_segment_ids"
+DECODER_POSITIONS = "decoder_positions"
+ENCODER_INPUT_TOKENS = "encoder_input_tokens"
+ENCODER_SEGMENT_IDS = "encoder_segment_ids"
+ENCODER_POSITIONS = "encoder_positions"
+
+
+def decoder_only_length(feature_lengths: dict[str, int]) -> int:
+    """The row length of a decoder-only objective: FEATURE_LENGTHS must be {'targets': T}."""
+    if set(feature_lengths) != {"targets"}:
+        raise ValueError(f"FEATURE_LENGTHS={dict(feature_lengths)}: a causal-LM data source takes only 'targets' "
+                         "(set SEQ_LEN, or FEATURE_LENGTHS={'targets': N}).")
+    return feature_lengths["targets"]

@@ -1,0 +1,260 @@
+"""The LanguageModel: what the trainer, eval, generate, compile and the benchmarks see of a model.
+
+A LanguageModel wraps a family module (models/) and knows its batch: the feature names (seqio's,
+defined once here), how a batch feeds the module, the loss sums, per-token scores, KV-cache decoding,
+FLOPs and parameter counts. Two kinds exist, picked by the family registry's `kind`:
+
+    DecoderOnlyLM     GPT-2, GPT-NeoX: decoder_* features; FEATURE_LENGTHS {'targets': T}
+    EncoderDecoderLM  T5 (its own issue): adds encoder_* features; {'inputs': I, 'targets': T}
+
+Decoder-only family modules are called as `module(tokens, *, positions, segment_ids, deterministic,
+return_hidden)` and return fp32 logits over the padded vocabulary (padding ids masked), or with
+return_hidden=True (final hidden states, the output table [padded_vocab, embed]) — tied or untied —
+so that the chunked cross-entropy never materialises the logits.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, ClassVar, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+import models
+from models.kernels.cross_entropy import chunked_cross_entropy
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
+                               DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS)
+
+Batch = dict[str, jax.Array]
+Lengths = Mapping[str, int]
+
+
+CROSS_ENTROPY = ("chunked", "full_logits")
+"""'chunked': the loss walks the sequence in chunks and never holds [batch, length, vocab] logits
+(models/kernels/cross_entropy.py); 'full_logits': logits from the model, then the loss."""
+
+
+def check_cross_entropy(name: str) -> None:
+    if name == "xla":
+        raise ValueError("CROSS_ENTROPY='xla' is now called 'full_logits' (the loss over the model's full "
+                         "logits); set CROSS_ENTROPY='full_logits' or 'chunked'.")
+    if name not in CROSS_ENTROPY:
+        raise ValueError(f"CROSS_ENTROPY={name!r}: choose one of {CROSS_ENTROPY}.")
+
+
+def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                       z_loss: float) -> tuple[jax.Array, jax.Array]:
+    """(Σ weights·nll, z_loss·Σ weights·logsumexp²) in fp32 from full logits (padding ids masked)."""
+    logits = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = (log_z - target_logit) * weights
+    return nll.sum(), z_loss * (jnp.square(log_z) * weights).sum()
+
+
+def token_log_probs(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(log p(target) [batch, length], whether the target is the argmax) from fp32 logits."""
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return target_logit - log_z, jnp.argmax(logits, axis=-1) == targets
+
+
+class LanguageModel:
+    """A family module plus what its batches mean. Subclasses set KIND and the module call."""
+
+    KIND: ClassVar[str]
+
+    def __init__(self, config: models.FamilyConfig, module: nn.Module):
+        self.config = config
+        self.module = module
+
+    # -- batches
+    def batch_spec(self, lengths: Lengths, batch_size: int, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        """Feature name -> shape and dtype of one global batch."""
+        raise NotImplementedError
+
+    def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        """(positional, keyword) arguments of the module for a batch."""
+        raise NotImplementedError
+
+    # -- parameters
+    def init(self, rng: jax.Array, lengths: Lengths) -> Any:
+        """Boxed parameters (logical axis names kept) for inputs of these lengths."""
+        spec = self.batch_spec(lengths, 1)
+        sample = {k: jnp.zeros(s.shape, s.dtype) for k, s in spec.items()}
+        args, kwargs = self.module_inputs(sample)
+        return self.module.init(rng, *args, **kwargs)["params"]
+
+    @functools.cached_property
+    def _abstract_params(self) -> Any:
+        lengths = {k: 1 for k in self.required_lengths()}
+        return jax.eval_shape(lambda: self.init(jax.random.PRNGKey(0), lengths))
+
+    def required_lengths(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def abstract_params(self) -> tuple[Any, Any]:
+        """(unboxed ShapeDtypeStructs, logical PartitionSpecs) of the parameters, allocating nothing."""
+        boxed = self._abstract_params
+        return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+
+    def num_params(self) -> int:
+        """Parameters, excluding every vocabulary-padding row (tied or untied heads alike)."""
+        abstract, specs = self.abstract_params()
+        padding = self.config.padded_vocab_size - self.config.vocab_size
+        total = 0
+        for array, spec in zip(jax.tree.leaves(abstract), _spec_leaves(specs)):
+            count = math.prod(array.shape)
+            if "vocab" in tuple(spec):
+                count -= count // array.shape[tuple(spec).index("vocab")] * padding
+            total += count
+        return total
+
+    # -- computation
+    def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,
+                  z_loss: float = 0.0, cross_entropy: str = "chunked") -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(Σ nll, Σ z-loss, Σ weights) of one batch; dropout is on when a dropout_rng is given."""
+        args, kwargs = self.module_inputs(batch)
+        outputs = self.module.apply({"params": params}, *args, **kwargs, deterministic=dropout_rng is None,
+                                    return_hidden=cross_entropy == "chunked",
+                                    rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
+        targets = batch[DECODER_TARGET_TOKENS]
+        weights = batch[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+        if cross_entropy == "chunked":
+            hidden, table = outputs
+            nll, z = chunked_cross_entropy(hidden, table, targets, weights,
+                                           vocab_size=self.config.vocab_size, z_loss=z_loss)
+        else:
+            nll, z = cross_entropy_sums(outputs, targets, weights, z_loss)
+        return nll, z, weights.sum()
+
+    def score(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
+        """Per target token: `log_prob` of the target and `correct` (the target is the argmax)."""
+        args, kwargs = self.module_inputs(batch)
+        logits = self.module.apply({"params": params}, *args, **kwargs)
+        log_prob, correct = token_log_probs(logits, batch[DECODER_TARGET_TOKENS])
+        return {"log_prob": log_prob, "correct": correct}
+
+    def flops_per_step(self, lengths: Lengths, batch_size: int) -> float:
+        """Training FLOPs (forward + backward) of one step of `batch_size` rows."""
+        return self.config.train_flops_per_example(lengths) * batch_size
+
+
+class DecoderOnlyLM(LanguageModel):
+    """GPT-style models: the decoder reads decoder_input_tokens and predicts decoder_target_tokens."""
+
+    KIND = "decoder_only"
+
+    def required_lengths(self) -> tuple[str, ...]:
+        return ("targets",)
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the model takes (decoder-only configs have `max_len`)."""
+        return self.config.max_len
+
+    def batch_spec(self, lengths: Lengths, batch_size: int, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        shape = (batch_size, lengths["targets"])
+        spec = {DECODER_INPUT_TOKENS: jnp.int32, DECODER_TARGET_TOKENS: jnp.int32, DECODER_LOSS_WEIGHTS: jnp.float32}
+        if packed:
+            spec.update({DECODER_SEGMENT_IDS: jnp.int32, DECODER_POSITIONS: jnp.int32})
+        return {k: jax.ShapeDtypeStruct(shape, dtype) for k, dtype in spec.items()}
+
+    def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        kwargs = {}
+        if DECODER_POSITIONS in batch:
+            kwargs["positions"] = batch[DECODER_POSITIONS]
+        if DECODER_SEGMENT_IDS in batch:
+            kwargs["segment_ids"] = batch[DECODER_SEGMENT_IDS]
+        return (batch[DECODER_INPUT_TOKENS],), kwargs
+
+    # -- KV-cache decoding
+    def cache_layout(self, batch: int, length: int) -> tuple[Any, Any]:
+        """(ShapeDtypeStructs, logical PartitionSpecs) of the decoding cache for [batch, length]."""
+        def create(params):
+            zeros = jnp.zeros((batch, length), jnp.int32)
+            return self.module.apply({"params": params}, zeros, positions=zeros, mutable=["cache"])[1]["cache"]
+
+        boxed = jax.eval_shape(create, self.abstract_params()[0])
+        return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+
+    def decode(self, params: Any, tokens: jax.Array, valid: jax.Array, rng: jax.Array, *, max_new_tokens: int,
+               eod_id: int, sample: Callable[[jax.Array, jax.Array], jax.Array], cache_layout: tuple[Any, Any]
+               ) -> jax.Array:
+        """Generated ids [batch, max_new_tokens] after left-padded prompts `tokens` [batch, P] (`valid`
+        marks real tokens); `sample(logits [batch, vocab], rng)` picks each id; rows stop at eod_id.
+        `cache_layout`: (shapes, shardings) of the cache for [batch, P + max_new_tokens]."""
+        batch = tokens.shape[0]
+        shapes, shardings = cache_layout
+        cache = jax.tree.map(lambda s, sharding: jax.lax.with_sharding_constraint(
+            jnp.zeros(s.shape, s.dtype), sharding), shapes, shardings)
+
+        def step(cache, tokens, positions, valid):
+            logits, variables = self.module.apply({"params": params, "cache": cache}, tokens, positions=positions,
+                                                  segment_ids=valid.astype(jnp.int32), mutable=["cache"])
+            return logits[:, -1], variables["cache"]
+
+        positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+        logits, cache = step(cache, tokens, positions, valid)
+        out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
+        state = (0, out, jnp.zeros(batch, bool), positions[:, -1] + 1, logits, cache)
+
+        def unfinished(state):
+            i, _, done, *_ = state
+            return (i < max_new_tokens) & ~done.all()
+
+        def body(state):
+            i, out, done, position, logits, cache = state
+            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i)))
+            out = out.at[:, i].set(token)
+            logits, cache = step(cache, token[:, None], position[:, None], jnp.ones((batch, 1), bool))
+            return i + 1, out, done | (token == eod_id), position + 1, logits, cache
+
+        return jax.lax.while_loop(unfinished, body, state)[1]
+
+
+class EncoderDecoderLM(LanguageModel):
+    """T5-style models: the encoder reads encoder_input_tokens, the decoder decoder_input_tokens (the
+    targets shifted right) and predicts decoder_target_tokens. The module is called as
+    `module(encoder_input_tokens, decoder_input_tokens, *, encoder_segment_ids, decoder_segment_ids,
+    encoder_positions, decoder_positions, deterministic, return_hidden)` and has `encode` / `decode`."""
+
+    KIND = "encoder_decoder"
+
+    def required_lengths(self) -> tuple[str, ...]:
+        return ("inputs", "targets")
+
+    def batch_spec(self, lengths: Lengths, batch_size: int, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        encoder, decoder = (batch_size, lengths["inputs"]), (batch_size, lengths["targets"])
+        spec = {ENCODER_INPUT_TOKENS: (encoder, jnp.int32), DECODER_INPUT_TOKENS: (decoder, jnp.int32),
+                DECODER_TARGET_TOKENS: (decoder, jnp.int32), DECODER_LOSS_WEIGHTS: (decoder, jnp.float32)}
+        if packed:
+            spec.update({ENCODER_SEGMENT_IDS: (encoder, jnp.int32), ENCODER_POSITIONS: (encoder, jnp.int32),
+                         DECODER_SEGMENT_IDS: (decoder, jnp.int32), DECODER_POSITIONS: (decoder, jnp.int32)})
+        return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in spec.items()}
+
+    def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        names = (ENCODER_SEGMENT_IDS, DECODER_SEGMENT_IDS, ENCODER_POSITIONS, DECODER_POSITIONS)
+        return (batch[ENCODER_INPUT_TOKENS], batch[DECODER_INPUT_TOKENS]), {k: batch[k] for k in names if k in batch}
+
+
+LANGUAGE_MODELS: dict[str, type[LanguageModel]] = {cls.KIND: cls for cls in (DecoderOnlyLM, EncoderDecoderLM)}
+
+
+def make_lm(config: models.FamilyConfig, layer_stack: Callable | None = None) -> LanguageModel:
+    """The LanguageModel of a family config (its registry kind), the layer stack optionally replaced
+    (pipeline parallelism)."""
+    kind = models.family_of(config).kind
+    if kind not in LANGUAGE_MODELS:
+        raise ValueError(f"model family {config.family!r} is {kind}, which this runtime does not train yet.")
+    module = models.build_model(config)
+    if layer_stack is not None:
+        module = module.clone(layer_stack=layer_stack)
+    return LANGUAGE_MODELS[kind](config, module)
+
+
+def _spec_leaves(specs: Any) -> list[PartitionSpec]:
+    return jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))

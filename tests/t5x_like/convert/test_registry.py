@@ -1,0 +1,31 @@
+"""The family registry (models.FAMILIES), the presets (configs/) and the converters (convert/hf.py)
+agree: every family has presets and a converter, every preset and converter names a registered family."""
+import dataclasses
+
+import pytest
+
+import configs
+import models
+from t5x_like.convert import hf
+
+
+def test_every_family_has_presets_and_a_converter_and_nothing_else():
+    preset_families = {configs.get_model_config(name).family for name in configs.PRESETS}
+    assert preset_families == set(models.FAMILIES)
+    assert set(hf.FAMILIES) == set(models.FAMILIES)
+    hf_types = [converter.HF_MODEL_TYPE for converter in hf.FAMILIES.values()]
+    assert len(set(hf_types)) == len(hf_types)
+
+
+@pytest.mark.parametrize("name", configs.PRESETS)
+def test_every_preset_builds_its_familys_config(name):
+    config = models.config_from_dict(configs.get_model_config(name).to_dict())
+    assert isinstance(config, models.FAMILIES[config.family].config)
+    assert dataclasses.asdict(config)["family"] == config.family
+    assert name.partition("_")[0] in (config.family, "pythia")
+
+
+@pytest.mark.parametrize("name", ["pythia_20b", "neox_70m", "gpt2_160m", "llama_7b", "pythia"])
+def test_unknown_presets_are_refused_with_the_list(name):
+    with pytest.raises(ValueError, match=r"unknown; known presets: \[.*'pythia_160m'.*'neox_20b'"):
+        configs.get_model_config(name)

@@ -1,0 +1,148 @@
+"""T5 <-> Hugging Face / torch: HF -> ours -> HF is lossless for v1.0 (tied) and v1.1 (untied),
+transformers loads what to-hf writes and gives the logits of the original (fp32, atol 1e-4),
+to-torch gives a state_dict that loads strictly, and T5's sentencepiece tokenizer is carried both
+ways with the vocabulary cut to its 32100 real ids (32128 rows on HF's side)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
+transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+
+from t5x_like import inference  # noqa: E402
+from t5x_like.convert import __main__ as cli  # noqa: E402
+from t5x_like.convert import hf  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+SPIECE = DATA / "t5-spiece" / "spiece.model"
+HF_SIZES = dict(d_model=16, d_kv=5, d_ff=24, num_layers=2, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
+                relative_attention_num_buckets=8, relative_attention_max_distance=16)
+VERSIONS = {"v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+            "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
+LOGITS_ATOL = 1e-4
+
+
+def random_hf_model(version: str, vocab_size: int, seed: int = 0):
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(
+        transformers.T5Config(vocab_size=vocab_size, **HF_SIZES, **VERSIONS[version]))
+    if not VERSIONS[version]["tie_word_embeddings"]:
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def logits(model, inputs, targets):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(inputs), decoder_input_ids=torch.tensor(targets)).logits.numpy()
+
+
+def state(model) -> dict:
+    return {n: p.detach().numpy() for n, p in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+def test_hf_ours_hf_is_lossless_and_transformers_loads_it(tmp_path, version):
+    model = random_hf_model(version, vocab_size=128)
+    model.save_pretrained(tmp_path / "hf")
+    cli.main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")])
+    config, tokenizer = inference.read_config(str(tmp_path / "ours"))
+    assert (config.family, config.vocab_size, config.tie_word_embeddings, tokenizer) == (
+        "t5", 128, version == "v1.0", None)
+    cli.main(["to-hf", str(tmp_path / "ours"), str(tmp_path / "back")])
+    back = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "back").eval()
+    want, got = state(model), state(back)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    inputs, targets = np.random.default_rng(0).integers(1, 128, (2, 11)), np.arange(1, 15).reshape(2, 7)
+    np.testing.assert_allclose(logits(back, inputs, targets), logits(model, inputs, targets), atol=LOGITS_ATOL,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+def test_to_torch_state_dict_loads_strictly(tmp_path, version):
+    model = random_hf_model(version, vocab_size=128, seed=1)
+    model.save_pretrained(tmp_path / "hf")
+    hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"), scan_layers=False)
+    cli.main(["to-torch", str(tmp_path / "ours"), str(tmp_path / "model.pt")])
+    loaded = torch.load(tmp_path / "model.pt", weights_only=True)
+    fresh = random_hf_model(version, vocab_size=128, seed=2)
+    fresh.load_state_dict(loaded, strict=True)
+    untied = not torch.equal(loaded["lm_head.weight"], loaded["shared.weight"])
+    assert untied == (version == "v1.1")
+    for name, want in state(model).items():
+        np.testing.assert_array_equal(state(fresh)[name], want, err_msg=name)
+
+
+needs_spiece = pytest.mark.skipif(not SPIECE.is_file(),
+                                  reason=f"needs T5's sentencepiece model at {SPIECE} (../shared/data)")
+
+
+def sentencepiece_protobuf_error() -> str | None:
+    """Why transformers cannot read a spiece.model here (it parses it with sentencepiece's protobuf
+    module), or None."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2  # noqa: F401
+    except Exception as e:  # a protobuf runtime older than sentencepiece's generated code
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def spiece_round_trip(tmp_path_factory):
+    """HF's 32128-row T5 v1.1 with spiece.model -> ours -> HF."""
+    tmp_path = tmp_path_factory.mktemp("spiece")
+    model = random_hf_model("v1.1", vocab_size=32128, seed=3)
+    model.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "spiece.model").write_bytes(SPIECE.read_bytes())
+    hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"))
+    return model, tmp_path
+
+
+@needs_spiece
+def test_spiece_tokenizer_and_the_32100_real_ids_go_both_ways(spiece_round_trip):
+    """Ours: vocab_size 32100 (32000 pieces + 100 sentinels) padded to 32128, the tokenizer copied and
+    recorded. HF again: 32128 rows, spiece.model byte for byte, a T5Tokenizer config with 100 extra ids."""
+    model, tmp_path = spiece_round_trip
+    config, tokenizer_path = inference.read_config(str(tmp_path / "ours"))
+    assert (config.vocab_size, config.padded_vocab_size) == (32100, 32128)
+    assert (Path(tokenizer_path) / "spiece.model").read_bytes() == SPIECE.read_bytes()
+    assert inference.open_tokenizer(tokenizer_path, config).vocab_size == 32000
+    hf_config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (hf_config["vocab_size"], hf_config["eos_token_id"], hf_config["tie_word_embeddings"]) == (32128, 1, False)
+    assert (tmp_path / "back" / "spiece.model").read_bytes() == SPIECE.read_bytes()
+    tokenizer_config = json.loads((tmp_path / "back" / "tokenizer_config.json").read_text())
+    assert (tokenizer_config["tokenizer_class"], tokenizer_config["extra_ids"], tokenizer_config["eos_token"]) == (
+        "T5Tokenizer", 100, "</s>")
+    back = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "back")
+    for name in ("shared.weight", "lm_head.weight"):
+        np.testing.assert_array_equal(back.get_parameter(name).detach().numpy()[:32100],
+                                      model.get_parameter(name).detach().numpy()[:32100])
+
+
+@needs_spiece
+def test_transformers_reads_the_written_tokenizer(spiece_round_trip):
+    error = sentencepiece_protobuf_error()
+    if error:
+        pytest.skip(f"transformers cannot parse spiece.model in this environment: {error}")
+    import sentencepiece
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spiece_round_trip[1] / "back")
+    text = "translate English to German: The house is wonderful."
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(SPIECE)).encode(text)
+    assert tokenizer(text).input_ids == pieces + [1]
+    assert tokenizer.convert_tokens_to_ids("<extra_id_0>") == 32099
+
+
+def test_unsupported_feed_forward_is_refused(tmp_path):
+    model = random_hf_model("v1.0", vocab_size=64)
+    model.config.feed_forward_proj = "gated-silu"
+    model.save_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match="feed_forward_proj='gated-silu'"):
+        hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
