@@ -162,6 +162,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prompts = read_prompts(args)
