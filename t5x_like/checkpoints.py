@@ -7,22 +7,127 @@
 
 Saves are asynchronous and atomic (orbax finalises a step directory only when complete);
 restores reshard onto whatever mesh the target shardings describe.
+
+Integrity: while a step is still orbax's temporary directory, process 0 writes `checksums.json`
+(size and CRC-32 of every file) into it, so the manifest is committed with the step. Restoring a
+step first checks every file against it, then checks the data position and the step agree and
+that the parameters are finite; a step that fails names the file and the reason, and the trainer
+falls back to the newest step that passes (`Checkpointer.restore_newest`).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import glob
+import json
 import os
-from typing import Any
+import zlib
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from absl import logging
+
+from t5x_like import distributed
+from t5x_like.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
+MANIFEST = "checksums.json"
+# Files orbax writes at a step's top level after the manifest (they change when it finalises).
+_UNCHECKED = ("_CHECKPOINT_METADATA", "commit_success.txt", MANIFEST)
+_CHUNK = 64 << 20
+ON_CORRUPT = ("fallback", "stop")
 
 
-def _manager(directory: str, *, keep: int | None = None, async_save: bool = True) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+class CorruptCheckpointError(UserError):
+    """A checkpoint step that cannot be trusted: names the step, the file and the reason."""
+
+    def __init__(self, step_dir: str, file: str, reason: str):
+        self.step_dir, self.file, self.reason = step_dir, file, reason
+        super().__init__(f"checkpoint {step_dir} is damaged: {file}: {reason}")
+
+
+def _manager(directory: str, *, keep: int | None = None, async_save: bool = True,
+             on_finalise: Callable[[], None] | None = None) -> ocp.CheckpointManager:
+    async_options = ocp.options.AsyncOptions(post_finalization_callback=on_finalise) if on_finalise else None
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+                                           async_options=async_options)
     return ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                  item_names=("params", "train_state", "data", "model"))
+
+
+def file_crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _checked_files(step_dir: str) -> list[str]:
+    """Paths relative to `step_dir` of every file the manifest covers."""
+    found = []
+    for root, _, files in os.walk(step_dir):
+        for name in files:
+            relative = os.path.relpath(os.path.join(root, name), step_dir)
+            if relative not in _UNCHECKED:
+                found.append(relative)
+    return sorted(found)
+
+
+def _digests(step_dir: str, files: list[str]) -> dict[str, dict]:
+    """{file: {'size', 'crc32'}}, hashed in threads (zlib releases the GIL)."""
+    def digest(name):
+        path = os.path.join(step_dir, name)
+        return name, {"size": os.path.getsize(path), "crc32": file_crc32(path)}
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        return dict(pool.map(digest, files))
+
+
+def _first_across_hosts(index: int) -> int:
+    if jax.process_count() == 1:
+        return index
+    from jax.experimental import multihost_utils
+    return int(multihost_utils.process_allgather(jnp.int32(index)).min())
+
+
+def write_manifest(step_dir: str) -> None:
+    """Write step_dir/checksums.json covering every file now in the step (atomically)."""
+    manifest = {"format": "t5x_like.checksums/1", "algorithm": "crc32",
+                "files": _digests(step_dir, _checked_files(step_dir))}
+    tmp = os.path.join(step_dir, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=0)
+    os.replace(tmp, os.path.join(step_dir, MANIFEST))
+
+
+def verify_manifest(step_dir: str) -> bool:
+    """Check every file of the step against its manifest: False when the step has none (written by an
+    older version, or a params-only converter); raises CorruptCheckpointError naming the first bad file."""
+    path = os.path.join(step_dir, MANIFEST)
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            expected = json.load(f)["files"]
+    except (ValueError, KeyError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(step_dir, MANIFEST, f"unreadable ({type(e).__name__}: {e})") from None
+    present = set(_checked_files(step_dir))
+    missing = sorted(set(expected) - present)
+    if missing:
+        raise CorruptCheckpointError(step_dir, missing[0], "missing (deleted?)")
+    for name, want in expected.items():
+        size = os.path.getsize(os.path.join(step_dir, name))
+        if size != want["size"]:
+            raise CorruptCheckpointError(step_dir, name, f"{size} bytes, {want['size']} when written (truncated?)")
+    names = sorted(expected)
+    mine = names[jax.process_index()::jax.process_count()]  # each host hashes its share of the files
+    bad = [name for name, got in _digests(step_dir, mine).items() if got["crc32"] != expected[name]["crc32"]]
+    first_bad = _first_across_hosts(names.index(bad[0]) if bad else len(names))
+    if first_bad < len(names):
+        raise CorruptCheckpointError(step_dir, names[first_bad],
+                                     "checksum mismatch (the bytes changed since it was written)")
+    return True
 
 
 def with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -31,38 +136,156 @@ def with_shardings(abstract: Any, shardings: Any) -> Any:
 
 
 class Checkpointer:
-    """Saves steps asynchronously, keeps the last `keep`, finds the latest to resume from."""
+    """Saves steps asynchronously with a checksum manifest, keeps the last `keep`, and restores the
+    newest step that verifies."""
 
     def __init__(self, model_dir: str, *, keep: int = 3, async_save: bool = True):
         self.directory = os.path.join(model_dir, CHECKPOINT_SUBDIR)
-        self._manager = _manager(self.directory, keep=keep, async_save=async_save)
+        self.keep = keep
+        self._saving: int | None = None
+        self._manager = _manager(self.directory, keep=keep, async_save=async_save,
+                                 on_finalise=self._on_finalise if async_save else None)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
     def save(self, step: int, *, params: Any, train_state: dict, data_state: dict, model: dict) -> None:
-        """Start an asynchronous save of `step` (it becomes visible only once complete)."""
+        """Start an asynchronous save of `step` (it becomes visible only once complete, checksums included)."""
+        logging.info("step %d: saving a checkpoint to %s", step, self.step_dir(step))
+        self._manager.wait_until_finished()
+        self._saving = step
         self._manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             train_state=ocp.args.StandardSave(train_state),
-            data=ocp.args.JsonSave(data_state),
+            data=ocp.args.JsonSave({"step": step, "position": data_state}),
             model=ocp.args.JsonSave(model),
         ))
 
+    def _on_finalise(self) -> None:
+        """orbax calls this once every file of the step is written, before the step directory is
+        committed: the manifest is committed with it."""
+        if not distributed.is_primary():
+            return
+        (tmp_dir,) = glob.glob(os.path.join(self.directory, f"{self._saving}.orbax-checkpoint-tmp*"))
+        write_manifest(tmp_dir)
+        logging.info("checkpoint %d written (%s)", self._saving, _size_str(tmp_dir))
+
     def restore(self, step: int, *, params: Any, train_state: dict) -> tuple[Any, dict, dict]:
-        """(params, train_state, data_state) at `step`, laid out as the abstract targets say."""
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(params),
-            train_state=ocp.args.StandardRestore(train_state),
-            data=ocp.args.JsonRestore(),
-        ))
-        return restored.params, restored.train_state, restored.data
+        """(params, train_state, data position) at `step`, laid out as the abstract targets say;
+        CorruptCheckpointError when a file fails its checksum, the data position or the step
+        disagree, or the parameters or optimizer state are not finite."""
+        step_dir = self.step_dir(step)
+        verified = verify_manifest(step_dir)
+        if not verified:
+            logging.warning("checkpoint %s has no %s (written by an older version?): restoring it unverified",
+                            step_dir, MANIFEST)
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(params),
+                train_state=ocp.args.StandardRestore(train_state),
+                data=ocp.args.JsonRestore(),
+            ))
+        except Exception as e:  # noqa: BLE001 - without checksums a damaged file shows up only here
+            if verified:
+                raise
+            raise CorruptCheckpointError(step_dir, "(unverified)", f"{type(e).__name__}: {e}") from e
+        data = restored.data
+        position = data["position"] if set(data) == {"step", "position"} else data  # older: position only
+        saved = (data.get("step", step), int(restored.train_state["step"]))
+        if saved != (step, step):
+            raise CorruptCheckpointError(step_dir, "data / train_state",
+                                         f"saved at steps {saved} (data position, train state), not {step}")
+        bad = nonfinite_paths({"params": restored.params, "opt_state": restored.train_state["opt_state"]})
+        if bad:
+            raise CorruptCheckpointError(step_dir, "params / train_state", f"non-finite values in {', '.join(bad[:5])}")
+        return restored.params, restored.train_state, position
+
+    def restore_newest(self, *, params: Any, train_state: dict, on_corrupt: str
+                       ) -> tuple[int, Any, dict, dict] | None:
+        """(step, params, train_state, data position) of the newest step that verifies, or None when
+        there is no checkpoint. A damaged step is reported loudly and skipped ('fallback', then moved to
+        `<step>.corrupt` so the run can save that step again) or stops the run ('stop')."""
+        if on_corrupt not in ON_CORRUPT:
+            raise UserError(f"train.on_corrupt_checkpoint={on_corrupt!r}: choose one of {ON_CORRUPT}.")
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        damaged = []
+        for i, step in enumerate(steps):
+            try:
+                restored = self.restore(step, params=params, train_state=train_state)
+            except CorruptCheckpointError as e:
+                older = steps[i + 1:]
+                if on_corrupt == "stop" or not older:
+                    raise CorruptCheckpointError(e.step_dir, e.file, e.reason + "; " + _corrupt_hint(
+                        e.step_dir, older, on_corrupt)) from None
+                logging.error("%s\n%s\nFALLING BACK to the previous checkpoint, step %d; this one is moved to "
+                              "%s.corrupt\n%s", "!" * 100, e, older[0], e.step_dir, "!" * 100)
+                damaged.append(step)
+                continue
+            self._set_aside(damaged)
+            return (step, *restored)
+        return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        if steps and distributed.is_primary():
+            for step in steps:
+                os.replace(self.step_dir(step), self.step_dir(step) + ".corrupt")
+        if steps:
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices("t5x_like: damaged checkpoints set aside")
+            self._manager.reload()
+
+    def intact(self, step: int) -> bool:
+        """Whether `step`'s files match its manifest (restore_newest says what is wrong otherwise)."""
+        try:
+            verify_manifest(self.step_dir(step))
+        except CorruptCheckpointError:
+            return False
+        return True
+
+    def model_info(self) -> dict | None:
+        """The 'model' item of the newest step whose files verify (restore_newest reports the others)."""
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                verify_manifest(self.step_dir(step))
+                return self._manager.restore(step, args=ocp.args.Composite(model=ocp.args.JsonRestore())).model
+            except (CorruptCheckpointError, ValueError, UnicodeDecodeError):
+                continue
+        return None
+
+    def enforce_retention(self) -> None:
+        """Delete all but the newest `keep` steps (orbax does it only when it saves)."""
+        for step in sorted(self._manager.all_steps())[:-self.keep]:
+            self._manager.delete(step)
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
 
     def close(self) -> None:
         self._manager.close()
+
+
+def nonfinite_paths(tree: Any) -> list[str]:
+    """'/'-joined paths of the leaves of `tree` holding a NaN or an infinity."""
+    flags = jax.tree.map(lambda x: jnp.isfinite(x).all(), tree)
+    return [jax.tree_util.keystr(path, simple=True, separator="/")
+            for path, finite in jax.tree_util.tree_leaves_with_path(jax.device_get(flags)) if not finite]
+
+
+def _corrupt_hint(step_dir: str, older: list[int], on_corrupt: str) -> str:
+    if not older:
+        return (f"there is no older checkpoint to fall back to: restore {step_dir} from a backup, or move it "
+                "away to start the run over")
+    return (f"the previous checkpoint is step {older[0]}: set train.on_corrupt_checkpoint='fallback' to resume "
+            f"from it (or move {step_dir} away yourself)")
+
+
+def _size_str(directory: str) -> str:
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(directory) for f in files)
+    return f"{total / 2**20:,.1f} MiB"
 
 
 def locate(path: str) -> tuple[str, int]:

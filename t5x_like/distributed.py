@@ -7,7 +7,6 @@ variables, a SLURM `srun` step, or a Cloud TPU VM (jax's own cluster detection),
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import glob
 import importlib.util

@@ -119,6 +119,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     and keeps its vocabulary padding where it divides."""
     if on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
+    check_integers(batch_size=batch_size, grad_accum_steps=grad_accum_steps)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
@@ -127,7 +128,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     step_config = trainer.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
-        skip_nonfinite=on_nonfinite == "skip", cross_entropy=cross_entropy,
+        cross_entropy=cross_entropy,
         offload_optimizer_state=offload_optimizer_state)
     layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
                                  batch_size // grad_accum_steps, partitioner.batch_shards)
@@ -144,6 +145,18 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
         logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
     return experiment
+
+
+def check_integers(**values) -> None:
+    """A macro given as something other than an integer (e.g. BATCH_SIZE='eight') named, with the fix."""
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            macro = MACROS.get(name, f"train.{name}")
+            raise UserError(f"{macro}={value!r}: expected an integer, e.g. --gin.{macro}=8 (no quotes).")
+
+
+MACROS = {"train_steps": "TRAIN_STEPS", "batch_size": "BATCH_SIZE", "grad_accum_steps": "GRAD_ACCUM_STEPS",
+          "checkpoint_every": "CHECKPOINT_EVERY", "eval_every": "EVAL_EVERY", "eval_steps": "EVAL_STEPS"}
 
 
 def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:

@@ -185,6 +185,7 @@ def sampling_settings(args: argparse.Namespace) -> Sampling:
     return settings
 
 
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prompts = read_prompts(args)

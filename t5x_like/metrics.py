@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any, Mapping
 
+from absl import logging
+
 
 # Dense bf16 peak TFLOP/s per device, by a substring of jax's device_kind (lower case).
 PEAK_TFLOPS = (
@@ -22,10 +24,41 @@ def peak_tflops(device_kind: str) -> float | None:
     return next((peak for name, peak in PEAK_TFLOPS if name in kind), None)
 
 
-class MetricsWriter:
-    """Writes rows to MODEL_DIR/metrics.jsonl and TensorBoard; a no-op on non-primary hosts."""
+METRICS_FILE = "metrics.jsonl"
 
-    def __init__(self, model_dir: str, *, enabled: bool = True):
+
+def read_rows(model_dir: str) -> list[dict]:
+    """The rows of MODEL_DIR/metrics.jsonl (none when it does not exist)."""
+    path = os.path.join(model_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def drop_rows_after(model_dir: str, step: int) -> int:
+    """Rewrite metrics.jsonl (atomically) without the rows of steps after `step`, which a resumed run
+    computes again; returns how many rows were dropped. A torn last line (a killed writer) goes too."""
+    path = os.path.join(model_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+    return len(lines) - len(kept)
+
+
+class MetricsWriter:
+    """Writes rows to MODEL_DIR/metrics.jsonl and TensorBoard; a no-op on non-primary hosts.
+
+    A run (re)starting at `start_step` first drops the rows of later steps from metrics.jsonl, and
+    TensorBoard purges its events from the steps after it, so a resumed run's rows appear once."""
+
+    def __init__(self, model_dir: str, *, enabled: bool = True, start_step: int = 0):
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
@@ -33,8 +66,12 @@ class MetricsWriter:
             from tensorboardX import SummaryWriter
 
             os.makedirs(model_dir, exist_ok=True)
-            self._jsonl = open(os.path.join(model_dir, "metrics.jsonl"), "a", encoding="utf-8")
-            self._tb = SummaryWriter(os.path.join(model_dir, "tensorboard"))
+            dropped = drop_rows_after(model_dir, start_step)
+            if dropped:
+                logging.info("%s: dropped %d rows of steps after %d (they are computed again)",
+                             os.path.join(model_dir, METRICS_FILE), dropped, start_step)
+            self._jsonl = open(os.path.join(model_dir, METRICS_FILE), "a", encoding="utf-8")
+            self._tb = SummaryWriter(os.path.join(model_dir, "tensorboard"), purge_step=start_step + 1)
 
     def write(self, step: int, row: Mapping[str, Any]) -> None:
         if not self.enabled:

@@ -7,25 +7,29 @@ setting (defaults included) and the model, then exits.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import datetime
 import math
 import os
 import re
 import signal
 import sys
+import time
 from typing import Callable
 
 import gin
 import jax
+import numpy as np
 from absl import app, flags, logging
 
 import configs
 import models
 from partitioning import make_mesh
-from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, trainer
+from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, trainer
 from t5x_like.errors import UserError, exit_on_user_error
-from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.experiment import Experiment, build_experiment, check_integers
 from t5x_like.lm import make_lm
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
@@ -84,70 +88,152 @@ class TrainResult:
 @gin.configurable(denylist=["data_source", "experiment"])
 def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, data_source: Callable = make_source,
+          log_every: int = 10, on_corrupt_checkpoint: str = "fallback", data_source: Callable = make_source,
           experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
-    """Train for `train_steps` steps, resuming from MODEL_DIR's latest checkpoint. `experiment` assembles
-    the run (gin binds build_experiment's arguments); it is called with the restored model config."""
+    """Train for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint. `experiment`
+    assembles the run (gin binds build_experiment's arguments); it is called with the restored model config.
+
+    A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
+    stops the run, nothing of that step saved; 'skip' goes on). `on_corrupt_checkpoint`: a damaged
+    checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop')."""
+    check_integers(train_steps=train_steps, checkpoint_every=checkpoint_every, eval_every=eval_every,
+                   eval_steps=eval_steps, log_every=log_every)
+    if on_corrupt_checkpoint not in checkpoints.ON_CORRUPT:
+        raise UserError(f"train.on_corrupt_checkpoint={on_corrupt_checkpoint!r}: choose one of "
+                        f"{checkpoints.ON_CORRUPT}.")
     primary = distributed.is_primary()
-    if primary:
-        os.makedirs(model_dir, exist_ok=True)
-        with open(os.path.join(model_dir, "config.gin"), "w") as f:
-            f.write(gin.config_str())
-    ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
-    resume_step = ckpt.latest_step()
-    restored_from = model_dir if resume_step is not None else restore_from
-    exp = experiment(restored=restored_config(restored_from) if restored_from else None,
-                     adopt_architecture=resume_step is None)
-    source = open_source(data_source, "train", exp)
-    eval_source = open_source(data_source, "validation", exp) if eval_every else None
-    state = exp.init_state()
-    with exp.partitioner.activate():
-        if resume_step is not None:
-            state, data_state = restore_state(ckpt, resume_step, state, exp.shardings)
+    with contextlib.ExitStack() as run:
+        if primary:
+            run.enter_context(run_lock.RunLock(model_dir))
+        ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
+        run.callback(ckpt.close)
+        latest = ckpt.latest_step()
+        if latest is not None and latest >= train_steps and ckpt.intact(latest):
+            return finished_run(ckpt, latest, train_steps, model_dir)
+        stored = ckpt.model_info() if latest is not None else (
+            checkpoints.read_model_info(restore_from) if restore_from else None)
+        exp = experiment(restored=models.config_from_dict(stored["config"]) if stored else None,
+                         adopt_architecture=latest is None)
+        source = open_source(data_source, "train", exp)
+        run.callback(source.close)
+        eval_source = open_source(data_source, "validation", exp) if eval_every else None
+        if eval_source is not None:
+            run.callback(eval_source.close)
+        state = exp.init_state()
+        run.enter_context(exp.partitioner.activate())
+        resumed = restore_newest(ckpt, state, exp.shardings, on_corrupt_checkpoint) if latest is not None else None
+        if resumed is not None:
+            state, data_state = resumed
             source.set_state(data_state)
-            logging.info("resumed from %s at step %d", ckpt.directory, resume_step)
+            logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
+            warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step))
         elif restore_from:
             state = state.replace(params=checkpoints.restore_params(
                 restore_from, checkpoints.with_shardings(state.params, exp.shardings.params)))
             logging.info("initialised parameters from %s (params only)", restore_from)
-        model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": source.tokenizer_path}
-        writer = metrics.MetricsWriter(model_dir, enabled=primary)
+        step = int(state.step)
+        if primary:
+            write_config(model_dir, step)
+        model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": source.tokenizer_path,
+                      "train_steps": train_steps}
+        writer = metrics.MetricsWriter(model_dir, enabled=primary, start_step=step)
+        run.callback(writer.close)
         throughput = metrics.Throughput(
             tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         stop = StopSignal()
-        step = int(state.step)
+        run.callback(stop.restore)
+        check = NonfiniteCheck(state.params, exp.on_nonfinite)
+        run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
+        start, first_step = time.perf_counter(), step
+        step_fn = exp.train_step
         pending = None
-        try:
-            while step < train_steps and not stop.signum:
-                batch = exp.global_batch(next(source))
-                state, step_metrics = exp.train_step(state, batch)
-                step += 1
-                if pending:
-                    report(*pending, writer, throughput, train_steps, log_every, exp.on_nonfinite)
-                pending = (step, step_metrics)
-                throughput.step_done()
-                if step % checkpoint_every == 0:
-                    save(ckpt, step, state, source, model_info)
-                if eval_every and step % eval_every == 0:
-                    evaluate(exp, state.params, eval_source, eval_steps, writer, step)
+        while step < train_steps and not stop.signum:
+            batch = exp.global_batch(next(source))
+            if step == first_step:
+                step_fn = compile_step(step_fn, state, batch)
+                throughput.reset()
+            state, step_metrics = step_fn(state, batch)
+            step += 1
             if pending:
-                report(*pending, writer, throughput, train_steps, 1, exp.on_nonfinite)
-            if stop.signum:
-                logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
-            if ckpt.latest_step() != step:
-                save(ckpt, step, state, source, model_info)
-            if eval_every and step % eval_every and step >= train_steps:
+                report(*pending, writer, throughput, train_steps, log_every, check)
+            pending = (step, step_metrics)
+            throughput.step_done()
+            saving, evaluating = step % checkpoint_every == 0, eval_every and step % eval_every == 0
+            if saving or evaluating:  # only a step that passed the check is saved or evaluated
+                report(*pending, writer, throughput, train_steps, log_every, check)
+                pending = None
+            if saving:
+                save(ckpt, step, state, source, model_info, exp.optimizer)
+            if evaluating:
                 evaluate(exp, state.params, eval_source, eval_steps, writer, step)
-        finally:
-            ckpt.wait()
-            ckpt.close()
-            writer.close()
-            stop.restore()
-            for s in (source, eval_source):
-                if s is not None:
-                    s.close()
+                throughput.reset()  # step times exclude evaluation (and its compilation)
+        if pending:
+            report(*pending, writer, throughput, train_steps, 1, check)
+        if stop.signum:
+            logging.warning("received signal %d at step %d: saving a checkpoint and stopping", stop.signum, step)
+        if ckpt.latest_step() != step:
+            save(ckpt, step, state, source, model_info, exp.optimizer)
+        if eval_every and step % eval_every and step >= train_steps:
+            evaluate(exp, state.params, eval_source, eval_steps, writer, step)
+        ckpt.wait()
+        if primary:
+            logging.info("%s", summary(model_dir, step - first_step, step, train_steps, exp.tokens_per_step,
+                                       time.perf_counter() - start))
     return TrainResult(step, stop.signum)
+
+
+def finished_run(ckpt: checkpoints.Checkpointer, latest: int, train_steps: int, model_dir: str) -> TrainResult:
+    """A restart of a run that has reached TRAIN_STEPS: say so, and apply keep_checkpoints."""
+    ckpt.enforce_retention()
+    logging.info("the run in %s is complete: its latest checkpoint is step %d and TRAIN_STEPS=%d; nothing to "
+                 "do (raise TRAIN_STEPS to train further)", model_dir, latest, train_steps)
+    return TrainResult(latest)
+
+
+def write_config(model_dir: str, step: int) -> None:
+    """MODEL_DIR/config.gin: the validated run's config (config.<step>.gin keeps each start's), and
+    operative_config.gin: every setting, defaults included."""
+    texts = {"config.gin": gin.config_str(), f"config.{step}.gin": gin.config_str(),
+             "operative_config.gin": gin_cli.operative_config_str("train")}
+    for name, text in texts.items():
+        path = os.path.join(model_dir, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+
+
+def compile_step(step_fn, state, batch):
+    """The train step compiled ahead of the first step, saying so and how long it took."""
+    logging.info("compiling the train step ...")
+    started = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    logging.info("compiled the train step in %.1fs", time.perf_counter() - started)
+    return compiled
+
+
+def warn_schedule_change(stored: dict | None, optimizer: optim.Optimizer, train_steps: int, step: int) -> None:
+    """Changing TRAIN_STEPS on resume reshapes the learning-rate schedule: show the jump."""
+    saved = (stored or {}).get("train_steps")
+    if saved is None or saved == train_steps:
+        return
+    before, after = (stored or {}).get("next_learning_rate"), float(optimizer.schedule(step))
+    jump = f"from {before:.3e} to {after:.3e}" if before is not None else f"to {after:.3e}"
+    logging.warning("TRAIN_STEPS=%d but the checkpoint's run had TRAIN_STEPS=%d: the learning-rate schedule "
+                    "changes, and at step %d the learning rate jumps %s", train_steps, saved, step, jump)
+
+
+def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float) -> str:
+    """The end-of-run lines: steps, tokens, wall time, validation losses, where the outputs are."""
+    evals = [(row["step"], row["eval_loss"]) for row in metrics.read_rows(model_dir) if "eval_loss" in row]
+    lines = [f"done: step {step}/{train_steps}; this run trained {steps} steps, {steps * tokens_per_step:,} tokens "
+             f"in {datetime.timedelta(seconds=round(seconds))}"]
+    if evals:
+        best = min(evals, key=lambda e: e[1])
+        lines.append(f"validation loss: final {evals[-1][1]:.4f} (step {evals[-1][0]}), best {best[1]:.4f} "
+                     f"(step {best[0]})")
+    lines.append(f"outputs in {model_dir}: checkpoints/, metrics.jsonl, tensorboard/, config.gin")
+    return "\n".join(lines)
 
 
 def restored_config(checkpoint: str) -> models.FamilyConfig:
@@ -179,17 +265,52 @@ def restore_state(ckpt, step, state, shardings):
     return state.replace(params=params, **rest), data_state
 
 
-def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinite) -> None:
+def restore_newest(ckpt, state, shardings, on_corrupt: str):
+    """(state, data position) from the newest checkpoint that verifies, or None when there is none."""
+    target = checkpoints.with_shardings(train_state_item(state), train_state_item(shardings))
+    restored = ckpt.restore_newest(params=checkpoints.with_shardings(state.params, shardings.params),
+                                   train_state=target, on_corrupt=on_corrupt)
+    if restored is None:
+        return None
+    _, params, rest, data_state = restored
+    return state.replace(params=params, **rest), data_state
+
+
+class NonfiniteCheck:
+    """What a step with a non-finite loss or gradients leads to (the step itself never applied it):
+    a warning ('skip') or a FloatingPointError naming the step, what was not finite and likely causes."""
+
+    def __init__(self, params, on_nonfinite: str):
+        self.leaf_names = [jax.tree_util.keystr(path, simple=True, separator="/")
+                           for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        self.on_nonfinite = on_nonfinite
+
+    def __call__(self, step: int, values: dict, grad_finite: np.ndarray) -> None:
+        if not values["skipped"]:
+            return
+        bad = [name for name, finite in zip(self.leaf_names, grad_finite) if not finite]
+        what = (f"loss is {values['loss']}" if not math.isfinite(values["loss"]) else
+                f"loss is {values['loss']:.4f} but the gradients are not finite")
+        where = (f"; non-finite gradients in {len(bad)} of {len(self.leaf_names)} parameters: "
+                 f"{', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}") if bad else ""
+        if self.on_nonfinite == "skip" or "loss_scale" in values:
+            logging.warning("step %d: %s%s; update skipped%s", step, what, where,
+                            f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
+            return
+        raise FloatingPointError(
+            f"step {step}: {what}{where}. The update was not applied and no checkpoint of this or a later step "
+            "was written: the run resumes from the last checkpoint. Likely causes: a learning rate too high for "
+            "this model or batch (lower LEARNING_RATE, lengthen WARMUP_STEPS, keep gradient clipping on); "
+            "float16 overflow (use bfloat16 or float32); bad input (token ids beyond the vocabulary, "
+            "NaN loss weights). Or set build_experiment.on_nonfinite='skip' to skip such steps.")
+
+
+def report(step, step_metrics, writer, throughput, total, log_every, check: NonfiniteCheck) -> None:
     """Check one step's metrics on the host; every `log_every` steps, write and print them."""
-    values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-    if not math.isfinite(values["loss"]):
-        if on_nonfinite == "stop":
-            raise FloatingPointError(
-                f"step {step}: loss is {values['loss']}; stopping. Lower LEARNING_RATE, use bfloat16/float32, "
-                "or set build_experiment.on_nonfinite='skip' to skip such steps.")
-    if values["skipped"]:
-        logging.warning("step %d: non-finite gradients, update skipped%s", step,
-                        f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
+    host = jax.device_get(step_metrics)
+    grad_finite = host.pop("grad_finite")
+    values = {k: float(v) for k, v in host.items()}
+    check(step, values, grad_finite)
     if step % log_every and step != total:
         return
     row = {k: v for k, v in values.items() if k != "tokens"}
@@ -198,9 +319,11 @@ def report(step, step_metrics, writer, throughput, total, log_every, on_nonfinit
     logging.info(metrics.console_line(step, total, row, row["step_time"]))
 
 
-def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, source, model_info: dict) -> None:
+def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, source, model_info: dict,
+         optimizer: optim.Optimizer) -> None:
+    info = {**model_info, "next_learning_rate": float(optimizer.schedule(step))}
     ckpt.save(step, params=state.params, train_state=train_state_item(state), data_state=source.get_state(),
-              model=model_info)
+              model=info)
 
 
 def evaluate(exp: Experiment, params, source, eval_steps, writer, step) -> None:
@@ -330,21 +453,9 @@ def main(argv: list[str]) -> None:
     if FLAGS.print_config:
         print(describe_run(), end="")
         return
-    write_operative_config()
     result = train()
     if result.stopped_by_signal:
         sys.exit(128 + result.stopped_by_signal)
-
-
-def write_operative_config() -> None:
-    """MODEL_DIR/operative_config.gin: every setting of the run, defaults included (config.gin holds
-    the files and bindings as given)."""
-    if not distributed.is_primary():
-        return
-    model_dir = copy.deepcopy(gin.get_bindings("train", resolve_references=False)["model_dir"])
-    os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
-        f.write(gin_cli.operative_config_str("train"))
 
 
 def usage_with_macros(doc: str) -> str:

@@ -84,7 +84,6 @@ class StepConfig:
     grad_accum_steps: int = 1
     z_loss: float = 0.0
     loss_scale: LossScaleConfig | None = None  # set for float16 compute
-    skip_nonfinite: bool = False  # skip (instead of apply) updates whose gradients are not finite
     cross_entropy: str = "chunked"  # t5x_like.lm.CROSS_ENTROPY
     offload_optimizer_state: bool = False  # optimizer state lives in host memory, visits the device to update
 
@@ -119,13 +118,16 @@ def accumulate_gradients(grad_fn: Callable, params: Any, batch: Batch, rng: jax.
     return grads, aux
 
 
-def all_finite(tree: Any) -> jax.Array:
-    return jnp.all(jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
+def leaf_finite(tree: Any) -> jax.Array:
+    """bool[number of leaves]: whether each leaf (in jax.tree.leaves order) is entirely finite."""
+    return jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)])
 
 
 def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     config: StepConfig) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """The pure train step: loss -> grads (accumulated) -> (unscaled) -> optax update."""
+    """The pure train step: loss -> grads (accumulated) -> (unscaled) -> optax update. A step whose
+    loss or gradients are not finite leaves params and optimizer state unchanged (metrics 'skipped'
+    and, per parameter leaf, 'grad_finite' say so)."""
 
     def grad_fn(params, batch, rng, scale):
         def scaled_loss(p):
@@ -140,13 +142,14 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
             functools.partial(grad_fn, scale=scale), state.params, batch, rng, config.grad_accum_steps)
         weight = jnp.maximum(weight, 1.0)
         grads = jax.tree.map(lambda g: g / (weight * scale), grads)
-        finite = all_finite(grads) & jnp.isfinite(nll)
+        grad_finite = leaf_finite(grads)
+        finite = grad_finite.all() & jnp.isfinite(nll)
         old_opt_state = state.opt_state
         if config.offload_optimizer_state:
             old_opt_state = jax.device_put(old_opt_state, jax.memory.Space.Device)
         updates, opt_state = tx.update(grads, old_opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        skip = ~finite if (config.loss_scale is not None or config.skip_nonfinite) else jnp.bool_(False)
+        skip = ~finite  # never apply a non-finite update: 'skip' goes on, 'stop' stops with a clean state
         keep_old = functools.partial(jax.tree.map, lambda old, new: jnp.where(skip, old, new))
         new_state = state.replace(
             step=state.step + 1,
@@ -161,6 +164,7 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
             "learning_rate": schedule(state.step),
             "tokens": weight,
             "skipped": skip.astype(jnp.int32),
+            "grad_finite": grad_finite,
         }
         if state.loss_scale is not None:
             metrics["loss_scale"] = state.loss_scale.scale

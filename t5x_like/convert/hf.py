@@ -96,8 +96,11 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     if not os.path.isfile(config_file):
         raise UserError(f"{config_file} does not exist; from-hf expects a Hugging Face model directory "
                         "(config.json + model.safetensors or pytorch_model.bin).")
-    with open(config_file) as f:
-        hf_config = json.load(f)
+    try:
+        with open(config_file) as f:
+            hf_config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{config_file}: not valid JSON ({e}); re-download or repair the model's config.json.") from None
     family = family_for_hf(hf_config.get("model_type"), config_file)
     config = family.config_from_hf(hf_config, config_file, **choices)
     tokenizer_path = copy_hf_tokenizer(src, os.path.join(dst, "tokenizer"), config)

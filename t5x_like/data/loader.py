@@ -192,9 +192,8 @@ class _LogEpochs:
         return row
 
 
-def token_file_rows(file: TokenFile, split: str, *, data_split: str, seq_len: int, packing: bool,
-                    seed: int) -> grain.MapDataset:
-    """Endless rows of one file's split: shuffled per epoch when training, in order otherwise."""
+def split_rows(file: TokenFile, split: str, *, data_split: str, seq_len: int, packing: bool) -> Windows | PackedRows:
+    """One pass over the rows of one file's split (a grain data source)."""
     name = f"{file.prefix} ({split})"
     first, last = split_documents(data_split, file.num_documents, split, file.prefix)
     if packing:
@@ -204,7 +203,7 @@ def token_file_rows(file: TokenFile, split: str, *, data_split: str, seq_len: in
     if len(source) == 0:
         raise UserError(f"{name}: {file.offsets[last] - file.offsets[first]} tokens, fewer than one row of "
                         f"SEQ_LEN+1 = {seq_len + 1}; lower SEQ_LEN or give the split more documents")
-    return endless_rows(source, name, split, seed)
+    return source
 
 
 def endless_rows(source, name: str, split: str, seed: int) -> grain.MapDataset:

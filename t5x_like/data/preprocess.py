@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -72,6 +71,20 @@ def encode_in_workers(documents: Iterable[str], tokenizer_path: str, append_eod:
             yield pending.popleft().get()
 
 
+class VocabularyCheckedWriter(TokenFileWriter):
+    """A TokenFileWriter that refuses to finish a file holding an id outside the tokenizer's vocabulary."""
+
+    def __init__(self, prefix: str, dtype: np.dtype, metadata: dict, tokenizer: Tokenizer):
+        super().__init__(prefix, dtype, metadata)
+        self.tokenizer = tokenizer
+
+    def _finish(self) -> None:
+        if self.max_id >= self.tokenizer.vocab_size:
+            raise TokenFileError(f"{self.prefix}: the tokenizer {self.tokenizer.path} produced id {self.max_id}, "
+                                 f"outside its own {self.tokenizer.vocab_size}-id vocabulary; nothing was written")
+        super()._finish()
+
+
 def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *, fmt: str = "auto",
                json_keys: Sequence[str] = ("text",), append_eod: bool = True, workers: int = 1,
                decode_errors: str = "strict", progress: bool = False) -> dict:
@@ -86,7 +99,7 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                 "append_eod": append_eod, "sources": paths}
     documents = formats.read_documents(paths, fmt, json_keys, decode_errors)
     start = time.perf_counter()
-    with TokenFileWriter(output_prefix, dtype, metadata) as writer, \
+    with VocabularyCheckedWriter(output_prefix, dtype, metadata, tokenizer) as writer, \
             tqdm.tqdm(unit=" docs", disable=not progress, smoothing=0.1) as bar:
         for ids, lengths in encode_in_workers(documents, tokenizer_path, append_eod, dtype, workers):
             writer.write(ids, lengths)
@@ -95,20 +108,19 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                                 refresh=False)
     seconds = time.perf_counter() - start
     return {"num_documents": writer.num_documents, "num_tokens": writer.num_tokens, "seconds": seconds,
-            "dtype": dtype.name, "files": len(paths)}
+            "dtype": dtype.name, "files": len(paths), "max_id": writer.max_id, "vocab_size": tokenizer.vocab_size}
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
-    try:
-        summary = preprocess(FLAGS.input, FLAGS.output_prefix, FLAGS.tokenizer, fmt=FLAGS.format,
-                             json_keys=FLAGS.json_keys, append_eod=FLAGS.append_eod, workers=FLAGS.workers,
-                             decode_errors=FLAGS.decode_errors, progress=True)
-    except (formats.InputError, TokenFileError) as e:
-        sys.exit(f"error: {e}")
+    summary = preprocess(FLAGS.input, FLAGS.output_prefix, FLAGS.tokenizer, fmt=FLAGS.format,
+                         json_keys=FLAGS.json_keys, append_eod=FLAGS.append_eod, workers=FLAGS.workers,
+                         decode_errors=FLAGS.decode_errors, progress=True)
     seconds = summary["seconds"]
     print(f"{FLAGS.output_prefix}.bin/.idx/.json: {summary['num_documents']:,} documents, "
-          f"{summary['num_tokens']:,} tokens ({summary['dtype']}) from {summary['files']} files in "
+          f"{summary['num_tokens']:,} tokens ({summary['dtype']}, ids 0..{summary['max_id']} of the "
+          f"{summary['vocab_size']:,}-id vocabulary) from {summary['files']} files in "
           f"{seconds:.1f}s: {summary['num_documents'] / seconds:,.0f} documents/s, "
           f"{summary['num_tokens'] / seconds:,.0f} tokens/s")
 

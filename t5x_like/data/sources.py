@@ -1,10 +1,12 @@
 """`make_source`: the one entry point the trainer and eval tools call for batches, for every objective."""
 from __future__ import annotations
 
+import logging
+
 from t5x_like.data import builtin, loader
 from t5x_like.errors import UserError
 from t5x_like.data.loader import BatchSource, GrainBatchSource
-from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
+from t5x_like.data.token_file import TokenFile, TokenFileError, check_ids, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.features import decoder_only_length
 
@@ -80,8 +82,12 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
     files = [open_token_file(p) for p in prefixes]
     vocab_size, eod_id, tokenizer_path = token_files_vocabulary(files, tokenizer)
-    rows = [loader.token_file_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing, seed=seed)
-            for f in files]
+    for f in files:
+        check_ids(f, vocab_size, tokenizer_path)
+    passes = [loader.split_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing) for f in files]
+    logging.info("data: %s split (DATA_SPLIT=%s, SEQ_LEN=%d%s)\n%s", split, data_split, seq_len,
+                 ", packed" if packing else "", split_table(files, passes, split, data_split, blend_weights))
+    rows = [loader.endless_rows(p, f"{f.prefix} ({split})", split, seed) for f, p in zip(files, passes)]
     batches = loader.host_batches(loader.blend(rows, blend_weights), batch_size=batch_size,
                                   shard_index=shard_index, shard_count=shard_count, packing=packing,
                                   worker_count=worker_count)
@@ -99,6 +105,17 @@ def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer:
         return builtin.BUILTIN_VOCAB_SIZE
     prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
     return _vocabulary_from_metadata([open_token_file(p) for p in prefixes])[0]
+def split_table(files: list[TokenFile], passes: list, split: str, data_split: str,
+                weights: list[float] | None) -> str:
+    """Megatron's dataset summary for one split: documents, tokens and rows per blended source."""
+    weights = list(weights) if weights is not None else [1.0] * len(files)
+    lines = [f"{'source':<40} {'weight':>7} {'documents':>12} {'tokens':>15} {'rows':>12}"]
+    for f, rows, w in zip(files, passes, weights):
+        first, last = loader.split_documents(data_split, f.num_documents, split, f.prefix)
+        tokens = int(f.offsets[last] - f.offsets[first])
+        lines.append(f"{f.prefix[-40:]:<40} {w / sum(weights):>7.3f} {last - first:>12,} {tokens:>15,} "
+                     f"{len(rows):>12,}")
+    return "\n".join(lines)
 
 
 def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:

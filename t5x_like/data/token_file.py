@@ -12,8 +12,11 @@ tokenizer produced the ids and the counts, checked when the file is opened. Mega
 """
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from t5x_like.errors import UserError
+from t5x_like.run_lock import pid_running
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -65,6 +69,9 @@ def open_token_file(prefix: str | os.PathLike) -> TokenFile:
     """Opens `prefix.bin` + `prefix.idx` (+ `prefix.json` when present) and validates them."""
     prefix = str(prefix)
     idx_path, bin_path, json_path = prefix + ".idx", prefix + ".bin", prefix + ".json"
+    if prefix.endswith((".bin", ".idx")) and not os.path.exists(bin_path):
+        raise TokenFileError(f"{prefix}: DATA_PATH takes the token file's prefix, without .bin / .idx: "
+                             f"DATA_PATH='{prefix[:-4]}'")
     for path in (idx_path, bin_path):
         if not os.path.isfile(path):
             raise TokenFileError(f"{path}: missing; create the token file with "
@@ -131,6 +138,37 @@ def _read_metadata(json_path: str, dtype: np.dtype, num_documents: int, num_toke
     return metadata
 
 
+SAMPLE_WINDOWS = 64
+SAMPLE_WINDOW = 4096
+
+
+def check_ids(file: TokenFile, vocab_size: int, tokenizer: str) -> None:
+    """Raise when a sample of the ids (64 evenly spaced windows of 4096 tokens, ~1 MB read) holds one
+    outside [0, vocab_size): the file was made with another tokenizer."""
+    starts = np.unique(np.linspace(0, max(file.num_tokens - SAMPLE_WINDOW, 0), SAMPLE_WINDOWS).astype(np.int64))
+    for start in starts:
+        window = np.asarray(file.tokens[start:start + SAMPLE_WINDOW])
+        bad = np.flatnonzero((window < 0) | (window >= vocab_size))
+        if len(bad):
+            raise TokenFileError(
+                f"{file.prefix}.bin: token id {int(window[bad[0]])} at position {int(start + bad[0])} is outside "
+                f"the vocabulary of {tokenizer} ({vocab_size} ids): the file was made with another tokenizer; "
+                "set TOKENIZER to that one (or re-run preprocess with this one)")
+
+
+def remove_stale_temporaries(prefix: str) -> list[str]:
+    """Delete PREFIX.{bin,sizes,idx,json}.tmp<PID> left by writers that were killed (their pid no longer
+    runs on this host); returns what was removed."""
+    removed = []
+    for path in glob.glob(glob.escape(prefix) + ".*.tmp*"):
+        suffix = path[len(prefix):]
+        match = re.fullmatch(r"\.(bin|sizes|idx|json)\.tmp(\d+)", suffix)
+        if match and not pid_running(int(match[2])):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
 class TokenFileWriter:
     """Writes a token file atomically: everything goes to temporary files renamed into place on success,
     `P.json` last, so an interrupted run never leaves a file set that opens as complete.
@@ -145,15 +183,20 @@ class TokenFileWriter:
         self.metadata = metadata
         self.num_documents = 0
         self.num_tokens = 0
+        self.max_id = -1
         self._tmp = f".tmp{os.getpid()}"
 
     def __enter__(self) -> TokenFileWriter:
         Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        for path in remove_stale_temporaries(self.prefix):
+            logging.info("removed %s, left by an interrupted run", path)
         self._bin = open(self.prefix + ".bin" + self._tmp, "wb")
         self._sizes = open(self.prefix + ".sizes" + self._tmp, "wb")
         return self
 
     def write(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        if len(ids):
+            self.max_id = max(self.max_id, int(np.max(ids)))
         self._bin.write(np.asarray(ids, self.dtype).tobytes())
         self._sizes.write(np.asarray(lengths, np.int32).tobytes())
         self.num_documents += len(lengths)

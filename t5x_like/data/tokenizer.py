@@ -116,7 +116,7 @@ def _find_eod(path: str, token_to_id) -> int:
 
 
 def openai_bpe(vocab_file: str, merges_file: str) -> tokenizers.Tokenizer:
-    """OpenAI's byte-level BPE (GPT-2's tokenizer) built from its two files (encodes like tiktoken's 'gpt2')."""
+    """OpenAI's byte-level BPE (GPT-2's tokenizer) built from its two files (encodes as tiktoken's GPT-2 encoding does)."""
     tokenizer = tokenizers.Tokenizer(models.BPE.from_file(vocab_file, merges_file))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

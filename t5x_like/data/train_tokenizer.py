@@ -60,6 +60,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> N
         os.replace(os.path.join(tmp, "model.model"), output)
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
     texts = formats.read_documents(formats.expand_inputs(FLAGS.input), FLAGS.format, FLAGS.json_keys,

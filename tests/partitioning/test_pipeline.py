@@ -110,9 +110,9 @@ def test_pipeline_checkpoint_restores_onto_a_plain_mesh(tmp_path):
     saved, _ = state_on(make_mesh(data=2, stage=4), "data_parallel", (4, 4, 1), seed=1)
     assert saved.params["blocks"]["mlp"]["fc_kernel"].sharding.spec[0] == "stage"
     ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
-    ckpt.save(1, params=saved.params, train_state=train.train_state_item(saved), data_state={}, model={})
+    ckpt.save(0, params=saved.params, train_state=train.train_state_item(saved), data_state={}, model={})
     target, shardings = state_on(make_mesh(data=8), "data_parallel", (1, 1, 1), seed=2)
-    restored, _ = train.restore_state(ckpt, 1, target, shardings)
+    restored, _ = train.restore_state(ckpt, 0, target, shardings)
     ckpt.close()
     jax.tree.map(np.testing.assert_array_equal, restored.params, saved.params)
     jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)

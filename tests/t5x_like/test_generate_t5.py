@@ -6,7 +6,6 @@ import pytest
 
 from partitioning import Partitioner, make_mesh
 from t5x_like import generate, inference
-from t5x_like.errors import UserError
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
@@ -81,6 +80,7 @@ def test_beam_search_equals_transformers(converted, eos_id, length_penalty):
     assert got != ours(loaded, eos_id)  # the search found something greedy decoding did not
 
 
-def test_sampling_flags_with_beams_are_refused(tmp_path):
-    with pytest.raises(UserError, match="--num_beams=4 searches deterministically"):
+def test_sampling_flags_with_beams_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
         generate.main(["--checkpoint", str(tmp_path), "--prompt", "x", "--num_beams", "4", "--top_k", "5"])
+    assert exit_.value.code == 1 and "--num_beams=4 searches deterministically" in capsys.readouterr().err

@@ -43,7 +43,8 @@ def run(mesh, rules, data, *, config=CONFIG, steps_between=None, **settings):
             if steps_between:
                 steps_between(i)
             state, metrics = exp.train_step(state, exp.global_batch(batch))
-            history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+            history.append({k: float(v) if np.ndim(v) == 0 else np.asarray(v)
+                            for k, v in jax.device_get(metrics).items()})
     return history, state
 
 
@@ -118,15 +119,16 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     assert [m["loss_scale"] for m in history] == [256.0, 256.0, 128.0, 128.0]
 
 
-def test_skipped_step_leaves_parameters_unchanged(synthetic_source):
+def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(synthetic_source):
     data = batches(synthetic_source, 1)
     data[0] = dict(data[0], **{DECODER_LOSS_WEIGHTS: data[0][DECODER_LOSS_WEIGHTS] * np.float32(np.inf)})
-    exp = experiment(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, on_nonfinite="skip")
+    exp = experiment(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
     state = exp.init_state()
     before = jax.device_get(state.params)
     with exp.partitioner.activate():
         new_state, metrics = exp.train_step(state, exp.global_batch(data[0]))
     assert int(metrics["skipped"]) == 1 and int(new_state.step) == 1
+    assert metrics["grad_finite"].shape == (len(jax.tree.leaves(before)),) and not metrics["grad_finite"].any()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state.params), before)
 
 

@@ -156,14 +156,23 @@ def test_tokenizer_other_than_the_files_is_an_error(numbered_file, shared_data):
         source(numbered_file, tokenizer=str(shared_data / "gpt2-bpe"))
 
 
-def test_megatron_files_need_a_tokenizer(tmp_path, numbered_file, shared_data):
+def test_megatron_files_need_a_tokenizer(tmp_path, numbered_documents, write_token_file, shared_data):
+    fits = write_token_file(tmp_path / "fits", numbered_documents[:50], vocab_size=50257)  # ids < 50,000
     for suffix in (".bin", ".idx"):
-        (tmp_path / f"megatron{suffix}").write_bytes(open(numbered_file + suffix, "rb").read())
+        (tmp_path / f"megatron{suffix}").write_bytes(open(fits + suffix, "rb").read())
     with pytest.raises(ValueError, match=r"megatron: no .*megatron\.json metadata .*set TOKENIZER"):
         source(str(tmp_path / "megatron"))
     src = source(str(tmp_path / "megatron"), tokenizer=str(shared_data / "gpt2-bpe"))
     assert (src.vocab_size, src.eod_id, src.tokenizer_path) == (50257, 50256, str(shared_data / "gpt2-bpe"))
-    assert_same_batches([next(src)], [next(source(numbered_file))])
+    assert_same_batches([next(src)], [next(source(fits))])
+
+
+def test_megatron_ids_beyond_the_tokenizer_are_named(tmp_path, numbered_file, shared_data):
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"megatron{suffix}").write_bytes(open(numbered_file + suffix, "rb").read())
+    with pytest.raises(ValueError, match=r"megatron\.bin: token id \d+ at position \d+ is outside the vocabulary "
+                                         r"of .*gpt2-bpe \(50257 ids\)"):
+        source(str(tmp_path / "megatron"), tokenizer=str(shared_data / "gpt2-bpe"))
 
 
 def test_worker_processes_give_the_same_batches_and_resume(numbered_file):
