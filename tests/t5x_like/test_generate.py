@@ -123,15 +123,16 @@ def test_cli_writes_jsonl(converted, tmp_path):
         assert record["finish_reason"] == ("length" if len(record["tokens"]) == 6 else "eod")
 
 
-def test_bad_requests_are_refused(loaded, tmp_path):
+def test_bad_requests_are_refused(loaded, tmp_path, capsys):
     config, params, partitioner = loaded
     with pytest.raises(ValueError, match="--max_new_tokens=40 must be between 1 and the model's max_len - 1"):
         generate.Generator(config, params, partitioner, eod_id=EOD, max_new_tokens=40,
                            settings=generate.Sampling())
     with pytest.raises(ValueError, match="need temperature >= 0"):
         generate.Sampling(temperature=-1.0)
-    with pytest.raises(ValueError, match="no prompts"):
+    with pytest.raises(SystemExit):  # main is wrapped by exit_on_user_error: one line, exit 1
         generate.main([f"--checkpoint={tmp_path}"])
+    assert "error: no prompts" in capsys.readouterr().err
 
 
 def test_beam_search_equals_transformers(converted, loaded):
