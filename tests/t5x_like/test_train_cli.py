@@ -113,7 +113,7 @@ def test_the_tiny_model_takes_the_corpus_tokenizers_vocabulary(clean_gin, tmp_pa
 
 def test_operative_config_is_written_to_model_dir(clean_gin, tmp_path):
     train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
-    train.write_operative_config()
+    train.write_config(str(tmp_path), 0)
     text = (tmp_path / "operative_config.gin").read_text()
     assert "make_optimizer.weight_decay = 0.01" in text and "make_optimizer.b2 = 0.95" in text
     gin.clear_config()
