@@ -182,22 +182,10 @@ class DecoderBlock(nn.Module):
 
 def stack(block: type[nn.Module], c: T5Config, num_layers: int, deterministic: bool,
           num_inputs: int) -> Callable[..., tuple[jax.Array, None]]:
-    """The blocks of one stack, called as f(x, *inputs); built inside the caller's compact method.
-    Every input but x is broadcast to all layers (the bias is computed once, outside)."""
-    block = layers.remat(block, c.remat_policy)
-    if not c.scan_layers:
-        blocks = [block(c, deterministic, name=f"block_{i}") for i in range(num_layers)]
-        return functools.partial(_apply_in_turn, blocks)
-    scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,) * num_inputs, length=num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-    return scanned(c, deterministic, name="blocks")
-
-
-def _apply_in_turn(blocks, x, *inputs):
-    for block in blocks:
-        x, _ = block(x, *inputs)
-    return x, None
+    """The blocks of one stack (layers.block_stack), called as f(x, *inputs); every input but x is
+    broadcast to all layers (the bias is computed once, outside)."""
+    return layers.block_stack(layers.remat(block, c.remat_policy), (c, deterministic), num_layers=num_layers,
+                              scan_layers=c.scan_layers, broadcast_args=num_inputs)
 
 
 def relpos_bias(c: T5Config, bidirectional: bool) -> layers.RelativePositionBias:
