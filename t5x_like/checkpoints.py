@@ -268,9 +268,15 @@ class Checkpointer:
         self._manager.close()
 
 
+@jax.jit
+def _all_finite(tree: Any) -> Any:
+    """One program for the whole tree (not one dispatch per leaf): a bool per leaf."""
+    return jax.tree.map(lambda x: jnp.isfinite(x).all(), tree)
+
+
 def nonfinite_paths(tree: Any) -> list[str]:
     """'/'-joined paths of the leaves of `tree` holding a NaN or an infinity."""
-    flags = jax.tree.map(lambda x: jnp.isfinite(x).all(), tree)
+    flags = _all_finite(tree)
     return [jax.tree_util.keystr(path, simple=True, separator="/")
             for path, finite in jax.tree_util.tree_leaves_with_path(jax.device_get(flags)) if not finite]
 

@@ -119,18 +119,21 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         eval_source = open_source(data_source, "validation", exp) if eval_every else None
         if eval_source is not None:
             run.callback(eval_source.close)
-        state = exp.init_state()
+        # A resumed state is read straight into its shardings: nothing is initialised only to be replaced.
+        target = exp.sharded_abstract_state()
         run.enter_context(exp.partitioner.activate())
-        resumed = restore_newest(ckpt, state, exp.shardings, on_corrupt_checkpoint) if latest is not None else None
+        resumed = restore_newest(ckpt, target, exp.shardings, on_corrupt_checkpoint) if latest is not None else None
         if resumed is not None:
             state, data_state = resumed
             source.set_state(data_state)
             logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
             warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step))
-        elif restore_from:
-            state = state.replace(params=checkpoints.restore_params(
-                restore_from, checkpoints.with_shardings(state.params, exp.shardings.params)))
-            logging.info("initialised parameters from %s (params only)", restore_from)
+        else:
+            state = exp.init_state()
+            if restore_from:
+                state = state.replace(params=checkpoints.restore_params(
+                    restore_from, checkpoints.with_shardings(state.params, exp.shardings.params)))
+                logging.info("initialised parameters from %s (params only)", restore_from)
         step = int(state.step)
         if primary:
             write_config(model_dir, step)

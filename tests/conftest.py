@@ -2,8 +2,17 @@
 synthetic data source that follows the trainer's data contract."""
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Single-threaded Eigen inside each XLA:CPU op: the suite already runs one worker per core, and the
+# multi-threaded pool has wedged a restore on a 2-core CI machine (a known XLA:CPU hazard; no slower here).
+XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def cpu_env(devices: int, **extra: str) -> dict[str, str]:
+    """The environment for a test's subprocess: `devices` simulated CPU devices, the suite's XLA flags."""
+    return dict(os.environ, JAX_PLATFORMS="cpu",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {XLA_CPU_FLAGS}", **extra)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -131,7 +131,7 @@ def config_from_hf(hf: dict, source: str, **choices) -> NeoXConfig:
     }
     for name, (value, allowed) in unsupported.items():
         if value not in allowed:
-            raise ValueError(f"{source}: {name}={value!r} is not supported by our GPT-NeoX (supported: {allowed}).")
+            raise UserError(f"{source}: {name}={value!r} is not supported by our GPT-NeoX (supported: {allowed}).")
     return NeoXConfig(
         vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], embed_dim=hf["hidden_size"], mlp_dim=hf["intermediate_size"],

@@ -20,6 +20,7 @@ import numpy as np
 
 from models.t5 import FEED_FORWARD, T5Config
 from t5x_like.convert.mapping import Entry, Stack, Transform
+from t5x_like.errors import UserError
 
 HF_MODEL_TYPE = "t5"
 HF_VOCAB_MULTIPLE = 128
@@ -138,7 +139,7 @@ def config_from_hf(hf: dict, source: str, **choices) -> T5Config:
     Tied means what transformers 5 calls scale_decoder_outputs (older files: tie_word_embeddings)."""
     feed_forward = hf.get("feed_forward_proj", "relu")
     if feed_forward not in FEED_FORWARD:
-        raise ValueError(f"{source}: feed_forward_proj={feed_forward!r} is not supported by our T5 "
+        raise UserError(f"{source}: feed_forward_proj={feed_forward!r} is not supported by our T5 "
                          f"(supported: {sorted(FEED_FORWARD)}).")
     return T5Config(
         vocab_size=real_vocab_size(hf, source), num_layers=hf["num_layers"],

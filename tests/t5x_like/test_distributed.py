@@ -203,8 +203,8 @@ def _free_port() -> int:
 
 def _start_workers(mode: str, tmp_path: pathlib.Path) -> list[tuple[subprocess.Popen, pathlib.Path]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith('SLURM_') and k not in _LAUNCH_VARS}
-    env.update(JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4',
-               PYTHONUNBUFFERED='1')
+    from tests.conftest import cpu_env  # here: the workers run this file as a script, without tests/
+    env.update(JAX_PLATFORMS='cpu', XLA_FLAGS=cpu_env(4)['XLA_FLAGS'], PYTHONUNBUFFERED='1')
     port = _free_port()
     workers = []
     for process_id in range(2):

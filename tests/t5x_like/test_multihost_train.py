@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+from tests.conftest import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["--gin_file=quickstart.gin", "--gin.TRAIN_STEPS=4", "--gin.WARMUP_STEPS=1", "--gin.BATCH_SIZE=8",
@@ -19,7 +20,7 @@ def free_port() -> int:
 
 
 def launch(model_dir, devices: int, log, extra=()) -> subprocess.Popen:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = cpu_env(devices)
     cmd = [sys.executable, "-m", "t5x_like.train", *ARGS, f"--gin.MODEL_DIR='{model_dir}'", *extra]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 

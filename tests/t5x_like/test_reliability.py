@@ -23,6 +23,7 @@ from t5x_like.data.token_file import TokenFileError, TokenFileWriter, open_token
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
+from tests.conftest import cpu_env
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=1, num_heads=2, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
@@ -354,7 +355,7 @@ def test_cli_user_errors_are_one_line_without_a_traceback(tmp_path):
     cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{tmp_path}'",
            "--gin.BATCH_SIZE='eight'"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+                          env=cpu_env(1))
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert "error: BATCH_SIZE='eight': expected an integer" in done.stderr

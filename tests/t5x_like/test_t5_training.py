@@ -22,6 +22,7 @@ from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECOD
                                ENCODER_INPUT_TOKENS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS)
 from tests.t5x_like import test_train
 from tests.t5x_like.test_trainer import CompileLog, run
+from tests.conftest import cpu_env
 
 LENGTHS = {"inputs": 32, "targets": 8}
 # the builtin corpus's 8192 ids + 100 sentinels; 4 heads and a vocabulary padded to 8320 divide every mesh
@@ -110,7 +111,7 @@ def test_cli_quickstart_t5_learns(tmp_path):
            "--gin.TRAIN_STEPS=30", "--gin.WARMUP_STEPS=5", "--gin.BATCH_SIZE=8",
            "--gin.FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "--gin.EVAL_EVERY=30", "--gin.EVAL_STEPS=1",
            "--gin.CHECKPOINT_EVERY=30", "--gin.train.log_every=5"]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = cpu_env(2)
     done = subprocess.run(cmd, cwd=test_train.REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in open(model_dir / "metrics.jsonl")]

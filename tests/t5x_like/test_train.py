@@ -19,6 +19,7 @@ from t5x_like import checkpoints, optim, train
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
+from tests.conftest import cpu_env
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
@@ -170,7 +171,7 @@ def test_cli_quickstart_writes_metrics_tensorboard_config_and_checkpoints(tmp_pa
     cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{model_dir}'",
            "--gin.TRAIN_STEPS=4", "--gin.WARMUP_STEPS=1", "--gin.BATCH_SIZE=4", "--gin.SEQ_LEN=32", "--gin.EVAL_EVERY=2",
            "--gin.EVAL_STEPS=1", "--gin.CHECKPOINT_EVERY=2", "--gin.train.log_every=2"]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = cpu_env(2)
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in open(model_dir / "metrics.jsonl")]

@@ -13,9 +13,10 @@ from models.gpt2 import GPT2Config
 from t5x_like import experiment, gin_cli, train
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
+from tests.conftest import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+ENV = cpu_env(2)
 
 
 def cli(*args, timeout=300):

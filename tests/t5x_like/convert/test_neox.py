@@ -220,7 +220,8 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     untied head + optim.make_optimizer) vs
     torch.optim.AdamW with weight decay on the matrices ours decays (not the two vocabulary tables)
     and clip_grad_norm_. Tolerance as GPT-2's test explains: entries whose gradient is within
-    10 * eps of 0 (fp32 noise becomes a step of either sign) agree within 2 * lr, all others 2e-6."""
+    10 * eps of 0 (fp32 noise becomes a step of either sign) agree within 2 * lr, all others 5e-6 (0.5% of lr:
+    where |g| is a few hundred eps, fp32 summation order still moves m / sqrt(v) by a little)."""
     src, model = hf_dir
     lr, weight_decay, eps = 1e-3, 0.1, 1e-8
     hf.from_hf(str(src), str(tmp_path))
@@ -265,7 +266,7 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     assert sum(m.sum() for m in noisy.values()) < 0.1 * sum((g != 0).sum() for g in grads.values())
     for name, value in theirs.items():
         steady = ~noisy[name]
-        np.testing.assert_allclose(ours[name][steady], value[steady], atol=2e-6, rtol=0, err_msg=name)
+        np.testing.assert_allclose(ours[name][steady], value[steady], atol=5e-6, rtol=0, err_msg=name)
         np.testing.assert_allclose(ours[name][~steady], value[~steady], atol=2 * lr, rtol=0, err_msg=name)
     before = {saved_name.get(n, n): p.detach().numpy() for n, p in model.named_parameters()}
     assert max(np.abs(theirs[n] - before[n]).max() for n in theirs) > 5e-4  # the step really changed the weights
