@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib
 import json
 import os
 import shutil
@@ -18,10 +19,12 @@ import numpy as np
 
 from t5x_like import checkpoints
 from t5x_like import inference
-from t5x_like.convert import gpt2, mapping, neox, t5
+import models
+from t5x_like.convert import mapping
 from t5x_like.errors import UserError
 
-FAMILIES = {"gpt2": gpt2, "neox": neox, "t5": t5}
+# One converter module per registered family: t5x_like/convert/<family>.py.
+FAMILIES = {name: importlib.import_module(f"t5x_like.convert.{name}") for name in models.FAMILIES}
 """Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
 entries and block stacks), config_to_hf, config_from_hf, tokenizer_config."""
 HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "spiece.model", "tokenizer_config.json",

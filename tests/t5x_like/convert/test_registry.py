@@ -8,11 +8,17 @@ import configs
 import models
 from t5x_like.convert import hf
 
+# What convert/hf.py asks of every family's converter module.
+CONVERTER_INTERFACE = ("HF_MODEL_TYPE", "TIED", "layout", "config_to_hf", "config_from_hf", "tokenizer_config")
+
 
 def test_every_family_has_presets_and_a_converter_and_nothing_else():
     preset_families = {configs.get_model_config(name).family for name in configs.PRESETS}
     assert preset_families == set(models.FAMILIES)
     assert set(hf.FAMILIES) == set(models.FAMILIES)
+    for name, converter in hf.FAMILIES.items():
+        missing = [f for f in CONVERTER_INTERFACE if not hasattr(converter, f)]
+        assert not missing, f"t5x_like/convert/{name}.py lacks {missing}"
     hf_types = [converter.HF_MODEL_TYPE for converter in hf.FAMILIES.values()]
     assert len(set(hf_types)) == len(hf_types)
 
