@@ -294,6 +294,11 @@ def _size_str(directory: str) -> str:
     return f"{total / 2**20:,.1f} MiB"
 
 
+class CheckpointNotFoundError(UserError, FileNotFoundError):
+    """No checkpoint at a path the user gave (RESTORE_FROM, --checkpoint, a converter's SRC): a user
+    mistake, so the CLIs print one line; still a FileNotFoundError for callers that probe."""
+
+
 def locate(path: str) -> tuple[str, int]:
     """(checkpoints directory, step) for a MODEL_DIR (latest step) or one step's directory."""
     path = os.path.abspath(path)
@@ -311,7 +316,7 @@ def locate(path: str) -> tuple[str, int]:
             return directory, max(steps)
         if step is not None and step in steps:
             return directory, step
-    raise FileNotFoundError(
+    raise CheckpointNotFoundError(
         f"no checkpoint at {path}: expected a MODEL_DIR containing '{CHECKPOINT_SUBDIR}/<step>/' or a "
         "step directory such as MODEL_DIR/checkpoints/1000."
     )
