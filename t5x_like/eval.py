@@ -342,7 +342,9 @@ def summary(result: dict) -> str:
         return (f"WikiText  seq_len {result['seq_len']}, stride {result['stride']}: "
                 f"{result['num_original_tokens']:,} original tokens, {result['num_tokenized_tokens']:,} tokenized\n"
                 f"  loss {result['loss']:.4f} nats/token   ppl {result['ppl']:.3f}   "
-                f"adjusted ppl (per original token) {result['adjusted_ppl']:.3f}")
+                + (f"adjusted ppl (per original token) {result['adjusted_ppl']:.3f}"
+                   if result["adjusted_ppl"] is not None else
+                   f"adjusted ppl n/a ({result['num_scored_tokens']:,} tokens scored: --max_batches/--max_examples)"))
     if result["task"] == "lambada":
         return (f"LAMBADA ({result['method']}): accuracy {result['accuracy']:.4f} "
                 f"({result['num_correct']}/{result['num_examples']})   target ppl {result['ppl']:.3f}")
