@@ -27,7 +27,7 @@ from absl import app, flags
 
 from partitioning import make_mesh
 from t5x_like import gin_cli, metrics, train
-from t5x_like.errors import exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.experiment import build_experiment
 
 GiB = 1 << 30
@@ -59,7 +59,7 @@ def target_devices(topology: str | None) -> list:
         jax.config.update("jax_num_cpu_devices", count)  # only before the CPU backend starts
         devices = jax.devices("cpu")
         if len(devices) < count:
-            raise ValueError(f"--topology={topology}: only {len(devices)} CPU devices exist in this process; "
+            raise UserError(f"--topology={topology}: only {len(devices)} CPU devices exist in this process; "
                              f"start it with XLA_FLAGS=--xla_force_host_platform_device_count={count}.")
         return devices[:count]
     from jax.experimental import topologies
@@ -71,7 +71,7 @@ def target_devices(topology: str | None) -> list:
     except RuntimeError as e:
         if "not installed" not in str(e):
             raise
-        raise ValueError(f"--topology={topology} needs libtpu's topology descriptions, which are not installed; "
+        raise UserError(f"--topology={topology} needs libtpu's topology descriptions, which are not installed; "
                          "pip install 'jax[tpu]' (it works on a CPU-only machine).") from e
 
 
