@@ -42,10 +42,10 @@ CROSS_ENTROPY = ("chunked", "full_logits")
 
 def check_cross_entropy(name: str) -> None:
     if name == "xla":
-        raise ValueError("CROSS_ENTROPY='xla' is now called 'full_logits' (the loss over the model's full "
+        raise UserError("CROSS_ENTROPY='xla' is now called 'full_logits' (the loss over the model's full "
                          "logits); set CROSS_ENTROPY='full_logits' or 'chunked'.")
     if name not in CROSS_ENTROPY:
-        raise ValueError(f"CROSS_ENTROPY={name!r}: choose one of {CROSS_ENTROPY}.")
+        raise UserError(f"CROSS_ENTROPY={name!r}: choose one of {CROSS_ENTROPY}.")
 
 
 def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
