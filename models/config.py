@@ -22,6 +22,9 @@ from typing import Any, ClassVar, Mapping
 
 import jax.numpy as jnp
 
+from models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from models.layers import REMAT_POLICIES
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -36,6 +39,11 @@ class FamilyConfig:
         """Validation every family's __post_init__ calls."""
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is unknown; choose one of {sorted(DTYPES)}.")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention {self.attention!r} is unknown; choose one of {ATTENTION_IMPLEMENTATIONS}.")
+        if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"remat policy {self.remat_policy!r} is unknown; choose 'none' or one of "
+                             f"{sorted(REMAT_POLICIES)}.")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size {self.vocab_size} must be positive.")
 
