@@ -76,7 +76,7 @@ def run_vocab_size() -> int:
     """The vocabulary size of the tokenizer data.make_source's bindings select."""
     bound = gin.get_bindings("data.make_source")
     return data.tokenizer_vocab_size(data_path=bound.get("data_path"), tokenizer=bound.get("tokenizer"),
-                                     tfds_name=bound.get("tfds_name"))
+                                     tfds_name=bound.get("tfds_name"), objective=bound.get("objective", "causal_lm"))
 
 
 @dataclasses.dataclass

@@ -95,8 +95,17 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
 
 
 def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,
-                         tfds_name: str | None = None) -> int:
-    """The vocabulary size of `make_source`'s batches for these arguments, without reading any batch."""
+                         tfds_name: str | None = None, objective: str = "causal_lm") -> int:
+    """The vocabulary size of `make_source`'s batches for these arguments, without reading any batch.
+    T5's objectives add the sentinels to the tokenizer's ids (objectives.vocabulary_with_sentinels)."""
+    if objective in ("span_corruption", "seq2seq") and tfds_name is None:
+        from t5x_like.data import objectives  # it imports this module
+        if tokenizer is None and data_path is None:
+            tokenizer = builtin.builtin_corpus()[1]
+        elif tokenizer is None:
+            prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
+            tokenizer = _vocabulary_from_metadata([open_token_file(p) for p in prefixes])[2]
+        return objectives.vocabulary_with_sentinels(load_tokenizer(tokenizer))[0]
     if tokenizer is not None:
         return load_tokenizer(tokenizer).vocab_size
     if tfds_name is not None:
