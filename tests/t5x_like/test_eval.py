@@ -129,6 +129,16 @@ def test_wikitext_equals_independent_torch_implementation(converted, tmp_path, n
     assert written["adjusted_ppl"] == pytest.approx(np.exp(nll / (original - 1)), rel=1e-4)
 
 
+def test_wikitext_with_a_limit_scores_part_and_says_adjusted_ppl_is_not_available(converted, tmp_path):
+    checkpoint, _, _ = converted
+    data = wikitext_excerpt(tmp_path, "wt103-tokenized/wiki.test.tokens")
+    result = evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
+                              f"--tokenizer={GPT2_BPE}", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}",
+                              "--batch_size=2", "--max_batches=1"])
+    assert result["adjusted_ppl"] is None and 0 < result["num_scored_tokens"] < result["num_tokenized_tokens"]
+    assert f"adjusted ppl n/a ({result['num_scored_tokens']:,} tokens scored" in evaluation.summary(result)
+
+
 def test_lambada_equals_direct_computation(converted, tmp_path):
     import torch
 

@@ -9,6 +9,7 @@ import tokenizers
 from tokenizers import models, pre_tokenizers
 
 from t5x_like.data import objectives
+from t5x_like.data import tokenizer_vocab_size
 from t5x_like.data.objectives import make_seq2seq_source, make_span_corruption_source
 from t5x_like.data.token_file import TokenFileWriter
 from t5x_like.data.tokenizer import load_tokenizer
@@ -230,6 +231,9 @@ def test_t5_lengths_and_sentinels_with_t5s_spiece_model(tmp_path, shared_data):
     tokenizer = load_tokenizer(spiece)
     assert objectives.vocabulary_with_sentinels(tokenizer) == (32100, 100)  # <extra_id_0> = 32099
     assert tokenizer.token_to_id("<extra_id_0>") is None and tokenizer.token_to_id("</s>") == 1
+    # what model_config.vocab_from_tokenizer sizes the model to: the batches' ids, sentinels included
+    assert tokenizer_vocab_size(tokenizer=spiece, objective="span_corruption") == 32100
+    assert tokenizer_vocab_size(tokenizer=spiece) == 32000
     text = open(shared_data / "t5-spiece" / "SOURCE.txt").read()
     document = np.array(tokenizer.encode(text) * 40)
     prefix = tmp_path / "t5"
