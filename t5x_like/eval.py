@@ -18,8 +18,8 @@ lambada: last-word accuracy; strict (default): the target is " " + last word and
 every target token is the argmax; --lambada_last_token: only the last BPE token is predicted.
 tokens: loss / ppl over a preprocessed token file (documents back to back, as stored); --split takes
 only one split's documents under the run's DATA_SPLIT (or --data_split).
---max_batches / --max_examples score only the first windows (examples for LAMBADA); a partial
-WikiText pass reports no adjusted ppl (it needs the whole text's word count).
+--max_batches / --max_examples score only the first windows (examples for LAMBADA, pairs for
+seq2seq); a partial WikiText pass reports no adjusted ppl (it needs the whole text's word count).
 seq2seq (encoder-decoder checkpoints): a JSONL of {"inputs", "targets"} pairs, each side tokenized
 with EOS appended as in training; loss and token accuracy (argmax) of the teacher-forced targets,
 and exact match of the greedily decoded output's text with the target text.
@@ -316,8 +316,8 @@ def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: in
 
 
 def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], generate.Generator], tokenizer,
-                     path: str) -> dict:
-    pairs = read_pairs(path)
+                     path: str, max_examples: int | None = None) -> dict:
+    pairs = read_pairs(path)[:max_examples]
     examples = [(tokenizer.encode(i) + [tokenizer.eod_id], tokenizer.encode(t) + [tokenizer.eod_id])
                 for i, t in pairs]
     inputs_len = max(len(i) for i, _ in examples)
@@ -392,16 +392,16 @@ def run(args: argparse.Namespace) -> dict:
     if (args.task == "seq2seq") != (lm.KIND == "encoder_decoder"):
         raise UserError(f"--task={args.task} does not fit {args.checkpoint}, a {lm.KIND} model: --task=seq2seq "
                         "scores encoder-decoder checkpoints, the other tasks decoder-only ones.")
+    limit = row_limit(args.max_batches, args.max_examples, scorer.batch_size)
     if args.task == "seq2seq":
         generator_for = lambda steps: generate.Generator(  # noqa: E731
             config, params, partitioner, eod_id=tokenizer.eod_id, max_new_tokens=steps,
             settings=generate.Sampling(temperature=0.0), batch_size=args.batch_size)
-        result = evaluate_seq2seq(scorer, generator_for, tokenizer, args.data)
+        result = evaluate_seq2seq(scorer, generator_for, tokenizer, args.data, limit)
     else:
         seq_len = args.seq_len or lm.max_length
         if seq_len > lm.max_length:
             raise UserError(f"--seq_len={seq_len} exceeds the model's max_len {lm.max_length}.")
-        limit = row_limit(args.max_batches, args.max_examples, scorer.batch_size)
         if args.task == "wikitext":
             result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len, limit)
         elif args.task == "lambada":

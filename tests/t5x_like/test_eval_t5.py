@@ -79,6 +79,15 @@ def test_seq2seq_scores_equal_transformers(setup):
     assert got["exact_match"] == 0.25 and got["num_examples"] == 4
 
 
+def test_max_examples_scores_only_the_first_pairs(setup):
+    checkpoint, tokenizer, _, data, pairs = setup
+    got = evaluation.main(["--task=seq2seq", f"--checkpoint={checkpoint}", f"--data={data}",
+                           f"--tokenizer={tokenizer}", "--max_examples=1"])
+    tok = load_tokenizer(tokenizer)
+    assert (got["num_examples"], got["num_target_tokens"]) == (1, len(tok.encode(pairs[0][1])) + 1)
+    assert got["exact_match"] == 1.0  # the first pair's target is the model's own greedy output
+
+
 @pytest.mark.parametrize("line, message", [('{"inputs": "x"}', 'needs string fields "inputs" and "targets"'),
                                            ("not json", "not JSON")])
 def test_bad_lines_name_file_and_line(setup, tmp_path, line, message):
