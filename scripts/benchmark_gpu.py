@@ -4,7 +4,7 @@
     python scripts/benchmark_gpu.py --out=/tmp/smoke --smoke # tiny shapes, runs on a CPU
 
 Writes under --out: results.md (the tables), results.json (every row), profile.txt (the 124M
-step's top GPU kernels), step_hlo.txt (that step's optimized HLO, naming the fusions) and log.txt
+step's top GPU kernels), profile_xl.txt (the same for 1.5B), step_hlo.txt (that step's optimized HLO, naming the fusions) and log.txt
 (every child's output). Items, in order (--only picks some):
 
   small     GPT-2 124M, T=1024, bf16: ours (benchmark_train.py with the --ours settings) vs the
@@ -12,12 +12,13 @@ step's top GPU kernels), step_hlo.txt (that step's optimized HLO, naming the fus
   variants  ours at the first batch size with one setting changed (VARIANTS)
   profile   ours at the first batch size under jax.profiler: GPU time per kernel, per step
   attention benchmark_attention.py: causal fwd and fwd+bwd, T = 1k..8k, head dim 64 and 128
-  xl        GPT-2 1.5B: ours at the listed batch sizes and remat policies
-  flags     ours at the first 124M batch size under XLA_FLAGS variants
+  xl        GPT-2 1.5B: every run of --xl_runs (framework:batch:remat; the PyTorch reference's
+            torch.compile of 1.5B takes ~2.5 minutes, our unrolled 48 layers ~3.5)
+  xl_profile  ours at 1.5B (the first jax run of --xl_runs) under jax.profiler, no HLO dump
+  flags     ours at the first 124M batch size under --flags (XLA_FLAGS variants, 'default' = none)
   dropout   ours at the first 124M batch size with dropout on: residual only (threefry, rbg PRNG)
             and residual + attention (which runs XLA attention)
-  extra     both frameworks at the extra 124M batch sizes, the PyTorch reference at 1.5B, and more
-            of ours at 1.5B
+  extra     both frameworks at the extra 124M batch sizes
 
 Every measurement runs in its own child process (one framework on the device at a time, allocator
 peaks per run, XLA flags per process) with a time limit; a failure or time-out is a row with a
@@ -41,16 +42,19 @@ from collections import defaultdict
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
-ITEMS = ("small", "variants", "profile", "attention", "xl", "flags", "dropout", "extra")
+ITEMS = ("small", "variants", "profile", "attention", "xl_profile", "xl", "flags", "dropout", "extra")
 VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
     "scan_layers=True": {"overrides": {"scan_layers": True}},
     "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
     "cross_entropy=full_logits, scan_layers=True": {"cross_entropy": "full_logits", "overrides": {"scan_layers": True}},
 }
 FLAG_VARIANTS = {
+    "default": "",
     "latency hiding scheduler": "--xla_gpu_enable_latency_hiding_scheduler=true",
     "command buffers off": "--xla_gpu_enable_command_buffer=",
     "triton gemm off": "--xla_gpu_enable_triton_gemm=false",
+    "latency hiding scheduler + triton gemm off":
+        "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false",
 }
 
 
@@ -63,7 +67,7 @@ class Suite:
     extra_batches: tuple[int, ...]
     xl: str
     xl_runs: tuple[tuple[str, int, str], ...]  # (framework, batch, remat)
-    xl_extra: tuple[tuple[str, int, str], ...]  # more of ours, run in 'extra'
+    flags: tuple[str, ...]  # FLAG_VARIANTS names
     seq_len: int
     steps: int
     warmup: int
@@ -72,14 +76,15 @@ class Suite:
 
 
 FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64,), xl="gpt2_xl",
-             xl_runs=(("jax", 8, "none"), ("torch", 8, "none")),
-             xl_extra=(("jax", 16, "minimal"),),
+             xl_runs=(("jax", 8, "none"), ("torch", 8, "none"), ("jax", 12, "none"), ("jax", 16, "minimal")),
+             flags=tuple(FLAG_VARIANTS),
              seq_len=1024, steps=20, warmup=10,
              attention_args=("--lengths=1024,2048,4096,8192", "--head-dims=64,128", "--tokens=16384",
                              "--hidden=2048", "--repeats=5", "--calls=10"),
              torch_compile=True)
-SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny", xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none")),
-              xl_extra=(("jax", 4, "full"),),
+SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny",
+              xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none"), ("jax", 4, "full")),
+              flags=("default", "latency hiding scheduler"),
               seq_len=64, steps=2, warmup=1,
               attention_args=("--lengths=128", "--head-dims=64", "--tokens=256", "--hidden=128",
                               "--dtype=float32", "--repeats=1", "--calls=1", "--implementations=xla,pallas,auto"),
@@ -213,32 +218,38 @@ def item_extra(recorder, suite, tmp, budget):
     for batch in suite.extra_batches:
         ours(recorder, "small", f"ours B={batch}", suite, tmp, budget(150), preset=suite.small, batch=batch)
         reference(recorder, "small", f"torch B={batch}", suite, tmp, budget(150), preset=suite.small, batch=batch)
-    for framework, batch, _ in suite.xl_runs:
-        if framework == "torch":
-            reference(recorder, "xl", f"torch B={batch}", suite, tmp, budget(240), preset=suite.xl, batch=batch)
-    for _, batch, remat in suite.xl_extra:
-        ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(240), preset=suite.xl,
-             batch=batch, remat=remat)
 
 
-def item_profile(recorder, suite, tmp, budget):
-    trace_dir = os.path.join(tmp, "trace")
-    batch = suite.small_batches[0]
-    dump_dir = os.path.join(tmp, "hlo")
-    row = ours(recorder, "profile", f"ours B={batch} (traced)", suite, tmp, budget(150), preset=suite.small,
-               batch=batch, profile_dir=trace_dir,
-               env={"XLA_FLAGS": f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=train_step"})
-    dumps = glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
-    if dumps:  # the optimized HLO names every fusion the profile lists
-        shutil.copy(max(dumps, key=os.path.getsize), os.path.join(recorder.out, "step_hlo.txt"))
+def traced_run(recorder, suite, tmp, budget, *, item: str, preset: str, batch: int, remat: str, timeout: float,
+               env: dict | None) -> None:
+    """One of our runs under jax.profiler; its summary goes to <item>.txt and results[<item>_summary]."""
+    trace_dir = os.path.join(tmp, f"trace_{item}")
+    row = ours(recorder, item, f"ours B={batch} remat={remat} (traced)", suite, tmp, budget(timeout), preset=preset,
+               batch=batch, remat=remat, profile_dir=trace_dir, env=env)
     files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     if not files:
         raise RuntimeError(f"no trace written under {trace_dir}")
     summary = summarise_trace(files[0], suite.steps, row.get("step_time_s"))
-    with open(os.path.join(recorder.out, "profile.txt"), "w") as f:
+    with open(os.path.join(recorder.out, f"{item}.txt"), "w") as f:
         f.write(summary)
-    recorder.results["profile_summary"] = summary
+    recorder.results[f"{item}_summary"] = summary
     recorder.write()
+
+
+def item_profile(recorder, suite, tmp, budget):
+    dump_dir = os.path.join(tmp, "hlo")
+    traced_run(recorder, suite, tmp, budget, item="profile", preset=suite.small, batch=suite.small_batches[0],
+               remat="none", timeout=150,
+               env={"XLA_FLAGS": f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=train_step"})
+    dumps = glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))
+    if dumps:  # the optimized HLO names every fusion the profile lists
+        shutil.copy(max(dumps, key=os.path.getsize), os.path.join(recorder.out, "step_hlo.txt"))
+
+
+def item_xl_profile(recorder, suite, tmp, budget):
+    _, batch, remat = next(run for run in suite.xl_runs if run[0] == "jax")
+    traced_run(recorder, suite, tmp, budget, item="profile_xl", preset=suite.xl, batch=batch, remat=remat,
+               timeout=300, env=None)
 
 
 def item_attention(recorder, suite, tmp, budget):
@@ -256,16 +267,18 @@ def item_attention(recorder, suite, tmp, budget):
 
 def item_xl(recorder, suite, tmp, budget):
     for framework, batch, remat in suite.xl_runs:
-        if framework == "jax":  # the PyTorch reference's 1.5B run is in 'extra' (its compile is slow)
-            ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(240), preset=suite.xl,
+        if framework == "torch":
+            reference(recorder, "xl", f"torch B={batch}", suite, tmp, budget(300), preset=suite.xl, batch=batch)
+        else:
+            ours(recorder, "xl", f"ours B={batch} remat={remat}", suite, tmp, budget(300), preset=suite.xl,
                  batch=batch, remat=remat)
 
 
 def item_flags(recorder, suite, tmp, budget):
     batch = suite.small_batches[0]
-    for name, flags in FLAG_VARIANTS.items():
+    for name in suite.flags:
         ours(recorder, "flags", f"ours B={batch} {name}", suite, tmp, budget(150), preset=suite.small, batch=batch,
-             env={"XLA_FLAGS": flags})
+             env={"XLA_FLAGS": FLAG_VARIANTS[name]})
 
 
 def item_dropout(recorder, suite, tmp, budget):
@@ -280,7 +293,7 @@ def item_dropout(recorder, suite, tmp, budget):
 
 
 RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "xl": item_xl,
-           "flags": item_flags, "dropout": item_dropout, "variants": item_variants, "extra": item_extra}
+           "xl_profile": item_xl_profile, "flags": item_flags, "dropout": item_dropout, "variants": item_variants, "extra": item_extra}
 
 
 # ----------------------------------------------------------------------------- profile summary
@@ -425,15 +438,16 @@ def markdown(results: dict) -> str:
     out = ["# GPU suite (scripts/benchmark_gpu.py)", "", f"Command: `{results.get('command')}`; ours: `{json.dumps(results.get('ours'))}`.", "",
            f"GPU: {env.get('nvidia-smi')}; jax {env.get('jax')} (jaxlib {env.get('jaxlib')}), flax {env.get('flax')}, "
            f"optax {env.get('optax')}, torch {env.get('torch')}, triton {env.get('triton')}.", ""]
-    for item in ("small", "xl", "flags", "dropout", "profile"):
+    for item in ("small", "xl", "flags", "dropout", "profile", "profile_xl"):
         rows = results["items"].get(item)
         if rows:
             devices = sorted({r["device"] for r in rows if "device" in r})
             out += [f"## {item} ({', '.join(devices)})", "", *train_table(rows), ""]
     if "attention" in results:
         out += ["## attention", "", *attention_table(results["attention"]), ""]
-    if "profile_summary" in results:
-        out += ["## profile", "", "```", results["profile_summary"], "```", ""]
+    for item in ("profile", "profile_xl"):
+        if f"{item}_summary" in results:
+            out += [f"## {item} (GPU time per step)", "", "```", results[f"{item}_summary"], "```", ""]
     for key in ("skipped", "errors"):
         if results.get(key):
             out += [f"## {key}", "", *(f"- {k}: {v}" for k, v in results[key].items()), ""]
@@ -443,6 +457,17 @@ def markdown(results: dict) -> str:
 # ----------------------------------------------------------------------------- main
 
 
+def parse_runs(text: str) -> tuple[tuple[str, int, str], ...]:
+    """'jax:12:none,torch:8:none' -> (("jax", 12, "none"), ("torch", 8, "none"))."""
+    runs = []
+    for part in text.split(","):
+        fields = part.split(":")
+        if len(fields) != 3 or fields[0] not in ("jax", "torch") or not fields[1].isdigit():
+            raise argparse.ArgumentTypeError(f"{part!r} is not framework:batch:remat (e.g. jax:12:none)")
+        runs.append((fields[0], int(fields[1]), fields[2]))
+    return tuple(runs)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for results.md, results.json, profile.txt, log.txt")
@@ -450,12 +475,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--only", type=lambda s: s.split(","), default=list(ITEMS), help=f"items, from {ITEMS}")
     p.add_argument("--ours", type=json.loads, default={"cross_entropy": "chunked", "overrides": {"scan_layers": False}},
                    help="JSON: our settings for every run (attention, cross_entropy, overrides); variants change one")
+    p.add_argument("--xl_runs", type=parse_runs, default=None,
+                   help="1.5B runs as framework:batch:remat,... (jax or torch), instead of the suite's")
+    p.add_argument("--flags", type=lambda s: tuple(s.split(",")), default=None,
+                   help=f"XLA_FLAGS variants for 'flags', from {tuple(FLAG_VARIANTS)}, instead of all")
     p.add_argument("--budget_s", type=float, default=540.0, help="stop starting runs after this many seconds")
     p.add_argument("--min_run_s", type=float, default=45.0, help="skip a run when less than this is left")
     args = p.parse_args(argv)
     unknown = set(args.only) - set(ITEMS)
     if unknown:
         p.error(f"unknown items {sorted(unknown)}; choose from {ITEMS}")
+    unknown = set(args.flags or ()) - set(FLAG_VARIANTS)
+    if unknown:
+        p.error(f"unknown --flags {sorted(unknown)}; choose from {tuple(FLAG_VARIANTS)}")
     return args
 
 
@@ -463,6 +495,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     suite = SMOKE if args.smoke else FULL
+    suite = dataclasses.replace(suite, xl_runs=args.xl_runs or suite.xl_runs, flags=args.flags or suite.flags)
     recorder = Recorder(args.out, suite, args.ours)
     deadline = time.monotonic() + args.budget_s
 
