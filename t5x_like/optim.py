@@ -3,6 +3,7 @@ factored second moments (T5X's defaults), global-norm clipping, and learning-rat
 warmup then cosine / linear / constant, or T5's inverse square root ('rsqrt')."""
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -49,22 +50,27 @@ def learning_rate_schedule(*, peak: float, warmup_steps: int, total_steps: int, 
     return optax.join_schedules([warmup, after], [warmup_steps])
 
 
-def decay_mask(params: Any) -> Any:
-    """True for weight matrices ('*kernel'); biases, norm scales and embeddings are not decayed."""
-    def is_kernel(path, _) -> bool:
-        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        return bool(names) and str(names[-1]).endswith("kernel")
+def decay_mask(params: Any, *, embeddings: bool = False) -> Any:
+    """True where AdamW's weight decay applies: weight matrices ('*kernel') and, with `embeddings`,
+    the vocabulary tables and untied output heads ('embedding'), as Megatron and GPT-NeoX decay every
+    weight but biases and norms. Biases and norm scales are never decayed."""
+    suffixes = ("kernel", "embedding") if embeddings else ("kernel",)
 
-    return jax.tree_util.tree_map_with_path(is_kernel, params)
+    def decayed(path, _) -> bool:
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return bool(names) and str(names[-1]).endswith(suffixes)
+
+    return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int, name: str = "adamw",
                    decay: str = "cosine", min_learning_rate_ratio: float = 0.1, b1: float = 0.9, b2: float = 0.95,
-                   eps: float = 1e-8, weight_decay: float = 0.1, clip_grad_norm: float = 1.0,
-                   adafactor_decay_rate: float = 0.8) -> Optimizer:
+                   eps: float = 1e-8, weight_decay: float = 0.1, decay_embeddings: bool = False,
+                   clip_grad_norm: float = 1.0, adafactor_decay_rate: float = 0.8) -> Optimizer:
     """OPTIMIZER `name` behind global-norm clipping (0 disables clipping).
 
-    'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only). 'adafactor': optax's,
+    'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only; `decay_embeddings`
+    decays the vocabulary tables too, as Megatron and GPT-NeoX do). 'adafactor': optax's,
     with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
     clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay."""
     if name not in OPTIMIZERS:
@@ -72,7 +78,8 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     schedule = learning_rate_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
                                       decay=decay, min_ratio=min_learning_rate_ratio)
     if name == "adamw":
-        update = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
+        update = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                             mask=functools.partial(decay_mask, embeddings=decay_embeddings))
     else:
         update = optax.adafactor(schedule, decay_rate=adafactor_decay_rate, clipping_threshold=1.0,
                                  multiply_by_parameter_scale=True, factored=True)

@@ -68,3 +68,20 @@ def test_factored_statistics_are_replicated_and_full_ones_keep_their_names():
     specs = nn.get_partition_spec(jax.eval_shape(lambda p: optim.init_state(adamw.tx, p), params))
     assert jax.sharding.PartitionSpec("embed", "mlp") in jax.tree.leaves(
         specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def test_weight_decay_mask_covers_matrices_and_optionally_the_vocabulary_tables():
+    """minGPT's rule by default (kernels only); Megatron / GPT-NeoX's with decay_embeddings (every weight
+    but biases and norm scales). One AdamW step with zero gradients shows which leaves decayed."""
+    params = {"embed_in": {"embedding": jnp.ones((8, 4))}, "embed_out": {"embedding": jnp.ones((8, 4))},
+              "block": {"fc_kernel": jnp.ones((4, 4)), "fc_bias": jnp.ones(4)},
+              "ln_f": {"scale": jnp.ones(4), "bias": jnp.ones(4)}}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    for decay_embeddings, decayed in ((False, {"fc_kernel"}), (True, {"fc_kernel", "embed_in", "embed_out"})):
+        opt = optim.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, decay="constant",
+                                   weight_decay=0.5, decay_embeddings=decay_embeddings, clip_grad_norm=0.0)
+        updates, _ = opt.tx.update(zeros, opt.tx.init(params), params)
+        moved = {path[-2 if path[-1].key == "embedding" else -1].key
+                 for path, u in jax.tree_util.tree_leaves_with_path(updates) if float(jnp.abs(u).max()) > 0}
+        assert moved == decayed, decay_embeddings
+        np.testing.assert_allclose(updates["block"]["fc_kernel"], -0.1 * 0.5 * np.ones((4, 4)), rtol=1e-6)

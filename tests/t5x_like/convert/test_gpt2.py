@@ -154,7 +154,7 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     as sensitive. Those (about 6% of the nonzero gradients, nearly all in embedding rows of ids
     absent from the batch) must agree within 2 * lr, every other entry within 2e-6 (lr = 1e-3)."""
     src, model = hf_dir
-    lr, weight_decay, eps = 1e-3, 0.1, 1e-8
+    lr, weight_decay, eps = 1e-3, 2.0, 1e-8  # decay moves a weight by lr·wd·w ≈ 4e-5: above the tolerance
     hf.from_hf(str(src), str(tmp_path))
     config, _ = inference.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))

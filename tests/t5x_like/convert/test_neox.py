@@ -218,12 +218,12 @@ def test_greedy_generation_equals_transformers_generate(random_hf_neox, tmp_path
 def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     """Same batch, same settings: ours (trainer.make_train_step with the default chunked loss over the
     untied head + optim.make_optimizer) vs
-    torch.optim.AdamW with weight decay on the matrices ours decays (not the two vocabulary tables)
-    and clip_grad_norm_. Tolerance as GPT-2's test explains: entries whose gradient is within
+    torch.optim.AdamW with weight decay on every weight matrix, the two vocabulary tables included
+    (GPT-NeoX's rule, which the NeoX recipes select with decay_embeddings=True), and clip_grad_norm_. Tolerance as GPT-2's test explains: entries whose gradient is within
     10 * eps of 0 (fp32 noise becomes a step of either sign) agree within 2 * lr, all others 5e-6 (0.5% of lr:
     where |g| is a few hundred eps, fp32 summation order still moves m / sqrt(v) by a little)."""
     src, model = hf_dir
-    lr, weight_decay, eps = 1e-3, 0.1, 1e-8
+    lr, weight_decay, eps = 1e-3, 2.0, 1e-8  # decay moves a weight by lr·wd·w ≈ 4e-5: above the tolerance
     hf.from_hf(str(src), str(tmp_path))
     config, _ = inference.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))
@@ -232,7 +232,8 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
              DECODER_LOSS_WEIGHTS: np.ones((2, 12), np.float32)}
 
     opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
-                               b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
+                               b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, decay_embeddings=True,
+                               clip_grad_norm=1.0)
     state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
     step = jax.jit(trainer.make_train_step(make_lm(config), opt.tx, opt.schedule, trainer.StepConfig()))
@@ -240,8 +241,7 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
 
     torch_model = transformers.GPTNeoXForCausalLM.from_pretrained(src)
     torch_model.train()
-    decayed = [p for n, p in torch_model.named_parameters() if n.endswith(".weight") and p.ndim == 2
-               and "embed_in" not in n and "lm_head" not in n]
+    decayed = [p for n, p in torch_model.named_parameters() if n.endswith(".weight") and p.ndim == 2]
     others = [p for n, p in torch_model.named_parameters() if all(p is not q for q in decayed)]
     torch_opt = torch.optim.AdamW([{"params": decayed, "weight_decay": weight_decay},
                                    {"params": others, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=eps)
