@@ -23,11 +23,11 @@ from typing import Any, Sequence
 import gin
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from partitioning import make_mesh
 from t5x_like import gin_cli, metrics, train
-from t5x_like.errors import UserError, exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import build_experiment
 
 GiB = 1 << 30
@@ -235,4 +235,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=train.parse_flags)
+    run_absl_app(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=train.parse_flags)

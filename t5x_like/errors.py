@@ -31,3 +31,17 @@ def exit_on_user_error(main: F) -> F:
             sys.exit(1)
 
     return wrapped  # type: ignore[return-value]
+
+
+HELP_ARGUMENTS = ("--help", "-help", "-h", "-?", "--helpshort")
+
+
+def run_absl_app(main: Callable[[list[str]], Any], **run_kwargs: Any) -> None:
+    """absl's `app.run(main, **run_kwargs)`, except that asking for help prints the usage and exits 0:
+    absl exits 1 after printing it, so `--help` read as a failure to shells and scripts."""
+    from absl import app
+
+    if any(arg in HELP_ARGUMENTS for arg in sys.argv[1:]):
+        app.usage(shorthelp=True, writeto_stdout=True)
+        sys.exit(0)
+    app.run(main, **run_kwargs)

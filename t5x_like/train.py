@@ -22,13 +22,13 @@ from typing import Callable
 import gin
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 import configs
 import models
 from partitioning import make_mesh
 from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, trainer
-from t5x_like.errors import UserError, exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import Experiment, build_experiment, check_integers
 from t5x_like.lm import make_lm
 
@@ -470,4 +470,4 @@ def usage_with_macros(doc: str) -> str:
 
 if __name__ == "__main__":
     __doc__ = usage_with_macros(__doc__)  # noqa: A001 (absl prints the main module's doc for --help)
-    app.run(main, flags_parser=parse_flags)
+    run_absl_app(main, flags_parser=parse_flags)

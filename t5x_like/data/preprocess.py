@@ -19,12 +19,12 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import tqdm
-from absl import app, flags
+from absl import flags
 
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
-from t5x_like.errors import UserError, exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 
 FLAGS = flags.FLAGS
 CHUNK_CHARS = 1 << 20  # characters of text per task sent to a worker
@@ -140,4 +140,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(exit_on_user_error(main))
+    run_absl_app(exit_on_user_error(main))

@@ -23,3 +23,19 @@ def test_a_user_mistake_is_one_line(tmp_path, module, args, message):
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(message.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize("module, expected", [
+    ("t5x_like.train", "MODEL_DIR          required"),
+    ("t5x_like.compile", "--topology"),
+    ("t5x_like.data.preprocess", "--output_prefix"),
+    ("t5x_like.eval", "--task"),
+    ("t5x_like.generate", "--checkpoint"),
+    ("t5x_like.convert", "from-hf"),
+])
+def test_help_prints_usage_and_succeeds(module, expected):
+    """Asking for help is not a failure: usage on stdout, exit status 0 (absl alone exits 1)."""
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert expected in done.stdout
