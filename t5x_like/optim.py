@@ -52,7 +52,7 @@ def learning_rate_schedule(*, peak: float, warmup_steps: int, total_steps: int, 
 
 def decay_mask(params: Any, *, embeddings: bool = False) -> Any:
     """True where AdamW's weight decay applies: weight matrices ('*kernel') and, with `embeddings`,
-    the vocabulary tables and untied output heads ('embedding'), as Megatron and GPT-NeoX decay every
+    the vocabulary tables and untied output heads ('embedding'), as Megatron-LM decays every
     weight but biases and norms. Biases and norm scales are never decayed."""
     suffixes = ("kernel", "embedding") if embeddings else ("kernel",)
 
@@ -70,7 +70,7 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     """OPTIMIZER `name` behind global-norm clipping (0 disables clipping).
 
     'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only; `decay_embeddings`
-    decays the vocabulary tables too, as Megatron and GPT-NeoX do). 'adafactor': optax's,
+    decays the vocabulary tables too, as Megatron-LM does). 'adafactor': optax's,
     with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
     clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay."""
     if name not in OPTIMIZERS:
