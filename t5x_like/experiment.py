@@ -90,7 +90,7 @@ class Experiment:
 
     @functools.cached_property
     def eval_step(self) -> Callable[[Any, dict], dict]:
-        step = trainer.make_eval_step(self.lm)
+        step = trainer.make_eval_step(self.lm, self.step_config.grad_accum_steps)
         return self.partitioner.partition(step, (self.shardings.params, self.batch_sharding),
                                           self.partitioner.replicated)
 

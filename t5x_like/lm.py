@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 import models
-from models.kernels.cross_entropy import chunked_cross_entropy
+from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_scores
 from t5x_like import beam_search
 from t5x_like.errors import UserError
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
@@ -56,13 +56,6 @@ def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     nll = (log_z - target_logit) * weights
     return nll.sum(), z_loss * (jnp.square(log_z) * weights).sum()
-
-
-def token_log_probs(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(log p(target) [batch, length], whether the target is the argmax) from fp32 logits."""
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return target_logit - log_z, jnp.argmax(logits, axis=-1) == targets
 
 
 class LanguageModel:
@@ -135,10 +128,12 @@ class LanguageModel:
         return nll, z, weights.sum()
 
     def score(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
-        """Per target token: `log_prob` of the target and `correct` (the target is the argmax)."""
+        """Per target token: `log_prob` of the target and `correct` (the target is the argmax), from
+        the final hidden states in chunks (the batch's full logits never exist at once)."""
         args, kwargs = self.module_inputs(batch)
-        logits = self.module.apply({"params": params}, *args, **kwargs)
-        log_prob, correct = token_log_probs(logits, batch[DECODER_TARGET_TOKENS])
+        hidden, table = self.module.apply({"params": params}, *args, **kwargs, return_hidden=True)
+        log_prob, correct = chunked_token_scores(hidden, table, batch[DECODER_TARGET_TOKENS],
+                                                 vocab_size=self.config.vocab_size)
         return {"log_prob": log_prob, "correct": correct}
 
     def flops_per_step(self, lengths: Lengths, batch_size: int) -> float:

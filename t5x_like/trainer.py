@@ -102,20 +102,26 @@ def init_train_state(lm: LanguageModel, tx: optax.GradientTransformation, rng: j
     )
 
 
-def accumulate_gradients(grad_fn: Callable, params: Any, batch: Batch, rng: jax.Array, count: int):
-    """Sum (grads, aux) of grad_fn over `count` microbatches inside one scan."""
+def sum_over_microbatches(fn: Callable[[Batch, jax.Array], Any], batch: Batch, count: int) -> Any:
+    """Σ fn(microbatch, index) over `count` microbatches (GRAD_ACCUM_STEPS) inside one scan."""
     if count == 1:
-        return grad_fn(params, batch, rng)
+        return fn(batch, jnp.zeros((), jnp.int32))
     micro = jax.tree.map(lambda x: split_microbatches(x, count, "GRAD_ACCUM_STEPS"), batch)
 
     def body(carry, xs):
-        micro_batch, i = xs
-        grads, aux = grad_fn(params, micro_batch, jax.random.fold_in(rng, i))
-        return jax.tree.map(jnp.add, carry, (grads, aux)), None
+        return jax.tree.map(jnp.add, carry, fn(*xs)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rng))
-    (grads, aux), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(count)))
-    return grads, aux
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, first, jnp.zeros((), jnp.int32)))
+    total, _ = jax.lax.scan(body, zeros, (micro, jnp.arange(count)))
+    return total
+
+
+def accumulate_gradients(grad_fn: Callable, params: Any, batch: Batch, rng: jax.Array, count: int):
+    """Sum (grads, aux) of grad_fn over `count` microbatches, each with its own dropout key."""
+    if count == 1:
+        return grad_fn(params, batch, rng)
+    return sum_over_microbatches(lambda micro, i: grad_fn(params, micro, jax.random.fold_in(rng, i)), batch, count)
 
 
 def leaf_finite(tree: Any) -> jax.Array:
@@ -173,14 +179,18 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
     return train_step
 
 
-def make_eval_step(lm: LanguageModel) -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(lm: LanguageModel, microbatches: int = 1) -> Callable[[Any, Batch], Metrics]:
     """Σ nll, Σ correct (the target is the argmax) and Σ weights of one batch, deterministic (no
-    dropout). One forward pass over the full logits: no gradient is kept, so no chunking is needed."""
+    dropout), in `microbatches` pieces as the train step accumulates (GRAD_ACCUM_STEPS), with
+    chunked scores (lm.score): evaluation never holds more activations or logits than training."""
 
     def eval_step(params: Any, batch: Batch) -> Metrics:
-        scores = lm.score(params, batch)
-        weights = batch[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
-        return {"nll_sum": -(scores["log_prob"] * weights).sum(),
-                "accuracy_sum": (scores["correct"] * weights).sum(), "weight_sum": weights.sum()}
+        def sums(micro: Batch, _) -> Metrics:
+            scores = lm.score(params, micro)
+            weights = micro[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+            return {"nll_sum": -(scores["log_prob"] * weights).sum(),
+                    "accuracy_sum": (scores["correct"] * weights).sum(), "weight_sum": weights.sum()}
+
+        return sum_over_microbatches(sums, batch, microbatches)
 
     return eval_step

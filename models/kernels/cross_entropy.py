@@ -11,6 +11,9 @@ three matmuls per chunk, the unfused loss's count. With z_loss > 0 the two outpu
 are only known in the backward, which recomputes each chunk's logits from the saved per-token
 log-sum-exp (four matmuls). Without differentiation only the forward reduction runs.
 
+`chunked_token_scores` is the evaluation counterpart: per-token log-probabilities and argmax hits
+over the same chunks and sharding, without gradients.
+
 Under a mesh (read from the ambient `jax.set_mesh` and the Flax logical-axis rules) it runs inside
 `jax.shard_map`, vocabulary-parallel as in Megatron: each shard holds the embedding rows of its
 slice of the vocabulary ('vocab' -> 'tensor' in the default rules) and the batch rows of its
@@ -103,6 +106,23 @@ def forward_local(layout: Layout, hidden, embedding, targets, weights):
     loss_sum = over(lax.psum, jnp.sum(weights * nll), layout.batch_axes)
     z_loss_sum = layout.z_loss * over(lax.psum, jnp.sum(weights * lse**2), layout.batch_axes)
     return loss_sum, z_loss_sum, lse, nll
+
+
+def scores_local(layout: Layout, hidden, embedding, targets):
+    """Per shard: per token, log p(target) and whether the target is the argmax (the first id of
+    the largest logit, as jnp.argmax picks it)."""
+
+    def one_chunk(_, chunk):
+        h, t = chunk
+        logits, ids = chunk_logits(h, embedding, layout)
+        lse, target_logit = softmax_stats(logits, ids, t, layout)
+        row_max = over(lax.pmax, jnp.max(logits, axis=-1), layout.vocab_axes)
+        first_max = jnp.min(jnp.where(logits == row_max[..., None], ids, jnp.iinfo(jnp.int32).max), axis=-1)
+        return None, (target_logit - lse, over(lax.pmin, first_max, layout.vocab_axes) == t)
+
+    _, (log_prob, correct) = lax.scan(one_chunk, None, (in_chunks(hidden, layout.chunk_size),
+                                                        in_chunks(targets, layout.chunk_size)))
+    return from_chunks(log_prob), from_chunks(correct)
 
 
 def forward_with_gradients_local(layout: Layout, hidden, embedding, targets, weights):
@@ -216,6 +236,36 @@ def sharded_layout(vocab_size: int, z_loss: float, chunk_size: int, batch: int, 
     return dataclasses.replace(layout, batch_axes=batch_axes, vocab_axes=vocab_axes)
 
 
+def padded_to_chunks(chunk_size: int, *arrays: jax.Array) -> tuple[int, list[jax.Array]]:
+    """(the chunk size for this length, the [batch, length, ...] arrays padded to a multiple of it)."""
+    chunk_size = min(chunk_size, arrays[0].shape[1])
+    length = -(-arrays[0].shape[1] // chunk_size) * chunk_size
+    return chunk_size, [pad_length(x, length) if length != x.shape[1] else x for x in arrays]
+
+
+def check_table(embedding: jax.Array, vocab_size: int) -> None:
+    if embedding.shape[0] < vocab_size:
+        raise ValueError(
+            f"embedding has {embedding.shape[0]} rows but vocab_size is {vocab_size}; pass the "
+            "padded table (rows >= vocab_size are padding) and the real vocabulary size."
+        )
+
+
+def chunked_token_scores(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, vocab_size: int,
+                         chunk_size: int = 256) -> tuple[jax.Array, jax.Array]:
+    """Per token (fp32 [batch, length], bool [batch, length]): log p(target) under
+    softmax(hidden @ embedding.T) over the real vocabulary, and whether the target is the argmax.
+    For evaluation: no gradient, and only batch × chunk_size × vocab logits live at once."""
+    check_table(embedding, vocab_size)
+    length = hidden.shape[1]
+    chunk_size, (hidden, targets) = padded_to_chunks(chunk_size, hidden, targets)
+    layout = sharded_layout(vocab_size, 0.0, chunk_size, hidden.shape[0], embedding.shape[0])
+    batch, table, _ = specs(layout)
+    scores = per_shard(scores_local, layout, (batch, table, batch), (batch, batch))
+    log_prob, correct = scores(hidden, embedding.astype(hidden.dtype), targets.astype(jnp.int32))
+    return log_prob[:, :length], correct[:, :length]
+
+
 def chunked_cross_entropy(
     hidden: jax.Array,
     embedding: jax.Array,
@@ -235,15 +285,8 @@ def chunked_cross_entropy(
     (local) batch × chunk_size × (local) padded_vocab fp32 logits. Lengths are padded up to a
     multiple of it with weight 0.
     """
-    if embedding.shape[0] < vocab_size:
-        raise ValueError(
-            f"embedding has {embedding.shape[0]} rows but vocab_size is {vocab_size}; pass the "
-            "padded table (rows >= vocab_size are padding) and the real vocabulary size."
-        )
-    chunk_size = min(chunk_size, hidden.shape[1])
-    length = -(-hidden.shape[1] // chunk_size) * chunk_size
-    if length != hidden.shape[1]:
-        hidden, targets, weights = (pad_length(x, length) for x in (hidden, targets, weights))
+    check_table(embedding, vocab_size)
+    chunk_size, (hidden, targets, weights) = padded_to_chunks(chunk_size, hidden, targets, weights)
     layout = sharded_layout(vocab_size, float(z_loss), chunk_size, hidden.shape[0], embedding.shape[0])
     return fused_loss(layout, hidden, embedding.astype(hidden.dtype), targets.astype(jnp.int32),
                       weights.astype(jnp.float32))

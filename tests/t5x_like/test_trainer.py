@@ -83,6 +83,25 @@ def test_gradient_accumulation_equals_one_big_batch(synthetic_source):
                  state_acc.params, state_whole.params)
 
 
+def test_evaluation_in_microbatches_equals_one_batch_and_the_training_loss(synthetic_source):
+    """The eval step splits the batch as GRAD_ACCUM_STEPS does (so it never holds more activations
+    than a training microbatch), with sums equal to one pass and Σ nll / Σ w equal to the train step's loss."""
+    data = batches(synthetic_source, 1)
+    mesh = make_mesh(data=2, tensor=2, devices=jax.devices()[:4])
+    sums = {}
+    for accum in (1, 4):
+        exp = experiment(mesh, "fsdp_tensor", data, grad_accum_steps=accum)
+        state = exp.init_state()
+        with exp.partitioner.activate():
+            sums[accum] = jax.device_get(exp.eval_step(state.params, exp.global_batch(data[0])))
+            _, metrics = exp.train_step(state, exp.global_batch(data[0]))
+        assert float(sums[accum]["nll_sum"] / sums[accum]["weight_sum"]) == pytest.approx(float(metrics["loss"]),
+                                                                                      rel=1e-5)
+    for key in ("nll_sum", "accuracy_sum", "weight_sum"):
+        assert float(sums[4][key]) == pytest.approx(float(sums[1][key]), rel=1e-5), key
+    assert float(sums[1]["weight_sum"]) > 0
+
+
 def test_bfloat16_compute_tracks_float32(synthetic_source):
     """bf16 compute with fp32 params and loss stays within 2% of fp32 over 6 steps."""
     data = batches(synthetic_source, 6)

@@ -1,4 +1,5 @@
-"""chunked_cross_entropy against optax on the unpadded vocabulary, forward and backward.
+"""chunked_cross_entropy against optax on the unpadded vocabulary, forward and backward, and
+chunked_token_scores against log_softmax / argmax of the full logits.
 
 Tolerances (gradient ones are multiplied by max(1, largest |gradient|)):
   float32: relative 1e-5 on the sums, abs 1e-5 on gradients (reference at HIGHEST matmul precision);
@@ -14,7 +15,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from models.kernels.cross_entropy import chunked_cross_entropy
+from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_scores
 
 VOCAB, PADDED_VOCAB, EMBED = 50, 64, 32
 
@@ -110,3 +111,57 @@ def test_rejects_an_embedding_smaller_than_the_vocabulary():
     hidden, embedding, targets, weights = problem(0, 1, 8)
     with pytest.raises(ValueError, match="vocab_size is 100"):
         chunked_cross_entropy(hidden, embedding, targets, weights, vocab_size=100)
+
+
+def reference_scores(hidden, embedding, targets):
+    logits = jnp.einsum("bte,ve->btv", hidden.astype(jnp.float32),
+                        embedding[:VOCAB].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+    return log_prob, jnp.argmax(logits, axis=-1) == targets
+
+
+def with_argmax_targets(hidden, embedding, targets):
+    """Every third target replaced by the argmax, so that 'correct' is tested both ways."""
+    logits = jnp.einsum("bte,ve->btv", hidden, embedding[:VOCAB], precision=jax.lax.Precision.HIGHEST)
+    return targets.at[:, ::3].set(jnp.argmax(logits, axis=-1)[:, ::3])
+
+
+@pytest.mark.parametrize("length, chunk_size", [(24, 8), (21, 8), (16, 64)])
+def test_token_scores_equal_the_full_logits(length, chunk_size):
+    """log p(target) within 1e-5 absolute (float32); 'correct' exactly argmax == target."""
+    hidden, embedding, targets, _ = problem(3, 2, length)
+    targets = with_argmax_targets(hidden, embedding, targets)
+    log_prob, correct = chunked_token_scores(hidden, embedding, targets, vocab_size=VOCAB, chunk_size=chunk_size)
+    want_log_prob, want_correct = reference_scores(hidden, embedding, targets)
+    assert log_prob.shape == correct.shape == targets.shape
+    np.testing.assert_allclose(log_prob, want_log_prob, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(correct, want_correct)
+    assert 0 < int(correct.sum()) < correct.size
+
+
+def test_token_scores_take_the_first_of_tied_maxima_as_argmax_does():
+    hidden = jnp.ones((1, 2, EMBED))
+    embedding = jnp.zeros((PADDED_VOCAB, EMBED)).at[VOCAB:].set(30.0)  # every real logit ties at 0
+    log_prob, correct = chunked_token_scores(hidden, embedding, jnp.array([[0, 7]]), vocab_size=VOCAB)
+    np.testing.assert_array_equal(correct, [[True, False]])
+    np.testing.assert_allclose(log_prob, np.full((1, 2), -np.log(VOCAB)), rtol=1e-6)
+
+
+def test_token_scores_under_a_mesh_equal_unsharded():
+    """Vocabulary over 'tensor' (4 shards: the argmax and the target live on different shards) and
+    batch over 'data': the same scores, with no all-gather of the logits or the table."""
+    mesh = jax.make_mesh((2, 1, 1, 4), ("data", "stage", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 4)
+    rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None), ("vocab", "tensor")]
+    hidden, embedding, targets, _ = problem(11, 2, 16)
+    targets = with_argmax_targets(hidden, embedding, targets)
+    want = chunked_token_scores(hidden, embedding, targets, vocab_size=VOCAB, chunk_size=8)
+    batch = NamedSharding(mesh, P("data"))
+    hidden, targets = (jax.device_put(x, batch) for x in (hidden, targets))
+    embedding = jax.device_put(embedding, NamedSharding(mesh, P("tensor", None)))
+    scores = jax.jit(lambda h, e, t: chunked_token_scores(h, e, t, vocab_size=VOCAB, chunk_size=8))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        got = scores(hidden, embedding, targets)
+        hlo = scores.lower(hidden, embedding, targets).compile().as_text()
+    np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert "all-reduce" in hlo and "all-gather" not in hlo
