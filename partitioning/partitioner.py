@@ -95,6 +95,25 @@ class Partitioner:
         """Rows over the mesh axes of 'activation_batch', everything else replicated."""
         return NamedSharding(self.mesh, self.mesh_axes(PartitionSpec("activation_batch", *[None] * (ndim - 1))))
 
+    def host_batch_layout(self, global_rows: int) -> tuple[int, int]:
+        """(index, count) of this process's rows in every global batch, from the mesh: the processes fall
+        into `count` groups, those whose devices hold the same rows forming one; a group holds
+        global_rows / count rows and loads part `index` of the batch (T5X's data layout). The rows of a
+        process whose devices hold several stretches of the batch go to them in order, so the global batch
+        is the same set of rows on every layout."""
+        held: dict[int, set[tuple[int, int]]] = {}
+        for device, index in self.batch_sharding(1).devices_indices_map((global_rows,)).items():
+            rows = index[0]
+            held.setdefault(device.process_index, set()).add((rows.start or 0, global_rows if rows.stop is None
+                                                              else rows.stop))
+        groups = sorted({tuple(sorted(stretches)) for stretches in held.values()})
+        sizes = {sum(stop - start for start, stop in group) for group in groups}
+        if len(sizes) != 1 or sizes.pop() * len(groups) != global_rows:
+            raise UserError(f"the batch rows do not split evenly over the processes of mesh {dict(self.mesh.shape)}"
+                            f" ({len(groups)} row groups for {global_rows} rows); make BATCH_SIZE a multiple of "
+                            "DATA_PARALLEL x FSDP_PARALLEL and give every process the same number of devices.")
+        return groups.index(tuple(sorted(held[jax.process_index()]))), len(groups)
+
     @property
     def batch_shards(self) -> int:
         """How many ways a global batch is split (its row count must be a multiple)."""

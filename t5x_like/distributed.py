@@ -20,6 +20,7 @@ from absl import logging
 # jax's SLURM convention: a port derived from the job id, in the top 4096 ports, unless
 # JAX_COORDINATOR_PORT says otherwise; every task of the step computes the same one.
 _SLURM_PORT_BASE = 65536 - 4096
+HEARTBEAT_TIMEOUT_SECONDS = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ClusterSpec:
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, initialization_timeout: int = 300,
-               heartbeat_timeout_seconds: int = 100) -> None:
+               heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_SECONDS) -> None:
     """Starts jax.distributed for this process, or does nothing for a single-process run.
 
     Call before any other JAX call. Explicit arguments win and must come as a full set; otherwise the

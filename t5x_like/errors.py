@@ -33,15 +33,17 @@ def exit_on_user_error(main: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
-HELP_ARGUMENTS = ("--help", "-help", "-h", "-?", "--helpshort")
+SHORT_HELP = ("--help", "-help", "-h", "-?", "--helpshort")
+FULL_HELP = ("--helpfull", "-helpfull")
 
 
 def run_absl_app(main: Callable[[list[str]], Any], **run_kwargs: Any) -> None:
-    """absl's `app.run(main, **run_kwargs)`, except that asking for help prints the usage and exits 0:
-    absl exits 1 after printing it, so `--help` read as a failure to shells and scripts."""
+    """absl's `app.run(main, **run_kwargs)`, except that asking for help (absl's own help flags)
+    prints the usage and exits 0: absl exits 1 after printing it, so help read as a failure."""
     from absl import app
 
-    if any(arg in HELP_ARGUMENTS for arg in sys.argv[1:]):
-        app.usage(shorthelp=True, writeto_stdout=True)
+    asked = set(sys.argv[1:])
+    if asked & set(SHORT_HELP + FULL_HELP):
+        app.usage(shorthelp=not asked & set(FULL_HELP), writeto_stdout=True)
         sys.exit(0)
     app.run(main, **run_kwargs)

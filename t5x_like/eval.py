@@ -41,7 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioning import Partitioner
-from t5x_like import checkpoints, generate, inference
+from t5x_like import checkpoints, distributed, generate, inference
 from t5x_like.data import loader
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_START_ID,
@@ -84,7 +84,8 @@ class Scorer:
         """Concatenated per-row results over `batches` (each at most batch_size rows)."""
         results: dict[str, list[np.ndarray]] = {"nll": [], "all_correct": [], "num_correct": []}
         with self.partitioner.activate():
-            for rows in tqdm(batches, total=total, desc=description, unit="batch", file=sys.stderr):
+            for rows in tqdm(batches, total=total, desc=description, unit="batch", file=sys.stderr,
+                             disable=not distributed.is_primary()):
                 count = len(rows[INPUTS])
                 padded = {k: pad_rows(v, self.batch_size) for k, v in rows.items()}
                 out = jax.device_get(self._fn(self.params, {k: inference.global_array(v, self.sharding)
@@ -472,7 +473,10 @@ def run_data_split(checkpoint: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    inference.join_cluster(args)
     result = run(args)
+    if not distributed.is_primary():
+        return result
     print(summary(result))
     if args.output:
         with open(args.output, "w") as f:

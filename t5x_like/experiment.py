@@ -94,14 +94,27 @@ class Experiment:
         return self.partitioner.partition(step, (self.shardings.params, self.batch_sharding),
                                           self.partitioner.replicated)
 
+    @functools.cached_property
+    def host_layout(self) -> tuple[int, int]:
+        """(index, count): this process loads part `index` of `count` of every global batch (the mesh
+        decides; processes holding the same rows load the same part). Computed once per run."""
+        return self.partitioner.host_batch_layout(self.batch_size)
+
+    @property
+    def host_batch_size(self) -> int:
+        return self.batch_size // self.host_layout[1]
+
     def global_batch(self, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        """This host's rows -> global arrays laid out over the data-parallel devices."""
-        return global_batch(local, self.batch_sharding)
+        """This host's rows (part `host_layout` of the batch) -> global arrays laid out over the devices."""
+        return global_batch(local, self.batch_sharding, self.batch_size)
 
 
-def global_batch(local: Mapping[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-    """This host's rows -> global arrays laid out as `sharding`."""
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
+def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) -> dict[str, jax.Array]:
+    """This host's rows -> global arrays of `global_rows` rows laid out as `sharding` (the rows go to this
+    process's devices in order; replicas across processes must pass the same rows)."""
+    arrays = {k: np.asarray(v) for k, v in local.items()}
+    return {k: jax.make_array_from_process_local_data(sharding, v, (global_rows, *v.shape[1:]))
+            for k, v in arrays.items()}
 
 
 @gin.configurable(denylist=["restored", "adopt_architecture"])
@@ -180,8 +193,6 @@ def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> No
             f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
             f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
             f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
-    if batch_size % jax.process_count():
-        raise UserError(f"BATCH_SIZE={batch_size} is not divisible by the {jax.process_count()} processes.")
 
 
 def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: models.FamilyConfig | None, *,

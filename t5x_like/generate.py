@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from partitioning import Partitioner
-from t5x_like import inference
+from t5x_like import distributed, inference
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.lm import make_lm
 
@@ -188,6 +188,7 @@ def sampling_settings(args: argparse.Namespace) -> Sampling:
 @exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    inference.join_cluster(args)
     prompts = read_prompts(args)
     settings = sampling_settings(args)
     config, params, tokenizer, partitioner = inference.load_for_inference(args)
@@ -199,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 "finish_reason": "length" if len(ids) == args.max_new_tokens else "eod"}
                for prompt, ids in zip(prompts, generated)]
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if not distributed.is_primary():
+        return records
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(lines)

@@ -11,7 +11,7 @@ import numpy as np
 
 import models
 from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints
+from t5x_like import checkpoints, distributed
 from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
 
@@ -58,6 +58,12 @@ def restore_sharded(checkpoint: str, config, partitioner: Partitioner) -> Any:
 
 
 def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
+    """The mesh flags, and the multi-host flags train takes (auto-detected on SLURM and TPU pods)."""
+    parser.add_argument("--coordinator_address", default=None, help="multi-host: host:port of process 0")
+    parser.add_argument("--num_processes", type=int, default=None, help="multi-host: number of processes")
+    parser.add_argument("--process_id", type=int, default=None, help="multi-host: this process's index")
+    parser.add_argument("--heartbeat_timeout_seconds", type=int, default=distributed.HEARTBEAT_TIMEOUT_SECONDS,
+                        help="multi-host: a process silent this long is declared dead; the others exit")
     parser.add_argument("--data_parallel", type=int, default=-1, help="mesh 'data' size (-1 = fill)")
     parser.add_argument("--fsdp_parallel", type=int, default=1, help="mesh 'fsdp' size")
     parser.add_argument("--tensor_parallel", type=int, default=1, help="mesh 'tensor' size")
@@ -69,6 +75,14 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
 def partitioner_from(args: argparse.Namespace) -> Partitioner:
     mesh = make_mesh(data=args.data_parallel, fsdp=args.fsdp_parallel, tensor=args.tensor_parallel)
     return Partitioner(mesh, args.rules)
+
+
+def join_cluster(args: argparse.Namespace) -> None:
+    """Start jax.distributed from the multi-host flags or the environment (nothing for one process).
+    Every process then loads the model sharded over all processes' devices and computes the same
+    results; only process 0 (distributed.is_primary) prints and writes files."""
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                           heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
 
 
 def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True):

@@ -14,7 +14,6 @@ import datetime
 import math
 import os
 import re
-import signal
 import sys
 import time
 from typing import Callable
@@ -27,7 +26,7 @@ from absl import flags, logging
 import configs
 import models
 from partitioning import make_mesh
-from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, trainer
+from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, stopping, trainer
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import Experiment, build_experiment, check_integers
 from t5x_like.lm import make_lm
@@ -42,6 +41,8 @@ flags.DEFINE_multi_string("gin_search_paths", [], "Extra directories to resolve 
 flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
 flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+flags.DEFINE_integer("heartbeat_timeout_seconds", distributed.HEARTBEAT_TIMEOUT_SECONDS,
+                     "Multi-host: a process silent this long is declared dead and the others exit with an error.")
 flags.DEFINE_bool("print_config", False, "Print every effective setting (defaults included) and the model "
                   "(shape, parameter count), checked as training would, then exit without touching MODEL_DIR.")
 
@@ -144,14 +145,14 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         throughput = metrics.Throughput(
             tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
-        stop = StopSignal()
+        stop = stopping.StopSignal()
         run.callback(stop.restore)
         check = NonfiniteCheck(state.params, exp.on_nonfinite)
         run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
         start, first_step = time.perf_counter(), step
         step_fn = exp.train_step
         pending = None
-        while step < train_steps and not stop.signum:
+        while step < train_steps and not stop.reached(step):
             batch = exp.global_batch(next(source))
             if step == first_step:
                 step_fn = compile_step(step_fn, state, batch)
@@ -245,9 +246,11 @@ def restored_config(checkpoint: str) -> models.FamilyConfig:
 
 
 def open_source(data_source: Callable, split: str, exp: Experiment):
-    """This host's batches of `split`, checked against the model's vocabulary."""
-    source = data_source(split, batch_size=exp.batch_size // jax.process_count(), feature_lengths=exp.lengths,
-                         seed=exp.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+    """This host's batches of `split` (the part of every global batch the mesh gives its devices),
+    checked against the model's vocabulary."""
+    index, count = exp.host_layout
+    source = data_source(split, batch_size=exp.host_batch_size, feature_lengths=exp.lengths, seed=exp.seed,
+                         shard_index=index, shard_count=count)
     if source.vocab_size > exp.config.vocab_size:
         raise UserError(
             f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
@@ -343,21 +346,6 @@ def evaluate(exp: Experiment, params, source, eval_steps, writer, step) -> None:
                  math.exp(min(loss, 80.0)), accuracy)
 
 
-class StopSignal:
-    """Records SIGTERM / SIGINT so the loop can checkpoint and stop between steps."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, _frame):
-        self.signum = signum
-
-    def restore(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
 def parse_flags(argv: list[str]) -> list[str]:
     """absl parsing, with --gin.NAME=VALUE rewritten to --gin_bindings=NAME=VALUE."""
     rewritten = [re.sub(r"^--gin\.([^=]+)=(.*)$", r"--gin_bindings=\1=\2", a, flags=re.S) for a in argv]
@@ -451,7 +439,8 @@ def quiet_library_logs() -> None:
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()
-    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds)
     parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
     if FLAGS.print_config:
         print(describe_run(), end="")

@@ -39,3 +39,11 @@ def test_help_prints_usage_and_succeeds(module, expected):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert expected in done.stdout
+
+
+def test_helpfull_lists_the_libraries_flags_too():
+    short, full = (subprocess.run([sys.executable, "-m", "t5x_like.train", arg], cwd=REPO, capture_output=True,
+                                  text=True, timeout=300) for arg in ("--help", "--helpfull"))
+    assert short.returncode == full.returncode == 0, full.stderr[-2000:]
+    assert "--gin_file" in short.stdout and "--gin_file" in full.stdout
+    assert "absl.logging" in full.stdout and "absl.logging" not in short.stdout

@@ -1,16 +1,37 @@
-"""The train CLI as two real processes x 4 CPU devices (gloo) equals one process x 8 devices."""
+"""The train CLI as real processes (gloo collectives on CPU) against one process.
+
+Every layout trains the numbers of one process: data parallelism (2 processes x 4 devices), tensor and
+pipeline parallelism across processes, data x tensor over 2 x 2 and over 4 processes. A SIGTERM that
+reaches the processes a second apart stops both at one step with one checkpoint, which resumes exactly
+on 2 processes and on 1. A killed process makes the survivor exit with an error naming it.
+"""
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+
+import pytest
+
 from tests.conftest import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARGS = ["--gin_file=quickstart.gin", "--gin.TRAIN_STEPS=4", "--gin.WARMUP_STEPS=1", "--gin.BATCH_SIZE=8",
-        "--gin.SEQ_LEN=32", "--gin.EVAL_EVERY=2", "--gin.EVAL_STEPS=1", "--gin.CHECKPOINT_EVERY=2",
-        "--gin.train.log_every=1",
+# A constant learning rate after one warmup step: a run's first steps do not depend on TRAIN_STEPS,
+# so one long reference run serves every shorter one.
+ARGS = ["--gin_file=quickstart.gin", "--gin.WARMUP_STEPS=1", "--gin.BATCH_SIZE=8", "--gin.SEQ_LEN=32",
+        "--gin.EVAL_EVERY=0", "--gin.CHECKPOINT_EVERY=1000", "--gin.train.log_every=1",
+        "--gin.optim.make_optimizer.decay='constant'",
         "--gin.model_config.overrides={'num_layers': 2, 'dropout_rate': 0.0, 'attention_dropout_rate': 0.0}"]
+REFERENCE_STEPS = 40
+LAYOUTS = {  # name: (processes, devices per process, mesh macros)
+    "tensor": (2, 1, ["--gin.DATA_PARALLEL=1", "--gin.TENSOR_PARALLEL=2"]),
+    "pipeline": (2, 1, ["--gin.DATA_PARALLEL=1", "--gin.PIPELINE_PARALLEL=2", "--gin.NUM_MICROBATCHES=2"]),
+    "data_x_tensor": (2, 2, ["--gin.DATA_PARALLEL=2", "--gin.TENSOR_PARALLEL=2"]),
+    "four_processes": (4, 1, ["--gin.DATA_PARALLEL=2", "--gin.TENSOR_PARALLEL=2"]),
+}
 
 
 def free_port() -> int:
@@ -19,40 +40,131 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(model_dir, devices: int, log, extra=()) -> subprocess.Popen:
-    env = cpu_env(devices)
-    cmd = [sys.executable, "-m", "t5x_like.train", *ARGS, f"--gin.MODEL_DIR='{model_dir}'", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+class Job:
+    """`processes` train CLIs with `devices` CPU devices each, logging to model_dir.<i>.log."""
+
+    def __init__(self, model_dir, processes: int, devices: int, extra=(), heartbeat: int | None = None):
+        self.logs = [f"{model_dir}.{i}.log" for i in range(processes)]
+        port = free_port()
+        self.procs = []
+        for i, log in enumerate(self.logs):
+            cluster = ([f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}",
+                        f"--process_id={i}"] if processes > 1 else [])
+            if heartbeat:
+                cluster.append(f"--heartbeat_timeout_seconds={heartbeat}")
+            cmd = [sys.executable, "-m", "t5x_like.train", *ARGS, f"--gin.MODEL_DIR='{model_dir}'", *cluster, *extra]
+            with open(log, "w") as out:
+                self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=cpu_env(devices), stdout=out,
+                                                   stderr=subprocess.STDOUT))
+
+    def wait(self, timeout: float = 600) -> list[int]:
+        deadline = time.monotonic() + timeout
+        try:
+            return [p.wait(timeout=max(deadline - time.monotonic(), 0.1)) for p in self.procs]
+        finally:
+            for p in self.procs:
+                p.kill()
+
+    def output(self) -> list[str]:
+        return [open(log).read()[-3000:] for log in self.logs]
+
+    def run(self, timeout: float = 600) -> None:
+        codes = self.wait(timeout)
+        assert codes == [0] * len(codes), self.output()
 
 
-def rows(model_dir):
+def rows(model_dir) -> dict[int, dict]:
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return {row["step"]: row for row in map(json.loads, f) if "loss" in row}
 
 
+def assert_same_steps(got: dict[int, dict], want: dict[int, dict], steps) -> None:
+    for step in steps:
+        for key in ("loss", "grad_norm"):
+            a, b = got[step][key], want[step][key]
+            assert abs(a - b) <= 1e-5 * abs(b), (step, key, a, b)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, dict]:
+    """One process, one device, REFERENCE_STEPS steps."""
+    model_dir = tmp_path_factory.mktemp("reference") / "run"
+    Job(model_dir, 1, 1, [f"--gin.TRAIN_STEPS={REFERENCE_STEPS}"]).run()
+    return rows(model_dir)
+
+
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
-    single = tmp_path / "single"
-    with open(tmp_path / "single.log", "w") as log:
-        assert launch(single, 8, log).wait(timeout=600) == 0, (tmp_path / "single.log").read_text()[-3000:]
-
-    multi = tmp_path / "multi"
-    port = free_port()
-    logs = [open(tmp_path / f"multi{i}.log", "w") for i in range(2)]
-    procs = [launch(multi, 4, logs[i], ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes=2",
-                                        f"--process_id={i}"]) for i in range(2)]
-    try:
-        codes = [p.wait(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        for log in logs:
-            log.close()
-    assert codes == [0, 0], [(tmp_path / f"multi{i}.log").read_text()[-3000:] for i in range(2)]
-
-    want, got = rows(single), rows(multi)
+    """Data parallelism over 2 processes x 4 devices against 1 x 8, with validation and checkpoints."""
+    extra = ["--gin.TRAIN_STEPS=4", "--gin.EVAL_EVERY=2", "--gin.EVAL_STEPS=1", "--gin.CHECKPOINT_EVERY=2"]
+    Job(tmp_path / "single", 1, 8, extra).run()
+    Job(tmp_path / "multi", 2, 4, extra).run()
+    with open(tmp_path / "single" / "metrics.jsonl") as f:
+        want = [json.loads(line) for line in f]
+    with open(tmp_path / "multi" / "metrics.jsonl") as f:
+        got = [json.loads(line) for line in f]
     assert [r["step"] for r in got] == [r["step"] for r in want]  # one writer: no duplicated rows
     for a, b in zip(got, want):
         for key in ("loss", "eval_loss", "grad_norm"):
             if key in b:
                 assert abs(a[key] - b[key]) <= 1e-5 * abs(b[key]), (key, a, b)
-    assert sorted(os.listdir(multi / "checkpoints")) == ["2", "4"]
+    assert sorted(os.listdir(tmp_path / "multi" / "checkpoints")) == ["2", "4"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_model_parallel_axes_across_processes_train_the_numbers_of_one_process(tmp_path, reference, layout):
+    """Processes whose devices hold the same batch rows (tensor, stage) read the same rows."""
+    processes, devices, mesh = LAYOUTS[layout]
+    Job(tmp_path / layout, processes, devices, ["--gin.TRAIN_STEPS=4", *mesh]).run()
+    got = rows(tmp_path / layout)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert_same_steps(got, reference, range(1, 5))
+
+
+def wait_for_step(log: str, step: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while f"step {step}/" not in open(log).read():
+        assert time.monotonic() < deadline, open(log).read()[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_staggered_sigterm_stops_every_process_at_one_step_and_resumes_exactly(tmp_path, reference):
+    """SIGTERM to process 0, a second later to process 1: both save one checkpoint at one step and exit
+    143 within 60 s; the checkpoint resumes on 2 processes and on 1 with the reference's numbers."""
+    run = tmp_path / "run"
+    job = Job(run, 2, 1, [f"--gin.TRAIN_STEPS={REFERENCE_STEPS}", "--gin.DATA_PARALLEL=2"])
+    wait_for_step(job.logs[1], 3)
+    job.procs[0].send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    job.procs[1].send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    codes = job.wait(timeout=60)
+    assert codes == [143, 143], job.output()
+    assert time.monotonic() - started < 60
+    (saved,) = os.listdir(run / "checkpoints")  # one checkpoint, written by both processes together
+    stopped = int(saved)
+    assert 3 <= stopped < REFERENCE_STEPS, job.output()
+    assert sorted(rows(run)) == list(range(1, stopped + 1))
+
+    shutil.copytree(run, tmp_path / "on_one")
+    for model_dir, processes in ((run, 2), (tmp_path / "on_one", 1)):
+        extra = [f"--gin.TRAIN_STEPS={REFERENCE_STEPS}", f"--gin.DATA_PARALLEL={processes}"]
+        Job(model_dir, processes, 1, extra).run()
+        resumed = rows(model_dir)
+        assert sorted(resumed) == list(range(1, REFERENCE_STEPS + 1))
+        assert_same_steps(resumed, reference, range(stopped + 1, REFERENCE_STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_killed_process_makes_the_survivor_exit_naming_it(tmp_path):
+    job = Job(tmp_path / "run", 2, 1, ["--gin.TRAIN_STEPS=100000", "--gin.DATA_PARALLEL=2"], heartbeat=5)
+    wait_for_step(job.logs[0], 2)
+    job.procs[1].send_signal(signal.SIGKILL)
+    started = time.monotonic()
+    codes = job.wait(timeout=90)
+    output = job.output()[0]
+    assert codes[0] != 0, output
+    assert time.monotonic() - started < 60, output
+    assert "task 1" in output or "process 1" in output or "/task:1" in output, output

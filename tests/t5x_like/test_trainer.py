@@ -88,18 +88,22 @@ def test_evaluation_in_microbatches_equals_one_batch_and_the_training_loss(synth
     than a training microbatch), with sums equal to one pass and Σ nll / Σ w equal to the train step's loss."""
     data = batches(synthetic_source, 1)
     mesh = make_mesh(data=2, tensor=2, devices=jax.devices()[:4])
-    sums = {}
+    sums, temp_bytes = {}, {}
     for accum in (1, 4):
         exp = experiment(mesh, "fsdp_tensor", data, grad_accum_steps=accum)
         state = exp.init_state()
         with exp.partitioner.activate():
-            sums[accum] = jax.device_get(exp.eval_step(state.params, exp.global_batch(data[0])))
-            _, metrics = exp.train_step(state, exp.global_batch(data[0]))
+            batch = exp.global_batch(data[0])
+            compiled = exp.eval_step.lower(state.params, batch).compile()
+            temp_bytes[accum] = compiled.memory_analysis().temp_size_in_bytes
+            sums[accum] = jax.device_get(exp.eval_step(state.params, batch))
+            _, metrics = exp.train_step(state, batch)
         assert float(sums[accum]["nll_sum"] / sums[accum]["weight_sum"]) == pytest.approx(float(metrics["loss"]),
                                                                                       rel=1e-5)
     for key in ("nll_sum", "accuracy_sum", "weight_sum"):
         assert float(sums[4][key]) == pytest.approx(float(sums[1][key]), rel=1e-5), key
     assert float(sums[1]["weight_sum"]) > 0
+    assert temp_bytes[4] < 0.5 * temp_bytes[1], temp_bytes  # a quarter of the rows at a time
 
 
 def test_bfloat16_compute_tracks_float32(synthetic_source):

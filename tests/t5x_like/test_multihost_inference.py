@@ -1,0 +1,74 @@
+"""eval and generate as two real processes (gloo on CPU, the model's tensor axis across them) give the
+numbers and completions of one process, and only process 0 writes."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cpu_env
+from tests.t5x_like.test_multihost_train import REPO, free_port
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+GPT2_BPE = DATA / "gpt2-bpe"
+WIKITEXT = DATA / "wikitext" / "wt103-tokenized" / "wiki.test.tokens"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, random_hf_gpt2):
+    if not (GPT2_BPE.exists() and WIKITEXT.exists()):
+        pytest.skip(f"needs the GPT-2 BPE files and WikiText-103 in {DATA}")
+    from t5x_like.convert import hf
+
+    path = tmp_path_factory.mktemp("model")
+    random_hf_gpt2(0.3).save_pretrained(path / "hf")
+    shutil.copyfile(GPT2_BPE / "encoder.json", path / "hf" / "vocab.json")
+    shutil.copyfile(GPT2_BPE / "vocab.bpe", path / "hf" / "merges.txt")
+    hf.from_hf(str(path / "hf"), str(path / "ours"), scan_layers=False)
+    lines = WIKITEXT.read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+    (path / "excerpt.txt").write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def run_cli(module: str, args: list[str], out: Path, processes: int) -> list[str]:
+    """Run `python -m module args --output=out` as `processes` processes (tensor parallel 2 in all);
+    returns each process's stdout."""
+    port, procs = free_port(), []
+    for i in range(processes):
+        cluster = ([f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={i}"]
+                   if processes > 1 else [])
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", module, *args, "--tensor_parallel=2", f"--output={out}", *cluster],
+            cwd=REPO, env=cpu_env(2 // processes), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * processes, [err[-3000:] for _, err in results]
+    return [stdout for stdout, _ in results]
+
+
+@pytest.mark.slow
+def test_wikitext_eval_on_two_processes_equals_one(checkpoint, tmp_path):
+    args = ["--task=wikitext", f"--checkpoint={checkpoint / 'ours'}", f"--data={checkpoint / 'excerpt.txt'}",
+            "--seq_len=32", "--stride=16", "--batch_size=4"]
+    one = run_cli("t5x_like.eval", args, tmp_path / "one.json", 1)
+    two = run_cli("t5x_like.eval", args, tmp_path / "two.json", 2)
+    want, got = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert got["num_tokenized_tokens"] == want["num_tokenized_tokens"] > 100
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert "ppl" in two[0] and two[1] == "" and "ppl" in one[0]  # process 1 prints nothing
+
+
+@pytest.mark.slow
+def test_generate_on_two_processes_equals_one(checkpoint, tmp_path):
+    args = [f"--checkpoint={checkpoint / 'ours'}", "--prompt=The city of", "--prompt=In 1990 the band",
+            "--max_new_tokens=8", "--temperature=0", "--batch_size=2"]
+    run_cli("t5x_like.generate", args, tmp_path / "one.jsonl", 1)
+    run_cli("t5x_like.generate", args, tmp_path / "two.jsonl", 2)
+    want, got = ([json.loads(line) for line in (tmp_path / f"{n}.jsonl").read_text().splitlines()]
+                 for n in ("one", "two"))
+    assert got == want and len(got) == 2 and all(r["tokens"] for r in got)
