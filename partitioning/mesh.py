@@ -41,10 +41,50 @@ def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int
     return sizes
 
 
-def make_mesh(data: int = -1, stage: int = 1, fsdp: int = 1, tensor: int = 1, *,
+DCN_MACROS = {"data": "DCN_DATA_PARALLEL", "stage": "DCN_PIPELINE_PARALLEL", "fsdp": "DCN_FSDP_PARALLEL",
+              "tensor": "DCN_TENSOR_PARALLEL"}
+
+
+def make_mesh(data: int = -1, stage: int = 1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int = 1,
+              dcn_stage: int = 1, dcn_fsdp: int = 1, dcn_tensor: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A mesh over `devices` (default: all) with Auto axes ('data', 'stage', 'fsdp', 'tensor')."""
+    """A mesh over `devices` (default: all) with Auto axes ('data', 'stage', 'fsdp', 'tensor').
+
+    The sizes are whole axes. `dcn_*` say how many ways of an axis run between slices (TPU) or nodes
+    (GPU, CPU: one process per node) over the data-centre network; the rest of each axis stays inside
+    a slice or node (ICI / NVLink). With any dcn size > 1 the devices are arranged by jax's
+    `mesh_utils.create_hybrid_device_mesh`, as MaxText does."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = resolve_axis_sizes(dict(data=data, stage=stage, fsdp=fsdp, tensor=tensor), len(devices))
     shape = tuple(sizes[axis] for axis in AXES)
-    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+    axis_types = (AxisType.Auto,) * len(AXES)
+    dcn = dict(zip(AXES, (dcn_data, dcn_stage, dcn_fsdp, dcn_tensor)))
+    if all(size == 1 for size in dcn.values()):
+        return jax.make_mesh(shape, AXES, axis_types=axis_types, devices=devices)
+    return Mesh(hybrid_devices(sizes, dcn, devices), AXES, axis_types=axis_types)
+
+
+def hybrid_devices(sizes: dict[str, int], dcn: dict[str, int], devices: list[jax.Device]):
+    """The device array of a hybrid mesh: ICI sizes inside each slice / node, DCN sizes between them."""
+    from jax.experimental import mesh_utils
+
+    for axis, ways in dcn.items():
+        if not isinstance(ways, int) or ways < 1 or sizes[axis] % ways:
+            raise UserError(f"{DCN_MACROS[axis]}={ways!r} must be a positive divisor of the {axis!r} axis size "
+                            f"{sizes[axis]}: the axis is DCN x ICI ways; change {DCN_MACROS[axis]} or the axis size.")
+    granules = slice_groups(devices)
+    across = math.prod(dcn.values())
+    if across != len(granules):
+        unit = "slices" if hasattr(devices[0], "slice_index") else "processes (nodes)"
+        raise UserError(f"the DCN sizes {', '.join(f'{DCN_MACROS[a]}={w}' for a, w in dcn.items() if w > 1)} "
+                        f"multiply to {across}, but the devices form {len(granules)} {unit}; make the product of "
+                        f"the DCN_* macros {len(granules)}.")
+    ici = [sizes[axis] // dcn[axis] for axis in AXES]
+    return mesh_utils.create_hybrid_device_mesh(ici, [dcn[axis] for axis in AXES], devices,
+                                                process_is_granule=not hasattr(devices[0], "slice_index"))
+
+
+def slice_groups(devices: Sequence[jax.Device]) -> set[int]:
+    """The slices (TPU multi-slice) or else the processes that the devices belong to."""
+    key = "slice_index" if hasattr(devices[0], "slice_index") else "process_index"
+    return {getattr(d, key) for d in devices}

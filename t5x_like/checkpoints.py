@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -88,7 +89,8 @@ def _first_across_hosts(index: int) -> int:
     if jax.process_count() == 1:
         return index
     from jax.experimental import multihost_utils
-    return int(multihost_utils.process_allgather(jnp.int32(index)).min())
+    # a host value: a jax scalar would be a global array under the run's mesh, which allgather refuses
+    return int(multihost_utils.process_allgather(np.int32(index)).min())
 
 
 def write_manifest(step_dir: str) -> None:

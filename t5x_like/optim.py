@@ -87,6 +87,16 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     return Optimizer(optax.chain(clip, update), schedule)
 
 
+def applied_updates(opt_state: Any) -> jax.Array:
+    """How many updates the optimizer has applied: the count its learning-rate schedule reads
+    (a skipped, non-finite step does not advance it, so after a skip it trails the step number)."""
+    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    counts = [leaf.count for leaf in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(leaf)]
+    if not counts:
+        raise ValueError("the optimizer state holds no learning-rate schedule (optax.ScaleByScheduleState)")
+    return counts[0]
+
+
 def init_state(tx: optax.GradientTransformation, params: Any) -> Any:
     """tx.init(params), keeping each statistic's logical axis names where it has its parameter's shape.
     Statistics of another shape (Adafactor's factored row and column moments, its [1]-shaped

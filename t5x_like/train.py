@@ -128,7 +128,8 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
             state, data_state = resumed
             source.set_state(data_state)
             logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
-            warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step))
+            warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step),
+                                 int(optim.applied_updates(state.opt_state)))
         else:
             state = exp.init_state()
             if restore_from:
@@ -216,15 +217,21 @@ def compile_step(step_fn, state, batch):
     return compiled
 
 
-def warn_schedule_change(stored: dict | None, optimizer: optim.Optimizer, train_steps: int, step: int) -> None:
-    """Changing TRAIN_STEPS on resume reshapes the learning-rate schedule: show the jump."""
+def warn_schedule_change(stored: dict | None, optimizer: optim.Optimizer, train_steps: int, step: int,
+                         applied: int) -> None:
+    """Changing TRAIN_STEPS on resume reshapes the learning-rate schedule: show the jump (`applied`:
+    the optimizer's count of applied updates, which the schedule reads)."""
     saved = (stored or {}).get("train_steps")
     if saved is None or saved == train_steps:
         return
-    before, after = (stored or {}).get("next_learning_rate"), float(optimizer.schedule(step))
-    jump = f"from {before:.3e} to {after:.3e}" if before is not None else f"to {after:.3e}"
+    before, after = (stored or {}).get("next_learning_rate"), float(optimizer.schedule(applied))
+    if isinstance(before, (int, float)) and math.isclose(before, after, rel_tol=1e-6):
+        change = f"the learning rate stays at {after:.3e} at step {step}"
+    else:
+        jump = f"from {before:.3e} to {after:.3e}" if isinstance(before, (int, float)) else f"to {after:.3e}"
+        change = f"at step {step} the learning rate jumps {jump}"
     logging.warning("TRAIN_STEPS=%d but the checkpoint's run had TRAIN_STEPS=%d: the learning-rate schedule "
-                    "changes, and at step %d the learning rate jumps %s", train_steps, saved, step, jump)
+                    "changes; %s", train_steps, saved, change)
 
 
 def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float) -> str:
@@ -283,8 +290,9 @@ def restore_newest(ckpt, state, shardings, on_corrupt: str):
 
 
 class NonfiniteCheck:
-    """What a step with a non-finite loss or gradients leads to (the step itself never applied it):
-    a warning ('skip') or a FloatingPointError naming the step, what was not finite and likely causes."""
+    """What a step with a non-finite loss, gradients or update leads to (the step itself never applied
+    it): a warning ('skip') or a FloatingPointError naming the step, what was not finite and likely
+    causes. Every process reads the same replicated metrics, so every process stops at the same step."""
 
     def __init__(self, params, on_nonfinite: str):
         self.leaf_names = [jax.tree_util.keystr(path, simple=True, separator="/")
@@ -296,7 +304,9 @@ class NonfiniteCheck:
             return
         bad = [name for name, finite in zip(self.leaf_names, grad_finite) if not finite]
         what = (f"loss is {values['loss']}" if not math.isfinite(values["loss"]) else
-                f"loss is {values['loss']:.4f} but the gradients are not finite")
+                f"loss is {values['loss']:.4f} but the gradients are not finite" if bad else
+                f"loss is {values['loss']:.4f} and the gradients are finite, but the update overflowed (it would "
+                "have made parameters or optimizer statistics non-finite)")
         where = (f"; non-finite gradients in {len(bad)} of {len(self.leaf_names)} parameters: "
                  f"{', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}") if bad else ""
         if self.on_nonfinite == "skip" or "loss_scale" in values:
@@ -327,7 +337,7 @@ def report(step, step_metrics, writer, throughput, total, log_every, check: Nonf
 
 def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, source, model_info: dict,
          optimizer: optim.Optimizer) -> None:
-    info = {**model_info, "next_learning_rate": float(optimizer.schedule(step))}
+    info = {**model_info, "next_learning_rate": float(optimizer.schedule(optim.applied_updates(state.opt_state)))}
     ckpt.save(step, params=state.params, train_state=train_state_item(state), data_state=source.get_state(),
               model=info)
 

@@ -132,8 +132,11 @@ def leaf_finite(tree: Any) -> jax.Array:
 def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     config: StepConfig) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The pure train step: loss -> grads (accumulated) -> (unscaled) -> optax update. A step whose
-    loss or gradients are not finite leaves params and optimizer state unchanged (metrics 'skipped'
-    and, per parameter leaf, 'grad_finite' say so)."""
+    loss or gradients are not finite, or whose update would leave a parameter or an optimizer
+    statistic non-finite (an overflow of the update itself), leaves params and optimizer state
+    unchanged (metrics 'skipped', 'update_finite' and, per parameter leaf, 'grad_finite' say so).
+    'learning_rate' is the rate this step's update used: optax's count, which skipped steps do not
+    advance, not the step number."""
 
     def grad_fn(params, batch, rng, scale):
         def scaled_loss(p):
@@ -149,12 +152,13 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
         weight = jnp.maximum(weight, 1.0)
         grads = jax.tree.map(lambda g: g / (weight * scale), grads)
         grad_finite = leaf_finite(grads)
-        finite = grad_finite.all() & jnp.isfinite(nll)
         old_opt_state = state.opt_state
         if config.offload_optimizer_state:
             old_opt_state = jax.device_put(old_opt_state, jax.memory.Space.Device)
         updates, opt_state = tx.update(grads, old_opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        update_finite = leaf_finite(params).all() & leaf_finite(opt_state).all()
+        finite = grad_finite.all() & jnp.isfinite(nll) & update_finite
         skip = ~finite  # never apply a non-finite update: 'skip' goes on, 'stop' stops with a clean state
         keep_old = functools.partial(jax.tree.map, lambda old, new: jnp.where(skip, old, new))
         new_state = state.replace(
@@ -167,9 +171,10 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
             "loss": nll / weight,
             "z_loss": z / weight,
             "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step),
+            "learning_rate": schedule(optim.applied_updates(old_opt_state)),
             "tokens": weight,
             "skipped": skip.astype(jnp.int32),
+            "update_finite": update_finite.astype(jnp.int32),
             "grad_finite": grad_finite,
         }
         if state.loss_scale is not None:

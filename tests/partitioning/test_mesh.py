@@ -3,6 +3,7 @@ import pytest
 from jax.sharding import AxisType
 
 from partitioning import make_mesh, resolve_axis_sizes
+from t5x_like.errors import UserError
 
 
 def test_fill_axis_takes_remaining_devices():
@@ -31,3 +32,15 @@ def test_mesh_on_a_subset_of_devices():
 def test_bad_mesh_sizes_name_the_fix(sizes, match):
     with pytest.raises(ValueError, match=match):
         resolve_axis_sizes(sizes, 8)
+
+
+def test_dcn_sizes_must_divide_the_axis_and_match_the_nodes():
+    with pytest.raises(UserError, match=r"DCN_DATA_PARALLEL=3 must be a positive divisor of the 'data' axis size 4"):
+        make_mesh(data=4, tensor=2, dcn_data=3)
+    with pytest.raises(UserError, match=r"multiply to 2, but the devices form 1 processes.*DCN_\* macros 1"):
+        make_mesh(data=4, tensor=2, dcn_data=2)
+
+
+def test_dcn_of_one_is_the_plain_mesh():
+    plain, hybrid = make_mesh(data=4, tensor=2), make_mesh(data=4, tensor=2, dcn_data=1, dcn_tensor=1)
+    assert (plain.devices == hybrid.devices).all() and plain.axis_names == hybrid.axis_names

@@ -114,7 +114,7 @@ def test_raising_train_steps_on_resume_warns_with_the_learning_rate_jump(referen
     new = float(optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=16).schedule(8))
     with caplog.at_level(logging.INFO), pytest.raises(Interrupted):
         run(model_dir, NoBatches, steps=16, total_steps=16)
-    assert (f"TRAIN_STEPS=16 but the checkpoint's run had TRAIN_STEPS=8: the learning-rate schedule changes, and "
+    assert (f"TRAIN_STEPS=16 but the checkpoint's run had TRAIN_STEPS=8: the learning-rate schedule changes; "
             f"at step 8 the learning rate jumps from {old:.3e} to {new:.3e}") in caplog.text
 
 
@@ -225,6 +225,48 @@ def test_a_nonfinite_step_is_never_applied_or_saved_and_is_explained(synthetic_s
     assert saved_steps(tmp_path) == [1, 2]
     params = final_params(tmp_path)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def all_checkpoints_finite(model_dir) -> None:
+    ckpt = checkpoints.Checkpointer(str(model_dir))
+    try:
+        for step in saved_steps(model_dir):
+            params, state, _ = ckpt.restore(step, params=None, train_state=None)  # raises on non-finite values
+            assert not checkpoints.nonfinite_paths({"params": params, "opt_state": state["opt_state"]}), step
+    finally:
+        ckpt.close()
+
+
+def huge_learning_rate(total_steps):
+    return {"optimizer": optim.make_optimizer(learning_rate=1e38, warmup_steps=0, total_steps=total_steps)}
+
+
+def test_an_overflowing_learning_rate_stops_before_any_nonfinite_state_is_saved(synthetic_source, tmp_path):
+    with pytest.raises(FloatingPointError, match=r"step 1: .*The update was not applied"):
+        run(tmp_path, synthetic_source, steps=6, checkpoint_every=1, settings=huge_learning_rate(6))
+    assert saved_steps(tmp_path) == []
+
+
+def test_skipping_overflowing_updates_saves_only_finite_states(synthetic_source, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        result = run(tmp_path, synthetic_source, steps=6, checkpoint_every=2,
+                     settings=dict(huge_learning_rate(6), on_nonfinite="skip"))
+    assert result.step == 6 and saved_steps(tmp_path) == [2, 4, 6]
+    assert "the update overflowed" in caplog.text and "update skipped" in caplog.text
+    all_checkpoints_finite(tmp_path)
+
+
+def test_resuming_a_good_run_with_an_overflowing_rate_keeps_its_history_finite(reference, synthetic_source,
+                                                                              tmp_path):
+    """keep_checkpoints=2 deletes the good run's older steps, but what it keeps is finite: every later
+    checkpoint holds the last good state, so the restart still has a good checkpoint."""
+    model_dir = tmp_path / "resumed"
+    shutil.copytree(reference[0], model_dir)
+    run(model_dir, synthetic_source, steps=12, total_steps=12, keep_checkpoints=2,
+        settings=dict(huge_learning_rate(12), on_nonfinite="skip"))
+    assert saved_steps(model_dir) == [10, 12]
+    all_checkpoints_finite(model_dir)
+    np.testing.assert_equal(final_params(model_dir), final_params(reference[0]))  # nothing was applied
 
 
 def test_a_checkpoint_holding_nan_is_never_trained_from(reference, tmp_path, caplog):

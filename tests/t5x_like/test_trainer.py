@@ -140,6 +140,25 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     assert [m["skipped"] for m in history] == [0, 1, 0, 0]
     # scale used by each step: 256, 256 (overflow -> halve), 128, 128 (2 finite since overflow -> double)
     assert [m["loss_scale"] for m in history] == [256.0, 256.0, 128.0, 128.0]
+    # the logged rate is the one applied: the skipped step did not advance optax's schedule
+    schedule = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=4).schedule
+    assert [m["learning_rate"] for m in history] == pytest.approx([float(schedule(n)) for n in (0, 1, 1, 2)])
+
+
+def test_an_update_that_overflows_is_not_applied(synthetic_source):
+    """Finite loss and gradients, but a learning rate that sends parameters to infinity: the step is
+    skipped like any non-finite step, and says that the update (not the gradients) overflowed."""
+    data = batches(synthetic_source, 1)
+    mesh = make_mesh(data=1, devices=jax.devices()[:1])
+    exp = build_experiment(model=CONFIG, mesh=mesh, rules="fsdp_tensor", batch_size=8,
+                           optimizer=optim.make_optimizer(learning_rate=3e38, warmup_steps=0, total_steps=2),
+                           feature_lengths={"targets": SEQ_LEN})
+    state = exp.init_state()
+    before = jax.device_get((state.params, state.opt_state))
+    with exp.partitioner.activate():
+        new_state, metrics = exp.train_step(state, exp.global_batch(data[0]))
+    assert int(metrics["skipped"]) == 1 and int(metrics["update_finite"]) == 0 and metrics["grad_finite"].all()
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get((new_state.params, new_state.opt_state)), before)
 
 
 def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(synthetic_source):
