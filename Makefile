@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 MODEL_DIR ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test clean
+.PHONY: install demo test libtpu-venv test-libtpu clean
 
 install: $(STAMP)
 
@@ -24,5 +24,24 @@ test: $(STAMP)
 	@$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# A second virtualenv with libtpu (jax[tpu]) for compiling against TPU topologies without chips:
+#   JAX_PLATFORMS=cpu .venv-libtpu/bin/python -m t5x_like.compile --gin_file=... --topology=v5p:2x2x1
+# Kept apart from .venv because with libtpu installed JAX probes for TPUs at start-up.
+LIBTPU_VENV := .venv-libtpu
+LIBTPU_STAMP := $(LIBTPU_VENV)/.installed-stamp
+
+libtpu-venv: $(LIBTPU_STAMP)
+
+$(LIBTPU_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(LIBTPU_VENV)
+	echo '*' > $(LIBTPU_VENV)/.gitignore
+	$(LIBTPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LIBTPU_VENV)/bin/python -m pip install --quiet -e '.[test,tpu]'
+	touch $(LIBTPU_STAMP)
+
+# The tests that compile for TPU topologies through libtpu (they skip, with the reason, under .venv).
+test-libtpu: $(LIBTPU_STAMP)
+	JAX_PLATFORMS=cpu $(LIBTPU_VENV)/bin/python -m pytest -q -rs tests/models/test_attention_tpu.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(LIBTPU_VENV) runs .pytest_cache

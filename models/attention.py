@@ -6,9 +6,11 @@
 have another length than the query (cross-attention), an additive `bias` may be added to the
 logits (T5's relative positions) and `scale` replaces 1/sqrt(head_dim) (T5 uses 1.0).
 
-The model never holds a mesh: for 'pallas' this module reads the ambient one
+The model never holds a mesh: for 'pallas' and 'splash' this module reads the ambient one
 (`jax.sharding.get_abstract_mesh()`, entered by the trainer with `jax.set_mesh`) and the active
-Flax logical-axis rules, and runs the kernel per shard inside `jax.shard_map`.
+Flax logical-axis rules, and runs the kernel per shard inside `jax.shard_map`. The ambient mesh's
+devices also name the platform 'auto' chooses for, so compiling for a TPU topology from a CPU
+machine (`python -m t5x_like.compile --topology=v5p:...`) compiles what a TPU would run.
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import jax.numpy as jnp
 from absl import logging
 from jax.sharding import PartitionSpec as P
 
+from models.kernels import splash_attention as splash
 from models.kernels.flash_attention import flash_attention
 from models.kernels.sharding import active_mesh, axes_size, mesh_axes
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "splash")
 
 
 BIAS_IMPLEMENTATIONS = ("xla", "cudnn")
@@ -112,34 +115,89 @@ def cudnn_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=No
     )
 
 
-def pallas_attention(query, key, value, *, causal, segment_ids, scale=None):
-    """Pallas flash attention; under a mesh, per shard inside shard_map (batch and heads split).
+def per_shard(kernel, query, key, value, segment_ids):
+    """kernel(q, k, v, segment_ids) directly, or under a mesh per shard inside shard_map.
 
     Batch goes over the axes 'activation_batch' maps to and heads over those of 'activation_heads'
-    (each dropped when it does not divide the size). K/V heads that do not split over the head
-    axes are repeated up to the query's heads first, so every shard holds its own group.
+    (each dropped when it does not divide the size), so no shard gathers another's q/k/v. K/V heads
+    that do not split over the head axes are repeated first, just enough that every shard holds the
+    K/V heads of its own query heads.
     """
     mesh = active_mesh()
     if mesh is None:
-        return flash_attention(query, key, value, segment_ids, causal=causal, scale=scale)
+        return kernel(query, key, value, segment_ids)
     batch_axes = mesh_axes("activation_batch", mesh, query.shape[0])
     head_axes = mesh_axes("activation_heads", mesh, query.shape[2])
-    if key.shape[2] % axes_size(mesh, head_axes):
-        group = query.shape[2] // key.shape[2]
-        key, value = (jnp.repeat(x, group, axis=2) for x in (key, value))
+    key, value = repeat_kv_heads(key, value, query.shape[2], axes_size(mesh, head_axes))
     heads_spec = P(batch_axes or None, None, head_axes or None, None)
     args, specs = [query, key, value], [heads_spec] * 3
     if segment_ids is not None:
         args.append(segment_ids)
         specs.append(P(batch_axes or None, None))
 
-    def per_shard(q, k, v, segments=None):
-        return flash_attention(q, k, v, segments, causal=causal, scale=scale)
+    def one_shard(q, k, v, segments=None):
+        return kernel(q, k, v, segments)
 
     return jax.shard_map(
-        per_shard, mesh=mesh, in_specs=tuple(specs), out_specs=heads_spec,
+        one_shard, mesh=mesh, in_specs=tuple(specs), out_specs=heads_spec,
         axis_names=frozenset(mesh.auto_axes), check_vma=False,
     )(*args)
+
+
+def repeat_kv_heads(key, value, num_heads: int, shards: int):
+    """K/V with each head repeated r times in place, the smallest r that splits them over `shards`
+    (num_heads, a multiple of shards, query heads). In place keeps query head h on K/V head
+    h // group, so every shard's query heads find their K/V heads in the same shard."""
+    kv_heads = key.shape[2]
+    group = num_heads // kv_heads
+    r = next(r for r in range(1, group + 1) if group % r == 0 and (kv_heads * r) % shards == 0)
+    if r == 1:
+        return key, value
+    return jnp.repeat(key, r, axis=2), jnp.repeat(value, r, axis=2)
+
+
+def pallas_attention(query, key, value, *, causal, segment_ids, scale=None):
+    """Our Pallas flash attention (models/kernels/flash_attention.py); per shard under a mesh."""
+    def kernel(q, k, v, segments):
+        return flash_attention(q, k, v, segments, causal=causal, scale=scale)
+
+    return per_shard(kernel, query, key, value, segment_ids)
+
+
+def splash_attention(query, key, value, *, causal, segment_ids, scale=None, block_sizes=None):
+    """jax's TPU splash-attention kernels (models/kernels/splash_attention.py); per shard under a
+    mesh. Off TPU they run interpreted (slow, exact). Block sizes default to
+    `splash.block_sizes_for` the lengths; a `splash.BlockSizes` overrides them."""
+    interpret = target_platform() != "tpu"
+
+    def kernel(q, k, v, segments):
+        return splash.splash_attention(q, k, v, segments, causal=causal, scale=scale,
+                                       block_sizes=block_sizes, interpret=interpret)
+
+    return per_shard(kernel, query, key, value, segment_ids)
+
+
+def target_platform() -> str:
+    """The platform attention compiles for: the ambient mesh's devices' (a TPU topology when the
+    compile tool targets one from a CPU machine), else jax's default backend."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return device.platform if device is not None else jax.default_backend()
+
+
+_LOGGED_FALLBACKS: set[str] = set()
+
+
+def splash_or_fallback(query, key, kv_segment_ids) -> str:
+    """'splash' when the kernels serve these shapes, else 'xla', logging each reason once."""
+    reason = splash.unsupported_reason(query.shape[1], key.shape[1],
+                                       has_kv_segment_ids=kv_segment_ids is not None)
+    if reason is None:
+        return "splash"
+    if reason not in _LOGGED_FALLBACKS:
+        _LOGGED_FALLBACKS.add(reason)
+        logging.warning("splash attention cannot serve this call (%s); it runs in plain XLA attention "
+                        "(T x T scores in memory).", reason)
+    return "xla"
 
 
 # What 'auto' runs, per (platform, dtype). Every row records the evidence behind it.
@@ -164,22 +222,28 @@ def pallas_attention(query, key, value, *, causal, segment_ids, scale=None):
 #   it, jax's shipped Triton mha 0.3-0.7x, XLA 8-15x slower with T x T scores in memory), so one
 #   row per dtype, no length threshold. 'auto' ran within 2% of cudnn at every shape (run-to-run).
 #   fp16 was not timed; its row follows bf16 (the same cuDNN kernels).
-# tpu, any dtype -> 'xla'. NOT YET MEASURED (no TPU was available); the Pallas kernel lowers for
-#   Mosaic TPU but stays opt-in ('pallas') until scripts/benchmark_attention.py shows it faster.
+# tpu, any dtype -> 'splash': jax's own TPU flash-attention kernels (what MaxText runs on TPU),
+#   for every shape they serve (self-attention, lengths a multiple of 128, no bias, no dropout);
+#   other calls fall back to 'xla', logged once per reason. The evidence is memory, compiled by
+#   libtpu for v5p:2x2x1 (no TPU was available: no timing is claimed; docs/benchmarks.md, "TPU
+#   attention"). Temporaries per chip, a bf16 train step, xla -> splash:
+#     Pythia-160M, 1 sequence per chip:  T=2048 5.37 -> 2.02 GiB, T=8192 67.40 -> 5.84 GiB,
+#                                        T=32768 does not fit (libtpu: 955 G) -> 21.35 GiB
+#     NeoX-20B layers (2), tensor=4, full remat: T=8192 12.19 -> 3.87 GiB, T=32768 105 G -> 7.26 GiB
 AUTO_CHOICES = {
     ("cpu", "any"): "xla",
     ("gpu", "bfloat16"): "cudnn",
     ("gpu", "float16"): "cudnn",
     ("gpu", "any"): "xla",
-    ("tpu", "any"): "xla",
+    ("tpu", "any"): "splash",
 }
 
 
 def choose_implementation(query: jax.Array, *, dropout_rate: float, has_bias: bool = False) -> str:
     """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'
     (logged once when that replaces a fused kernel), and a bias forces one of BIAS_IMPLEMENTATIONS
-    ('xla' where the table's choice has none)."""
-    platform = jax.default_backend()
+    ('xla' where the table's choice has none). The platform is `target_platform()`'s."""
+    platform = target_platform()
     dtype = jnp.dtype(query.dtype).name
     choice = AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
     if dropout_rate > 0.0 and choice != "xla":
@@ -204,6 +268,7 @@ def dot_product_attention(
     implementation: str = "auto",
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    block_sizes: splash.BlockSizes | None = None,
 ) -> jax.Array:
     """Multi-head attention over BTNH inputs; returns BTNH with the query's heads.
 
@@ -211,9 +276,11 @@ def dot_product_attention(
     segment_ids [batch, q_len] / kv_segment_ids [batch, kv_len]: packed documents (0 = padding);
     kv_segment_ids default to segment_ids (equal lengths). bias: added to the fp32 logits,
     [batch or 1, heads, q_len, kv_len]. scale: multiplies q.k (default head_dim ** -0.5).
-    implementation: 'auto' | 'xla' | 'cudnn' | 'pallas'. Attention dropout (dropout_rate > 0)
-    runs only in 'xla'; 'auto' picks it then. A bias runs in 'xla' or 'cudnn' ('auto' picks one).
-    'pallas' runs interpreted (slow, exact) on CPU.
+    implementation: 'auto' | 'xla' | 'cudnn' | 'pallas' | 'splash'. Attention dropout (dropout_rate
+    > 0) runs only in 'xla'; 'auto' picks it then. A bias runs in 'xla' or 'cudnn' ('auto' picks one).
+    'splash' (jax's TPU kernels; 'auto' on TPU) serves self-attention of lengths a multiple of 128 and
+    runs other calls in 'xla', logged once. 'pallas' and 'splash' run interpreted (slow, exact) off
+    their accelerators. block_sizes: a `splash.BlockSizes` overriding the ones 'splash' picks.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -232,6 +299,11 @@ def dot_product_attention(
             f"an attention bias (e.g. T5's relative positions) needs implementation 'xla', 'cudnn' or 'auto'; "
             f"{implementation!r} has no bias. Set the model's attention to 'auto'."
         )
+    if implementation == "splash":
+        implementation = splash_or_fallback(query, key, kv_segment_ids)
+    if implementation == "splash":
+        return splash_attention(query, key, value, causal=causal, segment_ids=segment_ids, scale=scale,
+                                block_sizes=block_sizes)
     if implementation == "xla":
         return xla_attention(
             query, key, value, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,

@@ -94,9 +94,12 @@ def test_auto_on_gpu_follows_the_recorded_table(dtype, dropout, expected):
         assert choose_implementation(query, dropout_rate=dropout) == expected
 
 
-def test_auto_on_tpu_is_xla_until_measured():
+@pytest.mark.parametrize("dropout, has_bias, expected", [(0.0, False, "splash"), (0.1, False, "xla"),
+                                                        (0.0, True, "xla")])
+def test_auto_on_tpu_is_splash_unless_dropout_or_a_bias(dropout, has_bias, expected):
+    query = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
     with mock.patch.object(attention.jax, "default_backend", lambda: "tpu"):
-        assert choose_implementation(jnp.zeros((1, 8, 2, 64), jnp.bfloat16), dropout_rate=0.0) == "xla"
+        assert choose_implementation(query, dropout_rate=dropout, has_bias=has_bias) == expected
 
 
 def test_dropout_with_pallas_is_refused():
