@@ -2,6 +2,10 @@
 
 `tiny` is the quickstart model: 4 layers, 256 wide, 4 heads (even counts, so it also splits
 over tensor and pipeline axes) over the builtin corpus's 8192-id tokenizer.
+
+CPM-1 (Zhang et al. 2020, CPM-Pretrain / CPM-Generate) is a GPT-2 over a 30000-piece Chinese sentencepiece
+vocabulary: `cpm_1` is its 2.6B model (32 layers, width 2560, 32 heads, 1024 positions) and `cpm_1_tiny` a
+4-layer one for CPU runs (its vocabulary is the run's CPM tokenizer's, see gin/models/cpm_1_tiny.gin).
 """
 import ml_collections
 
@@ -17,15 +21,23 @@ _SIZES = {
     "175b": (96, 96, 12288, 50257, 2048),  # GPT-3 175B
 }
 
+_CPM_SIZES = {  # named cpm_<size>
+    #          layers heads embed  vocab  max_len
+    "1": (32, 32, 2560, 30000, 1024),
+    "1_tiny": (4, 4, 256, 30000, 256),
+}
+
 SIZES = tuple(_SIZES)
-PRESETS = tuple(f"gpt2_{size}" for size in SIZES)
+PRESETS = tuple(f"gpt2_{size}" for size in SIZES) + tuple(f"cpm_{size}" for size in _CPM_SIZES)
 
 
 def get_config(size: str) -> ml_collections.ConfigDict:
-    """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl', '175b')."""
-    if size not in _SIZES:
-        raise UserError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES}.")
-    num_layers, num_heads, embed_dim, vocab_size, max_len = _SIZES[size]
+    """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl', '175b') or CPM size
+    ('1': CPM-1 2.6B, '1_tiny'; configs/__init__.py maps the cpm_ prefix here)."""
+    shapes = {**_SIZES, **_CPM_SIZES}
+    if size not in shapes:
+        raise UserError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES + tuple(_CPM_SIZES)}.")
+    num_layers, num_heads, embed_dim, vocab_size, max_len = shapes[size]
     return ml_collections.ConfigDict(dict(
         family="gpt2",
         vocab_size=vocab_size,

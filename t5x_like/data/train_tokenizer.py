@@ -1,27 +1,37 @@
-"""Train a byte-level BPE (tokenizer.json) or sentencepiece (.model) tokenizer on a corpus.
+"""Train a tokenizer on a corpus: byte-level BPE (tokenizer.json), sentencepiece (.model), BERT WordPiece or a
+character vocabulary (vocab.txt), or CPM's jieba + sentencepiece (spiece.model).
 
     python -m t5x_like.data.train_tokenizer --input=corpus/ --output=tok/tokenizer.json --vocab_size=32000
     python -m t5x_like.data.train_tokenizer --input=train.jsonl.zst --type=sentencepiece \\
         --output=tok/spiece.model --vocab_size=32000
+    python -m t5x_like.data.train_tokenizer --input=corpus/ --type=wordpiece --output=tok/vocab.txt --vocab_size=30522
+    python -m t5x_like.data.train_tokenizer --input=train.json --type=char --output=tok/vocab.txt --min_count=2
+    python -m t5x_like.data.train_tokenizer --input=zh/ --type=cpm --output=cpm_tok/spiece.model --vocab_size=30000
 
-Inputs and formats are those of `t5x_like.data.preprocess`. The EOD token is `<|endoftext|>` (BPE) or
-`</s>` (sentencepiece). Pass the output path as `--tokenizer` to preprocess, train, eval and generate.
+Inputs and formats are those of `t5x_like.data.preprocess`. The EOD token is `<|endoftext|>` (BPE), `</s>`
+(sentencepiece), `[SEP]` (vocab.txt) or `<eod>` (cpm). Pass the output path as `--tokenizer` to preprocess,
+train, eval and generate (`cpm:PATH` or the directory for cpm: a tokenizer_config.json naming CpmTokenizer is
+written beside the model).
 """
 from __future__ import annotations
 
+import collections
+import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece
 import tokenizers
 from absl import app, flags
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from t5x_like.data import formats
-from t5x_like.data.tokenizer import EOD_TOKENS
+from t5x_like.data.tokenizer import (CPM_TRANSLATION, EOD_TOKENS, WORDPIECE_SPECIAL_TOKENS, bert_wordpiece,
+                                     import_jieba)
+from t5x_like import validate
 from t5x_like.errors import UserError, exit_on_user_error
 
 FLAGS = flags.FLAGS
@@ -39,7 +49,15 @@ def train_byte_level_bpe(texts: Iterable[str], vocab_size: int) -> tokenizers.To
     return tokenizer
 
 
-def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> None:
+T5_SPECIAL_IDS = dict(pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+CPM_SPECIAL_IDS = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+CPM_USER_SYMBOLS = ("\u2583", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>", "<cls>")
+"""CPM's vocabulary begins <unk>, <s>, </s>, U+2583 (newline), <sep>, <pad>, <mask>, <eod> (CPM-Generate's
+chinese_vocab.vocab); <eop> and <cls> complete transformers' CpmTokenizer specials."""
+
+
+def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str, special_ids: dict = T5_SPECIAL_IDS,
+                        user_symbols: tuple[str, ...] = ()) -> None:
     """A sentencepiece unigram model with T5's special ids (<pad>=0, </s>=1, <unk>=2) written to `output`,
     trained on the texts' non-empty lines (a sample of SENTENCEPIECE_MAX_LINES of them when there are more)."""
     if not output.endswith(".model"):
@@ -49,9 +67,15 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> N
         try:
             sentencepiece.SentencePieceTrainer.train(
                 sentence_iterator=lines, model_prefix=os.path.join(tmp, "model"), vocab_size=vocab_size,
-                model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True,
-                input_sentence_size=SENTENCEPIECE_MAX_LINES, shuffle_input_sentence=True, minloglevel=1)
+                model_type="unigram", byte_fallback=True, user_defined_symbols=list(user_symbols),
+                input_sentence_size=SENTENCEPIECE_MAX_LINES, shuffle_input_sentence=True, minloglevel=1,
+                **special_ids)
         except RuntimeError as e:
+            smallest = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", str(e))
+            if smallest:
+                raise UserError(f"--vocab_size={vocab_size}: this corpus needs at least {smallest[1]} sentencepiece "
+                                f"ids (its characters, the 256 byte pieces and the special ones); pass "
+                                f"--vocab_size={smallest[1]} or more.") from None
             largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(e))
             if not largest:
                 raise
@@ -60,32 +84,110 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str) -> N
         os.replace(os.path.join(tmp, "model.model"), output)
 
 
+def cpm_segmented(texts: Iterable[str]) -> Iterator[str]:
+    """The texts as CPM's tokenizer hands them to sentencepiece: jieba words, spaces and newlines inside them
+    as U+2582 / U+2583, joined by spaces (one training line per text line, newlines kept as U+2583)."""
+    jieba = import_jieba()
+    for text in texts:
+        for line in text.splitlines(keepends=True):
+            yield " ".join(word.translate(CPM_TRANSLATION) for word in jieba.cut(line, cut_all=False))
+
+
+def train_cpm(texts: Iterable[str], vocab_size: int, output: str) -> None:
+    """CPM's tokenizer: sentencepiece trained on jieba-segmented, mapped text (as CPM built its vocabulary),
+    and a tokenizer_config.json naming CpmTokenizer beside it, so the directory loads as CPM's tokenizer."""
+    train_sentencepiece(cpm_segmented(texts), vocab_size, output, CPM_SPECIAL_IDS, CPM_USER_SYMBOLS)
+    write_tokenizer_config(Path(output).parent, {"tokenizer_class": "CpmTokenizer", "eos_token": "<eod>",
+                                                 "bos_token": "<eod>", "unk_token": "<unk>"})
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool) -> list[str]:
+    """A BERT WordPiece vocabulary (BERT's normaliser and pre-tokeniser; [PAD] [UNK] [CLS] [SEP] [MASK] first)."""
+    tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS),
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
+
+
+def character_vocabulary(texts: Iterable[str], vocab_size: int, min_count: int, lowercase: bool) -> list[str]:
+    """GPT2-Chinese's character vocabulary: the BERT specials, then every character of the (BERT-normalised)
+    corpus seen at least `min_count` times, most frequent first, then `##c` for the characters seen inside a
+    word (Latin words and numbers are spelled character by character instead of becoming [UNK])."""
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=lowercase), pre_tokenizers.BertPreTokenizer()
+    counts, inner = collections.Counter(), collections.Counter()
+    for text in texts:
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)):
+            counts.update(word)
+            inner.update(word[1:])
+    by_count = lambda counter: sorted((c for c, n in counter.items() if n >= min_count),  # noqa: E731
+                                      key=lambda c: (-counter[c], c))
+    vocab = list(WORDPIECE_SPECIAL_TOKENS) + by_count(counts) + [f"##{c}" for c in by_count(inner)]
+    return vocab[:vocab_size]
+
+
+def write_vocab_txt(vocab: list[str], output: str, lowercase: bool) -> None:
+    """vocab.txt (one token a line) and a tokenizer_config.json beside it recording the lower-casing."""
+    tmp = f"{output}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(f"{token}\n" for token in vocab))
+    os.replace(tmp, output)
+    write_tokenizer_config(Path(output).parent, {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase})
+    bert_wordpiece(output, lowercase)  # it loads (a vocabulary without its specials would be named here)
+
+
+def write_tokenizer_config(directory: Path, config: dict) -> None:
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def train(texts: Iterable[str], kind: str, vocab_size: int, output: str, *, min_count: int = 1,
+          lowercase: bool = True) -> int:
+    """Trains a tokenizer of `kind` (--type) on `texts`, writes it to `output` and returns its number of ids."""
+    if kind == "bpe":
+        tokenizer = train_byte_level_bpe(texts, vocab_size)
+        tmp = f"{output}.tmp{os.getpid()}"
+        tokenizer.save(tmp)
+        os.replace(tmp, output)
+        return tokenizer.get_vocab_size()
+    if kind in ("wordpiece", "char"):
+        vocab = train_wordpiece(texts, vocab_size, lowercase) if kind == "wordpiece" else \
+            character_vocabulary(texts, vocab_size, min_count, lowercase)
+        write_vocab_txt(vocab, output, lowercase)
+        return len(vocab)
+    (train_cpm if kind == "cpm" else train_sentencepiece)(texts, vocab_size, output)
+    return vocab_size
+
+
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
+    validate.positive_int("--vocab_size", FLAGS.vocab_size)
+    validate.positive_int("--min_count", FLAGS.min_count)
+    validate.writable_file("--output", FLAGS.output)
     texts = formats.read_documents(formats.expand_inputs(FLAGS.input), FLAGS.format, FLAGS.json_keys,
                                    FLAGS.decode_errors)
     Path(FLAGS.output).parent.mkdir(parents=True, exist_ok=True)
-    if FLAGS.type == "bpe":
-        tokenizer = train_byte_level_bpe(texts, FLAGS.vocab_size)
-        tmp = f"{FLAGS.output}.tmp{os.getpid()}"
-        tokenizer.save(tmp)
-        os.replace(tmp, FLAGS.output)
-        size = tokenizer.get_vocab_size()
-    else:
-        train_sentencepiece(texts, FLAGS.vocab_size, FLAGS.output)
-        size = FLAGS.vocab_size
+    size = train(texts, FLAGS.type, FLAGS.vocab_size, FLAGS.output, min_count=FLAGS.min_count,
+                 lowercase=FLAGS.lowercase)
     print(f"wrote {FLAGS.output}: {FLAGS.type}, {size} ids")
     if size < FLAGS.vocab_size:
-        print(f"note: fewer ids than --vocab_size={FLAGS.vocab_size}: the corpus has no more merges to learn. "
+        reason = "characters" if FLAGS.type == "char" else "merges to learn"
+        print(f"note: fewer ids than --vocab_size={FLAGS.vocab_size}: the corpus has no more {reason}. "
               f"A model for it needs vocab_size >= {size} (model_config.vocab_from_tokenizer=True takes it).")
 
 
 def define_flags() -> None:
     flags.DEFINE_list("input", None, "Files, directories or globs (comma-separated).", required=True)
-    flags.DEFINE_string("output", None, "tokenizer.json (bpe) or NAME.model (sentencepiece).", required=True)
-    flags.DEFINE_enum("type", "bpe", ["bpe", "sentencepiece"], "Byte-level BPE or sentencepiece unigram.")
-    flags.DEFINE_integer("vocab_size", 32000, "Number of ids, special tokens included.")
+    flags.DEFINE_string("output", None, "tokenizer.json (bpe), NAME.model (sentencepiece, cpm) or vocab.txt "
+                        "(wordpiece, char).", required=True)
+    flags.DEFINE_enum("type", "bpe", ["bpe", "sentencepiece", "wordpiece", "char", "cpm"],
+                      "Byte-level BPE, sentencepiece unigram, BERT WordPiece, a character vocab.txt "
+                      "(GPT2-Chinese), or CPM's jieba + sentencepiece.")
+    flags.DEFINE_integer("vocab_size", 32000, "Number of ids, special tokens included (char: at most).")
+    flags.DEFINE_integer("min_count", 1, "char: keep the characters seen at least this often.")
+    flags.DEFINE_bool("lowercase", True, "wordpiece, char: lower-case (and strip accents), as BERT uncased.")
     flags.DEFINE_enum("format", "auto", formats.FORMATS, "Input format (see preprocess).")
     flags.DEFINE_list("json_keys", ["text"], "JSON keys whose values form a document.")
     flags.DEFINE_enum("decode_errors", "strict", ["strict", "replace"], "Undecodable bytes: error or U+FFFD.")

@@ -1,6 +1,7 @@
 """Encodings equal the reference libraries' on real text (the real tokenizer files in ../shared/data)."""
 import shutil
 
+import numpy as np
 import pytest
 import sentencepiece
 import tiktoken
@@ -9,6 +10,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from t5x_like.data import formats, load_tokenizer
+from t5x_like.errors import UserError
 
 EDGE_CASES = ["Hello world", "  leading and   inner  spaces\n\n\ttabs\r\n", "it's we've they'll I'd",
               "naïve café — 東京 🙂 \u200b", "<|endoftext|> is plain text here", "1234567 3.14159 x**2"]
@@ -101,3 +103,92 @@ def _split(ids, lengths):
         out.append(ids[start:start + n].tolist())
         start += n
     return out
+
+
+def _spiece_charsmap(model_file):
+    """The normalizer's precompiled_charsmap of a sentencepiece model (field 2 of field 3 of the ModelProto),
+    read from the protobuf wire format: transformers' own reader needs a protobuf runtime the test extra's
+    pin (<7, for tensorflow-datasets) is older than."""
+    def fields(buffer):
+        i = 0
+        while i < len(buffer):
+            key, i = _varint(buffer, i)
+            wire = key & 7
+            if wire == 0:
+                value, i = _varint(buffer, i)
+            elif wire == 2:
+                size, i = _varint(buffer, i)
+                value, i = buffer[i:i + size], i + size
+            else:
+                value, i = None, i + {1: 8, 5: 4}[wire]
+            yield key >> 3, value
+
+    normalizer = next(value for number, value in fields(model_file.read_bytes()) if number == 3)
+    return next(value for number, value in fields(normalizer) if number == 2)
+
+
+def _varint(buffer, i):
+    value = shift = 0
+    while True:
+        byte = buffer[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+@pytest.fixture(scope="module")
+def transformers_t5(shared_data):
+    """transformers' T5 tokenizer for T5's spiece.model, built as its from_pretrained builds it (T5Converter's
+    vocabulary: the pieces, then <extra_id_99> .. <extra_id_0>; the model's normalizer)."""
+    from transformers.convert_slow_tokenizer import T5Converter
+
+    model_file = shared_data / "t5-spiece" / "spiece.model"
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    pieces = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(processor.get_piece_size())]
+    kwargs = T5Converter.convert_from_spm(vocab=pieces, extra_ids=100)
+    return transformers.T5Tokenizer(**kwargs, _spm_precompiled_charsmap=_spiece_charsmap(model_file))
+
+
+SENTINEL_TEXTS = ["The <extra_id_0> walks in <extra_id_1> park", "a<extra_id_0>b", "<extra_id_0> x <extra_id_99>",
+                  "  <extra_id_5>  hi  ", "x <extra_id_100> y", "a\n<extra_id_3>\nb", "end.<extra_id_0>",
+                  "<extra_id_7><extra_id_8>", "Hello world"]
+
+
+def test_t5_sentinels_encode_and_decode_as_transformers_t5_tokenizer(shared_data, transformers_t5):
+    tokenizer = load_tokenizer(shared_data / "t5-spiece" / "spiece.model")
+    assert transformers_t5.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_99>"]) == [32099, 32000]
+    expected = [transformers_t5.encode(text, add_special_tokens=False) for text in SENTINEL_TEXTS]
+    assert tokenizer.encode_batch(SENTINEL_TEXTS) == expected
+    assert 32099 in expected[0] and 32098 in expected[0]
+    assert tokenizer.vocab_size == 32000 and tokenizer.token_to_id("<extra_id_0>") is None  # objectives add them
+    rng = np.random.default_rng(0)
+    for ids in expected + [rng.integers(3, 32100, 40).tolist() for _ in range(20)]:
+        if 2 in ids:  # <unk>: sentencepiece writes " ⁇ ", transformers "<unk>"
+            continue
+        assert tokenizer.decode(ids) == transformers_t5.decode(ids, skip_special_tokens=False), ids
+
+
+@pytest.mark.parametrize("name", ["t5-spiece", "gpt2-bpe", "gpt-neox-20b-tokenizer/20B_tokenizer.json"])
+def test_decoding_never_raises_for_an_id_a_model_can_produce(shared_data, name):
+    tokenizer = load_tokenizer(shared_data / name)
+    ids = list(range(0, tokenizer.vocab_size + 100 + 28))  # a model's vocabulary: sentinels, padding rows
+    assert isinstance(tokenizer.decode(ids), str)
+    assert all(isinstance(tokenizer.decode([i]), str) for i in range(tokenizer.vocab_size - 5, len(ids)))
+
+
+@pytest.mark.parametrize("given", ["folder", "gpt2-vocab.json", "gpt2-merges.txt"])
+def test_megatron_gpt2_file_names_are_a_gpt2_bpe(shared_data, tmp_path, tiktoken_gpt2, given):
+    shutil.copy(shared_data / "gpt2-bpe" / "encoder.json", tmp_path / "gpt2-vocab.json")
+    shutil.copy(shared_data / "gpt2-bpe" / "vocab.bpe", tmp_path / "gpt2-merges.txt")
+    tokenizer = load_tokenizer(tmp_path if given == "folder" else tmp_path / given)
+    assert (tokenizer.vocab_size, tokenizer.eod_id) == (50257, 50256)
+    assert tokenizer.encode_batch(EDGE_CASES) == [tiktoken_gpt2.encode(d, allowed_special="all") for d in EDGE_CASES]
+
+
+def test_a_json_file_that_is_no_tokenizer_is_one_line(shared_data, tmp_path):
+    shutil.copy(shared_data / "gpt2-bpe" / "encoder.json", tmp_path / "gpt2-vocab.json")  # no merges beside it
+    with pytest.raises(UserError) as error:
+        load_tokenizer(tmp_path / "gpt2-vocab.json")
+    assert "\n" not in str(error.value) and "is not a Hugging Face tokenizer.json" in str(error.value)
