@@ -75,16 +75,16 @@ def hybrid_devices(sizes: dict[str, int], dcn: dict[str, int], devices: list[jax
     granules = slice_groups(devices)
     across = math.prod(dcn.values())
     if across != len(granules):
-        unit = "slices" if hasattr(devices[0], "slice_index") else "processes (nodes)"
+        unit = "slices" if devices[0].platform == "tpu" else "processes (nodes)"
         raise UserError(f"the DCN sizes {', '.join(f'{DCN_MACROS[a]}={w}' for a, w in dcn.items() if w > 1)} "
                         f"multiply to {across}, but the devices form {len(granules)} {unit}; make the product of "
                         f"the DCN_* macros {len(granules)}.")
     ici = [sizes[axis] // dcn[axis] for axis in AXES]
     return mesh_utils.create_hybrid_device_mesh(ici, [dcn[axis] for axis in AXES], devices,
-                                                process_is_granule=not hasattr(devices[0], "slice_index"))
+                                                process_is_granule=devices[0].platform != "tpu")
 
 
 def slice_groups(devices: Sequence[jax.Device]) -> set[int]:
-    """The slices (TPU multi-slice) or else the processes that the devices belong to."""
-    key = "slice_index" if hasattr(devices[0], "slice_index") else "process_index"
+    """The TPU slices, or on other platforms the processes (one per node), the devices belong to."""
+    key = "slice_index" if devices[0].platform == "tpu" else "process_index"
     return {getattr(d, key) for d in devices}

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from t5x_like import checkpoints
 from tests.conftest import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -80,11 +81,11 @@ def rows(model_dir) -> dict[int, dict]:
         return {row["step"]: row for row in map(json.loads, f) if "loss" in row}
 
 
-def assert_same_steps(got: dict[int, dict], want: dict[int, dict], steps) -> None:
+def assert_same_steps(got: dict[int, dict], want: dict[int, dict], steps, rel: float = 1e-5) -> None:
     for step in steps:
         for key in ("loss", "grad_norm"):
             a, b = got[step][key], want[step][key]
-            assert abs(a - b) <= 1e-5 * abs(b), (step, key, a, b)
+            assert abs(a - b) <= rel * abs(b), (step, key, a, b)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,13 @@ def test_two_processes_equal_one_process(tmp_path):
             if key in b:
                 assert abs(a[key] - b[key]) <= 1e-5 * abs(b[key]), (key, a, b)
     assert sorted(os.listdir(tmp_path / "multi" / "checkpoints")) == ["2", "4"]
+    for step in ("2", "4"):  # each process checksummed the files it wrote, and only those
+        step_dir = tmp_path / "multi" / "checkpoints" / step
+        manifests = [json.loads((step_dir / name).read_text())["files"]
+                     for name in ("checksums.json", "checksums.process_1.json")]
+        assert {checkpoints.writer_of(f) for f in manifests[0]} == {0}
+        assert {checkpoints.writer_of(f) for f in manifests[1]} == {1} and len(manifests[1]) >= 2
+        assert checkpoints.verify_manifest(str(step_dir))
 
 
 @pytest.mark.slow
@@ -134,7 +142,9 @@ def wait_for_step(log: str, step: int, timeout: float = 300) -> None:
 @pytest.mark.slow
 def test_a_staggered_sigterm_stops_every_process_at_one_step_and_resumes_exactly(tmp_path, reference):
     """SIGTERM to process 0, a second later to process 1: both save one checkpoint at one step and exit
-    143 within 60 s; the checkpoint resumes on 2 processes and on 1 with the reference's numbers."""
+    143 within 60 s; the checkpoint resumes on 2 processes and on 1 with the reference's numbers (1e-4
+    relative: tens of steps after the stop, the summation orders of 2 processes and 1 device part by
+    ~1e-5; a resume onto the same layout being bitwise is tests/t5x_like/test_train.py's)."""
     run = tmp_path / "run"
     job = Job(run, 2, 1, [f"--gin.TRAIN_STEPS={REFERENCE_STEPS}", "--gin.DATA_PARALLEL=2"])
     wait_for_step(job.logs[1], 3)
@@ -156,7 +166,7 @@ def test_a_staggered_sigterm_stops_every_process_at_one_step_and_resumes_exactly
         Job(model_dir, processes, 1, extra).run()
         resumed = rows(model_dir)
         assert sorted(resumed) == list(range(1, REFERENCE_STEPS + 1))
-        assert_same_steps(resumed, reference, range(stopped + 1, REFERENCE_STEPS + 1))
+        assert_same_steps(resumed, reference, range(stopped + 1, REFERENCE_STEPS + 1), rel=1e-4)
 
 
 @pytest.mark.slow

@@ -238,7 +238,9 @@ def all_checkpoints_finite(model_dir) -> None:
 
 
 def huge_learning_rate(total_steps):
-    return {"optimizer": optim.make_optimizer(learning_rate=1e38, warmup_steps=0, total_steps=total_steps)}
+    """An AdamW step of about lr * (1 + weight_decay * |p|) per element: past float32's 3.4e38."""
+    return {"optimizer": optim.make_optimizer(learning_rate=3e38, warmup_steps=0, total_steps=total_steps,
+                                              weight_decay=10.0, decay="constant")}
 
 
 def test_an_overflowing_learning_rate_stops_before_any_nonfinite_state_is_saved(synthetic_source, tmp_path):

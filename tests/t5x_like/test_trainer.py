@@ -151,7 +151,8 @@ def test_an_update_that_overflows_is_not_applied(synthetic_source):
     data = batches(synthetic_source, 1)
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
     exp = build_experiment(model=CONFIG, mesh=mesh, rules="fsdp_tensor", batch_size=8,
-                           optimizer=optim.make_optimizer(learning_rate=3e38, warmup_steps=0, total_steps=2),
+                           optimizer=optim.make_optimizer(learning_rate=3e38, warmup_steps=0, total_steps=2,
+                                                          weight_decay=10.0),  # p - lr*(1 + wd*p) > float32 max
                            feature_lengths={"targets": SEQ_LEN})
     state = exp.init_state()
     before = jax.device_get((state.params, state.opt_state))
