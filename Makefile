@@ -41,7 +41,8 @@ $(LIBTPU_STAMP): setup.cfg pyproject.toml
 
 # The tests that compile for TPU topologies through libtpu (they skip, with the reason, under .venv).
 test-libtpu: $(LIBTPU_STAMP)
-	JAX_PLATFORMS=cpu $(LIBTPU_VENV)/bin/python -m pytest -q -rs tests/models/test_attention_tpu.py
+	JAX_PLATFORMS=cpu $(LIBTPU_VENV)/bin/python -m pytest -q -rs tests/models/test_attention_tpu.py \
+		tests/t5x_like/test_compile.py -k "tpu or slices"
 
 clean:
 	rm -rf $(VENV) $(LIBTPU_VENV) runs .pytest_cache

@@ -1,7 +1,7 @@
 """Flax model families and the family registry: the one list of families.
 
 `FAMILIES` maps a family name to (config class, module class, kind). The kind says which
-LanguageModel wraps the module (t5x_like/lm.py): 'decoder_only' or 'encoder_decoder'.
+LanguageModel wraps the module (t5x_like/lm.py): 'decoder_only', 'encoder_decoder' or 'encoder_only'.
 configs/ and t5x_like/convert/ register presets and converters against these names (a test
 checks that the three agree). `build_model(config)` turns a config into its module.
 """
@@ -12,10 +12,10 @@ from typing import Any, Mapping, NamedTuple
 
 import flax.linen as nn
 
-from models import gpt2, neox, t5
+from models import bert, gpt2, neox, t5
 from models.config import DTYPES, FamilyConfig
 
-KINDS = ("decoder_only", "encoder_decoder")
+KINDS = ("decoder_only", "encoder_decoder", "encoder_only")
 
 
 class Family(NamedTuple):
@@ -28,6 +28,8 @@ FAMILIES: dict[str, Family] = {
     "gpt2": Family(gpt2.GPT2Config, gpt2.GPT2, "decoder_only"),
     "neox": Family(neox.NeoXConfig, neox.NeoX, "decoder_only"),
     "t5": Family(t5.T5Config, t5.T5, "encoder_decoder"),
+    "bert": Family(bert.BertConfig, bert.BERT, "encoder_only"),
+    "roberta": Family(bert.RobertaConfig, bert.BERT, "encoder_only"),
 }
 
 __all__ = ["DTYPES", "FAMILIES", "Family", "FamilyConfig", "KINDS", "build_model", "config_from_dict", "family_of"]

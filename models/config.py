@@ -7,7 +7,7 @@ subclasses `FamilyConfig` and has at least these fields:
     vocab_size         the tokenizer's real size; rows past it are padding and never take probability
     vocab_pad_multiple embedding rows are padded to a multiple of this (128 x TENSOR_PARALLEL by the runtime)
     dtype              compute dtype name ('float32' | 'bfloat16' | 'float16'); parameters stay fp32
-    attention          models.attention implementation ('auto' | 'xla' | 'cudnn' | 'pallas')
+    attention          models.attention implementation ('auto' | 'xla' | 'cudnn' | 'pallas' | 'splash')
     remat_policy       'none' or a name in models.layers.REMAT_POLICIES
     scan_layers        stack the blocks with nn.scan (needed for pipeline parallelism)
 
@@ -103,3 +103,32 @@ class DecoderOnlyConfig(FamilyConfig):
 
     def pipeline_layers(self) -> int:
         return self.num_layers
+
+
+class EncoderOnlyConfig(FamilyConfig):
+    """What encoder-only families (BERT, RoBERTa) share: one 'inputs' length up to the positions the
+    model has, and one of two heads, which the runtime asks for by these names:
+
+        head        'mlm' (masked-LM head over the tied vocabulary) or 'classification'
+        num_labels  the classification head's outputs
+    """
+
+    HEADS: ClassVar[tuple[str, ...]] = ("mlm", "classification")
+
+    def max_input_length(self) -> int:
+        """The longest row of tokens the model takes."""
+        raise NotImplementedError
+
+    def check_head(self) -> None:
+        if self.head not in self.HEADS:
+            raise ValueError(f"head {self.head!r} is unknown; choose one of {self.HEADS}.")
+        if self.head == "classification" and self.num_labels < 2:
+            raise ValueError(f"num_labels {self.num_labels}: a classification head needs at least 2 labels.")
+
+    def check_lengths(self, lengths: Mapping[str, int]) -> None:
+        if set(lengths) != {"inputs"}:
+            raise ValueError(f"FEATURE_LENGTHS={dict(lengths)}: an encoder-only model takes only 'inputs', "
+                             "e.g. FEATURE_LENGTHS={'inputs': 512}.")
+        if not 2 <= lengths["inputs"] <= self.max_input_length():
+            raise ValueError(f"FEATURE_LENGTHS['inputs']={lengths['inputs']} must be between 2 and the model's "
+                             f"{self.max_input_length()} positions.")

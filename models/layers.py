@@ -107,6 +107,24 @@ class LayerNorm(nn.Module):
         return (y * scale + bias).astype(self.dtype)
 
 
+class Dense(nn.Module):
+    """x @ kernel + bias over the last axis: kernel [in, features] and bias [features] named by `axes`
+    (input, output) and initialised normal(init_std) / zeros (BERT's pooler and MLM transform)."""
+
+    features: int
+    axes: tuple[str | None, str | None]
+    init_std: float
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = logical_param(self, "kernel", nn.initializers.normal(self.init_std), (x.shape[-1], self.features),
+                               self.axes, self.param_dtype)
+        bias = logical_param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:], self.param_dtype)
+        return jnp.einsum("...i,io->...o", x.astype(self.dtype), kernel.astype(self.dtype)) + bias.astype(self.dtype)
+
+
 class MLP(nn.Module):
     """fc (embed -> mlp), GELU, proj (mlp -> embed); proj initialised with `out_init_std`.
     GELU is the tanh approximation (GPT-2) unless `approximate_gelu` is False (exact erf form)."""
@@ -384,9 +402,10 @@ class FeedForward(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head attention without projection biases (T5): self-attention, causal or not, or
-    cross-attention over a `context`; an additive `bias` and a logit `scale` (T5: 1.0, its query
-    init carries 1/sqrt(head_dim) instead). head_dim is free of the width (T5's d_kv).
+    """Multi-head attention without projection biases (T5), or with them (`use_bias`, BERT):
+    self-attention, causal or not, or cross-attention over a `context`; an additive `bias` and a
+    logit `scale` (T5: 1.0, its query init carries 1/sqrt(head_dim) instead). head_dim is free of
+    the width (T5's d_kv).
     Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed].
 
     Decoding (mutable 'cache'): self-attention caches keys and values like SelfAttention, and the
@@ -405,12 +424,18 @@ class Attention(nn.Module):
     scale: float | None = None
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    use_bias: bool = False
+    """Biases on the query/key/value ([heads, kv]) and output ([embed]) projections (BERT)."""
 
     def projection(self, name: str, x: jax.Array, std: float) -> jax.Array:
         kernel = logical_param(self, f"{name}_kernel", nn.initializers.normal(std),
                                (x.shape[-1], self.num_heads, self.head_dim), ("embed", "heads", "kv"),
                                self.param_dtype)
         y = jnp.einsum("bte,ehd->bthd", x, kernel.astype(self.dtype))
+        if self.use_bias:
+            bias = logical_param(self, f"{name}_bias", nn.initializers.zeros, (self.num_heads, self.head_dim),
+                                 ("heads", "kv"), self.param_dtype)
+            y = y + bias.astype(self.dtype)
         return checkpoint_name(nn.with_logical_constraint(y, BATCH_LENGTH_HEADS_KV), f"{name}_proj")
 
     def cache_variable(self, name: str, like: jax.Array, axes: tuple[str, ...]) -> nn.Variable:
@@ -454,9 +479,12 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, *, deterministic: bool, segment_ids: jax.Array | None = None,
                  bias: jax.Array | None = None, context: jax.Array | None = None,
-                 context_segment_ids: jax.Array | None = None, cross: bool = False) -> jax.Array:
+                 context_segment_ids: jax.Array | None = None, cross: bool = False,
+                 kv_segment_ids: jax.Array | None = None) -> jax.Array:
         """x [batch, q_len, embed] -> [batch, q_len, embed]. cross=True attends over `context`
-        (whose padding / documents are `context_segment_ids`), else over x itself."""
+        (whose padding / documents are `context_segment_ids`), else over x itself. Self-attention
+        with `kv_segment_ids` alone masks only the padding keys (segment 0): padding queries still
+        attend to the real tokens, as BERT's attention mask does."""
         q = self.projection("query", x, self.query_init_std)
         decoding = self.is_mutable_collection("cache") and not self.is_initializing()
         dropout = 0.0 if deterministic else self.dropout_rate
@@ -475,14 +503,18 @@ class Attention(nn.Module):
             else:
                 if decoding:
                     self.create_self_attention_cache(k, v)
-                out = dot_product_attention(q, k, v, causal=self.causal, segment_ids=segment_ids, bias=bias,
-                                            scale=self.scale, implementation=self.attention,
-                                            dropout_rate=dropout, dropout_rng=rng)
+                out = dot_product_attention(q, k, v, causal=self.causal, segment_ids=segment_ids,
+                                            kv_segment_ids=kv_segment_ids, bias=bias, scale=self.scale,
+                                            implementation=self.attention, dropout_rate=dropout, dropout_rng=rng)
         out = checkpoint_name(nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV), "attention_out")
         out_kernel = logical_param(self, "out_kernel", nn.initializers.normal(self.out_init_std),
                                    (self.num_heads, self.head_dim, x.shape[-1]), ("heads", "kv", "embed"),
                                    self.param_dtype)
         y = jnp.einsum("bthd,hde->bte", out, out_kernel.astype(self.dtype))
+        if self.use_bias:
+            out_bias = logical_param(self, "out_bias", nn.initializers.zeros, (x.shape[-1],), ("embed",),
+                                     self.param_dtype)
+            y = y + out_bias.astype(self.dtype)
         return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
 
 

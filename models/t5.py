@@ -1,7 +1,9 @@
 """T5 (Raffel et al. 2020) in Flax Linen: an encoder-decoder with RMS norms before every sub-layer,
 relative position biases (one table per stack, computed once and shared by its layers), no
 1/sqrt(d) attention scaling, and no biases anywhere. v1.0: ReLU MLP, output tied to the input
-embedding with a d_model^-0.5 scaling. v1.1 / mT5: gated-GELU MLP, untied output head.
+embedding with a d_model^-0.5 scaling. v1.1 / mT5: gated-GELU MLP, untied output head, no scaling.
+transformers >= 5.2 ties every T5 and records the scaling apart (scale_decoder_outputs): a v1.1 it
+builds is tied and unscaled.
 
 Parameter tree (scan_layers=True stacks each stack's blocks on a leading 'layers' axis under
 `blocks`; scan_layers=False names them `block_0`, `block_1`, ...):
@@ -39,7 +41,8 @@ class T5Config(FamilyConfig):
     """Hyper-parameters of one T5; plain values only, so it round-trips through JSON.
 
     num_layers is the encoder's depth, num_decoder_layers the decoder's; d_kv is the per-head
-    width, free of embed_dim / num_heads.
+    width, free of embed_dim / num_heads. scale_decoder_outputs multiplies the decoder output by
+    embed_dim^-0.5 before the head (None: as tie_word_embeddings, T5 v1.0 and v1.1 alike).
     """
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate",)
@@ -53,6 +56,7 @@ class T5Config(FamilyConfig):
     mlp_dim: int = 2048
     feed_forward: str = "relu"
     tie_word_embeddings: bool = True
+    scale_decoder_outputs: bool | None = None
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     dropout_rate: float = 0.1
@@ -66,6 +70,8 @@ class T5Config(FamilyConfig):
     family: str = "t5"
 
     def __post_init__(self):
+        if self.scale_decoder_outputs is None:
+            object.__setattr__(self, "scale_decoder_outputs", self.tie_word_embeddings)
         self.check_common()
         if self.feed_forward not in FEED_FORWARD:
             raise ValueError(f"feed_forward {self.feed_forward!r} is unknown; choose one of {sorted(FEED_FORWARD)} "
@@ -112,10 +118,12 @@ class T5Config(FamilyConfig):
                          "PIPELINE_PARALLEL=1 and shard with FSDP_PARALLEL / TENSOR_PARALLEL instead.")
 
     def summary(self) -> str:
+        output = "tied" if self.tie_word_embeddings else "untied"
+        if self.scale_decoder_outputs != self.tie_word_embeddings:
+            output += ", scaled" if self.scale_decoder_outputs else ", unscaled"
         return (f"t5: {self.num_layers}+{self.num_decoder_layers} layers, width {self.embed_dim}, "
                 f"{self.num_heads} heads x {self.d_kv}, mlp {self.mlp_dim} ({self.feed_forward}), vocab "
-                f"{self.vocab_size} (padded to {self.padded_vocab_size}), "
-                f"{'tied' if self.tie_word_embeddings else 'untied'} output, {self.dtype}")
+                f"{self.vocab_size} (padded to {self.padded_vocab_size}), {output} output, {self.dtype}")
 
 
 def norm(c: T5Config, name: str) -> layers.RMSNorm:
@@ -281,7 +289,7 @@ class T5(nn.Module):
         decoder token attends to the encoder tokens of its own segment. Unpacked rows may pass
         encoder_segment_ids alone as the encoder's padding mask. With return_hidden, returns
         (decoder hidden states, output table [padded_vocab, embed]) instead, the states already
-        scaled by embed_dim^-0.5 when the output is tied, so hidden @ table.T are the logits.
+        scaled by embed_dim^-0.5 when scale_decoder_outputs, so hidden @ table.T are the logits.
         """
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids=encoder_segment_ids,
                               encoder_positions=encoder_positions, deterministic=deterministic)
@@ -310,11 +318,9 @@ class T5(nn.Module):
         c = self.config
         x = self.token_embedder(decoder_input_tokens)
         x = self.decoder(x, encoded, decoder_positions, decoder_segment_ids, encoder_segment_ids, deterministic)
-        if c.tie_word_embeddings:
+        if c.scale_decoder_outputs:
             x = x * c.embed_dim**-0.5
-            table = self.token_embedder.embedding
-        else:
-            table = self.lm_head.embedding
+        table = self.token_embedder.embedding if c.tie_word_embeddings else self.lm_head.embedding
         if return_hidden:
             return x, table
         logits = jnp.einsum("bte,ve->btv", x, table.astype(c.compute_dtype), preferred_element_type=jnp.float32)

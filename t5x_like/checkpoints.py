@@ -20,6 +20,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import re
 import zlib
 from typing import Any, Callable
 
@@ -33,7 +34,8 @@ from t5x_like import distributed
 from t5x_like.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
-MANIFEST = "checksums.json"
+MANIFEST = "checksums.json"  # process 0's: the files it wrote and the shared ones (metadata, JSON items)
+PROCESS_MANIFEST = "checksums.process_{}.json"  # process N > 0's: the files it wrote
 # Files orbax writes at a step's top level after the manifest (they change when it finalises).
 _UNCHECKED = ("_CHECKPOINT_METADATA", "commit_success.txt", MANIFEST)
 _CHUNK = 64 << 20
@@ -65,13 +67,25 @@ def file_crc32(path: str) -> int:
     return crc
 
 
-def _checked_files(step_dir: str) -> list[str]:
-    """Paths relative to `step_dir` of every file the manifest covers."""
+def writer_of(relative: str) -> int:
+    """The process that wrote a file of a step: orbax's per-process directories (`ocdbt.process_N/`,
+    `array_metadatas/process_N`) name it; every other file is process 0's."""
+    match = re.search(r"(?:^|/)(?:ocdbt\.)?process_(\d+)(?:/|$)", relative)
+    return int(match[1]) if match else 0
+
+
+def manifest_name(process: int) -> str:
+    return MANIFEST if process == 0 else PROCESS_MANIFEST.format(process)
+
+
+def _checked_files(step_dir: str, process: int | None = None) -> list[str]:
+    """Paths relative to `step_dir` of every file a manifest covers (only `process`'s when given)."""
     found = []
     for root, _, files in os.walk(step_dir):
         for name in files:
             relative = os.path.relpath(os.path.join(root, name), step_dir)
-            if relative not in _UNCHECKED:
+            unchecked = relative in _UNCHECKED or re.fullmatch(r"checksums\.process_\d+\.json(\.tmp)?", relative)
+            if not unchecked and (process is None or writer_of(relative) == process):
                 found.append(relative)
     return sorted(found)
 
@@ -93,31 +107,46 @@ def _first_across_hosts(index: int) -> int:
     return int(multihost_utils.process_allgather(np.int32(index)).min())
 
 
-def write_manifest(step_dir: str) -> None:
-    """Write step_dir/checksums.json covering every file now in the step (atomically)."""
+def write_manifest(step_dir: str, process: int | None = None) -> None:
+    """Write the manifest of the files `process` wrote into the step (atomically); None: one manifest
+    (checksums.json) covering every file. Each process hashes only its own files, so no host reads
+    the whole checkpoint."""
     manifest = {"format": "t5x_like.checksums/1", "algorithm": "crc32",
-                "files": _digests(step_dir, _checked_files(step_dir))}
-    tmp = os.path.join(step_dir, MANIFEST + ".tmp")
+                "files": _digests(step_dir, _checked_files(step_dir, process))}
+    name = manifest_name(process or 0)
+    tmp = os.path.join(step_dir, name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=0)
-    os.replace(tmp, os.path.join(step_dir, MANIFEST))
+    os.replace(tmp, os.path.join(step_dir, name))
+
+
+def _read_manifests(step_dir: str) -> dict[str, dict]:
+    """{file: {'size', 'crc32'}} from checksums.json and every process's checksums.process_N.json."""
+    expected = {}
+    for path in [os.path.join(step_dir, MANIFEST), *sorted(glob.glob(os.path.join(step_dir, "checksums.process_*.json")))]:
+        try:
+            with open(path) as f:
+                expected.update(json.load(f)["files"])
+        except (ValueError, KeyError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(step_dir, os.path.basename(path),
+                                         f"unreadable ({type(e).__name__}: {e})") from None
+    return expected
 
 
 def verify_manifest(step_dir: str) -> bool:
     """Check every file of the step against its manifest: False when the step has none (written by an
     older version, or a params-only converter); raises CorruptCheckpointError naming the first bad file."""
-    path = os.path.join(step_dir, MANIFEST)
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(step_dir, MANIFEST)):
         return False
-    try:
-        with open(path) as f:
-            expected = json.load(f)["files"]
-    except (ValueError, KeyError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(step_dir, MANIFEST, f"unreadable ({type(e).__name__}: {e})") from None
+    expected = _read_manifests(step_dir)
     present = set(_checked_files(step_dir))
     missing = sorted(set(expected) - present)
     if missing:
         raise CorruptCheckpointError(step_dir, missing[0], "missing (deleted?)")
+    unlisted = sorted({writer_of(name) for name in present - set(expected)})
+    if unlisted:  # a process stopped between the commit and writing its manifest
+        logging.warning("checkpoint %s: the files of process(es) %s have no checksums (%s missing); they are "
+                        "read unverified", step_dir, unlisted, ", ".join(manifest_name(p) for p in unlisted))
     for name, want in expected.items():
         size = os.path.getsize(os.path.join(step_dir, name))
         if size != want["size"]:
@@ -157,7 +186,7 @@ class Checkpointer:
     def save(self, step: int, *, params: Any, train_state: dict, data_state: dict, model: dict) -> None:
         """Start an asynchronous save of `step` (it becomes visible only once complete, checksums included)."""
         logging.info("step %d: saving a checkpoint to %s", step, self.step_dir(step))
-        self._manager.wait_until_finished()
+        self.wait()
         self._saving = step
         self._manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
@@ -167,12 +196,12 @@ class Checkpointer:
         ))
 
     def _on_finalise(self) -> None:
-        """orbax calls this once every file of the step is written, before the step directory is
-        committed: the manifest is committed with it."""
-        if not distributed.is_primary():
-            return
+        """orbax calls this on process 0 once every process has written its files, before the step
+        directory is committed: process 0's manifest (its own files and the shared ones; with one
+        process, every file) is committed with the step. Other processes hash their own files once
+        the step is committed (`wait`)."""
         (tmp_dir,) = glob.glob(os.path.join(self.directory, f"{self._saving}.orbax-checkpoint-tmp*"))
-        write_manifest(tmp_dir)
+        write_manifest(tmp_dir, 0 if jax.process_count() > 1 else None)
         logging.info("checkpoint %d written (%s)", self._saving, _size_str(tmp_dir))
 
     def restore(self, step: int, *, params: Any, train_state: dict) -> tuple[Any, dict, dict]:
@@ -264,9 +293,15 @@ class Checkpointer:
             self._manager.delete(step)
 
     def wait(self) -> None:
+        """Until the save in flight is committed; then a process other than 0 writes the manifest of the
+        files it wrote into the step."""
         self._manager.wait_until_finished()
+        if self._saving is not None and not distributed.is_primary() and os.path.isdir(self.step_dir(self._saving)):
+            write_manifest(self.step_dir(self._saving), jax.process_index())
+        self._saving = None
 
     def close(self) -> None:
+        self.wait()
         self._manager.close()
 
 
@@ -340,18 +375,55 @@ def read_model_info(path: str) -> dict:
 
 
 def restore_params(path: str, abstract_params: Any) -> Any:
-    """Only the parameters of the checkpoint at `path`, laid out as `abstract_params` says."""
+    """Only the parameters of the checkpoint at `path`, laid out as `abstract_params` says: what every
+    reader (eval, generate, convert, RESTORE_FROM) loads. Verified as a resume is: the files against the
+    step's checksums, then the parameters finite; CorruptCheckpointError names the step, the file and
+    the older steps to use instead."""
     directory, step = locate(path)
+    step_dir = os.path.join(directory, str(step))
+    try:
+        verified = verify_manifest(step_dir)
+    except CorruptCheckpointError as e:
+        raise _for_reader(e, directory, step) from None
+    if not verified:
+        logging.warning("checkpoint %s has no %s (written by an older version?): reading it unverified",
+                        step_dir, MANIFEST)
     manager = _manager(directory, async_save=False)
     try:
-        return manager.restore(step, args=ocp.args.Composite(
+        params = manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params))).params
+    except Exception as e:  # noqa: BLE001 - without checksums a damaged file shows up only here
+        if verified:
+            raise
+        raise _for_reader(CorruptCheckpointError(step_dir, "(unverified)", f"{type(e).__name__}: {e}"),
+                          directory, step) from e
     finally:
         manager.close()
+    bad = nonfinite_paths(params)
+    if bad:
+        raise _for_reader(CorruptCheckpointError(step_dir, "params", f"non-finite values in {', '.join(bad[:5])}"
+                                                 f"{', ...' if len(bad) > 5 else ''} (the run diverged)"),
+                          directory, step)
+    return params
+
+
+def _for_reader(error: CorruptCheckpointError, directory: str, step: int) -> CorruptCheckpointError:
+    """The error with what a reader can do: read an older step of the same run."""
+    older = sorted((s for s in _step_numbers(directory) if s < step), reverse=True)
+    hint = (f"read an older step instead: pass {os.path.join(directory, str(older[0]))} as the checkpoint "
+            "(--checkpoint, convert's SRC, RESTORE_FROM)" if older else
+            "there is no older step in this directory: restore it from a backup")
+    return CorruptCheckpointError(error.step_dir, error.file, f"{error.reason}; {hint}")
+
+
+def _step_numbers(directory: str) -> list[int]:
+    return [int(name) for name in os.listdir(directory)
+            if name.isdigit() and os.path.isdir(os.path.join(directory, name))]
 
 
 def save_params(path: str, step: int, params: Any, model: dict) -> None:
-    """Write a params-only checkpoint (what converters produce) at path/checkpoints/<step>."""
+    """Write a params-only checkpoint (what converters produce) at path/checkpoints/<step>, with its
+    checksums (written once the step is complete, so readers verify it as they verify a trainer's)."""
     manager = _manager(os.path.join(path, CHECKPOINT_SUBDIR), async_save=False)
     try:
         manager.save(step, force=True, args=ocp.args.Composite(
@@ -359,3 +431,5 @@ def save_params(path: str, step: int, params: Any, model: dict) -> None:
         manager.wait_until_finished()
     finally:
         manager.close()
+    if distributed.is_primary():
+        write_manifest(os.path.join(path, CHECKPOINT_SUBDIR, str(step)))

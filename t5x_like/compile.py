@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -26,7 +27,7 @@ import numpy as np
 from absl import flags
 
 from partitioning import make_mesh
-from t5x_like import gin_cli, metrics, train
+from t5x_like import gin_cli, metrics, train, validate
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import build_experiment
 
@@ -41,6 +42,8 @@ UNUSED_MACROS = ("MODEL_DIR = None", "DATA_PATH = None")
 
 flags.DEFINE_string("topology", None, "Target: a TPU topology such as v5p:8x8x16, or cpu:N; default: this machine.")
 flags.DEFINE_string("output", None, "Write the report (JSON) here.")
+flags.DEFINE_integer("num_slices", 1, "TPU multi-slice: this many slices of --topology joined over DCN (set "
+                     "DCN_* macros whose product is the slice count).")
 flags.DEFINE_float("device_memory_gib", None, "Device memory to check against; default: the device's own.")
 flags.adopt_module_key_flags(train)  # --help lists --gin_file, --gin_bindings (--gin.NAME=VALUE), ...
 
@@ -49,11 +52,14 @@ class DoesNotFit(Exception):
     """The step needs more memory per device than the device has."""
 
 
-def target_devices(topology: str | None) -> list:
+def target_devices(topology: str | None, num_slices: int = 1) -> list:
     """The devices to compile for: a TPU topology's compile-only devices, N CPU devices, or local ones."""
     if topology is None:
         return jax.devices()
     platform, _, shape = topology.partition(":")
+    if not re.fullmatch(r"cpu:[1-9]\d*|v\d+[a-z]*:\d+(x\d+)*", topology):
+        raise UserError(f"--topology={topology}: expected cpu:N (N >= 1 simulated CPU devices) or a TPU "
+                        "generation and chip grid such as v4:2x2x2, v5p:8x8x16, v5e:16x16, v6e:4x4.")
     if platform == "cpu":
         count = int(shape)
         jax.config.update("jax_num_cpu_devices", count)  # only before the CPU backend starts
@@ -67,10 +73,12 @@ def target_devices(topology: str | None) -> list:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling uses no chip: let compiles run side by side
     jax.config.update("jax_platforms", "cpu")  # eager work on the CPU; the TPU devices only compile
     try:
-        return list(topologies.get_topology_desc(topology, "tpu").devices)
+        slices = {"num_slices": num_slices} if num_slices > 1 else {}
+        return list(topologies.get_topology_desc(topology, "tpu", **slices).devices)
     except RuntimeError as e:
         if "not installed" not in str(e):
-            raise
+            raise UserError(f"--topology={topology}: libtpu does not know it ({str(e).splitlines()[0]}); give a "
+                            "TPU generation and chip grid such as v4:2x2x2, v5p:8x8x16, v5e:16x16.") from None
         raise UserError(f"--topology={topology} needs libtpu's topology descriptions, which are not installed; "
                          "pip install 'jax[tpu]' (it works on a CPU-only machine).") from e
 
@@ -215,14 +223,20 @@ def main(argv: list[str]) -> None:
     del argv
     f = flags.FLAGS
     train.quiet_library_logs()
-    devices = target_devices(f.topology)
+    if f.device_memory_gib is not None:
+        validate.finite_float("--device_memory_gib", f.device_memory_gib, minimum=0.0, exclusive_minimum=True)
+    if f.output:
+        validate.writable_file("--output", f.output)
+    if f.num_slices < 1 or (f.num_slices > 1 and not (f.topology or "").startswith("v")):
+        raise UserError(f"--num_slices={f.num_slices}: a positive count of TPU slices, with a TPU --topology.")
+    devices = target_devices(f.topology, f.num_slices)
     train.parse_gin(f.gin_file, [*UNUSED_MACROS, *f.gin_bindings], f.gin_search_paths)
     memory = device_memory(devices, f.device_memory_gib)
     try:
         report, _ = compile_step(devices, memory)
     except DoesNotFit as e:
         sys.exit(f"does not fit: {e}")
-    report["topology"] = f.topology or "local"
+    report["topology"] = (f"{f.num_slices} x {f.topology}" if f.num_slices > 1 else f.topology) or "local"
     print(summary(report))
     if f.output:
         with open(f.output, "w") as out:

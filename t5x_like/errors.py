@@ -7,9 +7,10 @@ alone and exits 1; anything else propagates with its traceback, as a bug should.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +32,18 @@ def exit_on_user_error(main: F) -> F:
             sys.exit(1)
 
     return wrapped  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def as_user_error(what: str = "") -> Iterator[None]:
+    """Inside, a plain ValueError (a model config checking the values a user gave it) becomes a UserError
+    with the same message (prefixed by `what`): models/ raise ValueError and know no CLI."""
+    try:
+        yield
+    except UserError:
+        raise
+    except ValueError as e:
+        raise UserError(f"{what}{e}") from None
 
 
 SHORT_HELP = ("--help", "-help", "-h", "-?", "--helpshort")

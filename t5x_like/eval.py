@@ -21,8 +21,12 @@ only one split's documents under the run's DATA_SPLIT (or --data_split).
 --max_batches / --max_examples score only the first windows (examples for LAMBADA, pairs for
 seq2seq); a partial WikiText pass reports no adjusted ppl (it needs the whole text's word count).
 seq2seq (encoder-decoder checkpoints): a JSONL of {"inputs", "targets"} pairs, each side tokenized
-with EOS appended as in training; loss and token accuracy (argmax) of the teacher-forced targets,
-and exact match of the greedily decoded output's text with the target text.
+with EOS appended as in training (the inputs as the model's kind builds every decoded prompt); loss and
+token accuracy (argmax) of the teacher-forced targets, and exact match of the greedily decoded output's
+text with the target text.
+classification (encoder-only checkpoints with a classification head): a JSONL / TSV of text, text_pair,
+label (or BoolQ's question, passage, label) as OBJECTIVE='classification' reads it; accuracy, F1 for
+two labels, and each example's prediction (in --output).
 
 """
 from __future__ import annotations
@@ -41,8 +45,8 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioning import Partitioner
-from t5x_like import checkpoints, distributed, generate, inference
-from t5x_like.data import loader
+from t5x_like import checkpoints, distributed, generate, inference, validate
+from t5x_like.data import loader, objectives
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_START_ID,
                                DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS)
@@ -185,8 +189,7 @@ def score_stream(scorer: Scorer, tokens: np.ndarray, seq_len: int, stride: int, 
 
 def evaluate_wikitext(scorer: Scorer, tokenizer, path: str, seq_len: int, stride: int,
                       max_windows: int | None = None) -> dict:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = read_text(path)
     num_original = count_original_tokens(text)
     tokens = np.asarray(tokenizer.encode(wikitext_detokenize(text)), np.int32)
     nll, scored = score_stream(scorer, tokens, seq_len, stride, "wikitext", max_windows)
@@ -254,9 +257,26 @@ def lambada_rows(examples: Sequence[tuple[list[int], list[int]]], length: int) -
     return rows
 
 
+def read_text(path: str) -> str:
+    """The file's text; bytes that are not UTF-8 (a binary file) are a user error naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"--data={path}: byte {e.start} is not UTF-8 (a binary file?); give a UTF-8 text file "
+                        "(a token file is --task=tokens with its prefix).") from None
+
+
 def read_lambada(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f if line.strip()]
+    texts = []
+    for number, line in enumerate(read_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                texts.append(json.loads(line)["text"])
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"--data={path}:{number}: not a JSON object with a 'text' field; LAMBADA's "
+                                "lines are {\"text\": \"...\"}.") from None
+    return texts
 
 
 def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict: bool,
@@ -281,20 +301,23 @@ def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict:
 
 
 def read_pairs(path: str) -> list[tuple[str, str]]:
-    """(inputs, targets) of each line of a JSONL file."""
+    """(inputs, targets) of each line of a JSONL file, or of a TSV file as training reads it."""
+    if path.endswith(".tsv"):
+        return objectives.read_pairs(path)
     pairs = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number}: not JSON ({e.msg}); each line must be "
-                                '{"inputs": "...", "targets": "..."}.') from None
-            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("inputs", "targets")):
-                raise UserError(f'{path}:{number}: needs string fields "inputs" and "targets".')
-            pairs.append((record["inputs"], record["targets"]))
+    for number, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not JSON ({e.msg}); each line must be "
+                            '{"inputs": "...", "targets": "..."} (a TSV file of pairs must be named *.tsv).') from None
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("inputs", "targets")):
+            raise UserError(f'{path}:{number}: needs string fields "inputs" and "targets".')
+        if not record["inputs"].strip() or not record["targets"].strip():
+            raise UserError(f'{path}:{number}: an empty "inputs" or "targets"; every pair needs text on both sides.')
+        pairs.append((record["inputs"], record["targets"]))
     if not pairs:
         raise UserError(f"{path} holds no pairs.")
     return pairs
@@ -319,14 +342,16 @@ def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: in
 def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], generate.Generator], tokenizer,
                      path: str, max_examples: int | None = None) -> dict:
     pairs = read_pairs(path)[:max_examples]
-    examples = [(tokenizer.encode(i) + [tokenizer.eod_id], tokenizer.encode(t) + [tokenizer.eod_id])
-                for i, t in pairs]
+    texts = [tokenizer.encode(i) for i, _ in pairs]
+    targets = [tokenizer.encode(t) + [tokenizer.eod_id] for _, t in pairs]
+    targets_len = max(map(len, targets))
+    generator = generator_for(targets_len)
+    examples = [(generator.lm.prompt_ids(i, tokenizer.eod_id), t) for i, t in zip(texts, targets)]  # as decoded
     inputs_len = max(len(i) for i, _ in examples)
-    targets_len = max(len(t) for _, t in examples)
     batches = (seq2seq_rows(examples[i:i + scorer.batch_size], inputs_len, targets_len)
                for i in range(0, len(examples), scorer.batch_size))
     scores = scorer.score(batches, -(-len(examples) // scorer.batch_size), "seq2seq")
-    decoded = generator_for(targets_len).generate([inputs for inputs, _ in examples])
+    decoded = generator.generate(texts)
     exact = sum(tokenizer.decode(ids) == target for ids, (_, target) in zip(decoded, pairs))
     num_tokens = sum(len(t) for _, t in examples)
     loss = float(scores["nll"].sum()) / num_tokens
@@ -349,6 +374,10 @@ def summary(result: dict) -> str:
     if result["task"] == "lambada":
         return (f"LAMBADA ({result['method']}): accuracy {result['accuracy']:.4f} "
                 f"({result['num_correct']}/{result['num_examples']})   target ppl {result['ppl']:.3f}")
+    if result["task"] == "classification":
+        f1 = f"   F1 {result['f1']:.4f} (positive label {result['positive_label']!r})" if "f1" in result else ""
+        return (f"classification  {result['num_examples']} examples: accuracy {result['accuracy']:.4f} "
+                f"({result['num_correct']}/{result['num_examples']}){f1}")
     if result["task"] == "seq2seq":
         return (f"seq2seq  {result['num_examples']} pairs, {result['num_target_tokens']:,} target tokens: "
                 f"loss {result['loss']:.4f}   token accuracy {result['token_accuracy']:.4f}   "
@@ -361,7 +390,7 @@ def summary(result: dict) -> str:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", required=True, choices=("wikitext", "lambada", "tokens", "seq2seq"))
+    parser.add_argument("--task", required=True, choices=("wikitext", "lambada", "tokens", "seq2seq", "classification"))
     parser.add_argument("--checkpoint", required=True, help="MODEL_DIR (latest step) or a step directory")
     parser.add_argument("--data", required=True,
                         help="wikitext file, lambada .jsonl, token-file prefix, or seq2seq .jsonl of pairs")
@@ -387,7 +416,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     check_arguments(args)
+    if args.task == "tokens":
+        check_token_file_tokenizer(args.data, args.tokenizer or inference.read_config(args.checkpoint)[1])
     config, params, tokenizer, partitioner = inference.load_for_inference(args, with_tokenizer=args.task != "tokens")
+    if args.task == "classification":
+        return classification_result(args, config, params, tokenizer, partitioner)
     lm = make_lm(config)
     scorer = Scorer(config, params, partitioner, args.batch_size)
     if (args.task == "seq2seq") != (lm.KIND == "encoder_decoder"):
@@ -415,6 +448,61 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+# ---------------------------------------------------------------- classification (encoder-only checkpoints)
+
+
+def classification_result(args: argparse.Namespace, config, params, tokenizer, partitioner: Partitioner) -> dict:
+    """--task=classification: accuracy (and F1 for two labels) of the checkpoint's classification head on
+    a JSONL / TSV of text, text_pair, label (labels named as the checkpoint's label list records them),
+    with every prediction."""
+    lm = make_lm(config)
+    if lm.KIND != "encoder_only" or "classification" not in lm.objectives(config):
+        raise UserError(f"--task=classification needs a checkpoint with a classification head; {args.checkpoint} "
+                        f"is a {lm.KIND} model ({config.summary()}).")
+    names = config.label_names()
+    ids, gold, _ = objectives.classification_examples(args.data, tokenizer, names, config.max_input_length())
+    limit = row_limit(args.max_batches, args.max_examples, args.batch_size)
+    ids, gold = ids[:limit], gold[:limit]
+    predicted = classify(lm, params, partitioner, ids, args.batch_size, objectives.mlm_vocabulary(tokenizer).pad_id)
+    result = {"task": "classification", **classification_metrics(gold, predicted, names),
+              "predictions": [{"index": i, "prediction": names[p], "label": names[g]}
+                              for i, (p, g) in enumerate(zip(predicted.tolist(), gold.tolist()))]}
+    result.update(checkpoint=args.checkpoint, data=args.data, tokenizer=tokenizer.path)
+    return result
+
+
+def classify(lm: LanguageModel, params, partitioner: Partitioner, ids: list[tuple[np.ndarray, np.ndarray]],
+             batch_size: int, pad_id: int) -> np.ndarray:
+    """The predicted label index of each (token ids, token types) example, in batches of `batch_size` rows
+    (rounded up to the data-parallel shards) as long as the longest example."""
+    shards = partitioner.batch_shards
+    rows_per_batch = -(-batch_size // shards) * shards
+    rows = objectives.ClassificationRows(ids, np.zeros(len(ids), np.int32), max(len(t) for t, _ in ids), pad_id)
+    sharding = partitioner.batch_sharding()
+    with partitioner.activate():
+        predict = jax.jit(lambda p, b: lm.score(p, b)["predictions"], out_shardings=partitioner.replicated)
+        predictions = []
+        for start in range(0, len(rows), rows_per_batch):
+            batch = [rows[i] for i in range(start, min(start + rows_per_batch, len(rows)))]
+            arrays = {k: pad_rows(np.stack([row[k] for row in batch]), rows_per_batch) for k in batch[0]}
+            out = jax.device_get(predict(params, {k: inference.global_array(v, sharding) for k, v in arrays.items()}))
+            predictions.append(np.asarray(out[:len(batch)]))
+    return np.concatenate(predictions)
+
+
+def classification_metrics(gold: np.ndarray, predicted: np.ndarray, names: Sequence[str]) -> dict:
+    """accuracy, and with two labels F1 of the second ('True', '1', ...) as the positive one."""
+    correct = int((gold == predicted).sum())
+    metrics = {"num_examples": len(gold), "num_correct": correct, "accuracy": correct / len(gold)}
+    if len(names) == 2:
+        true_positive = int(((predicted == 1) & (gold == 1)).sum())
+        precision = true_positive / max(int((predicted == 1).sum()), 1)
+        recall = true_positive / max(int((gold == 1).sum()), 1)
+        metrics.update(positive_label=names[1],
+                       f1=2 * precision * recall / (precision + recall) if precision + recall else 0.0)
+    return metrics
+
+
 def row_limit(max_batches: int | None, max_examples: int | None, batch_size: int) -> int | None:
     """The most windows / examples to score under --max_batches and --max_examples (None: all)."""
     limits = [n for n in (max_examples, None if max_batches is None else max_batches * batch_size) if n is not None]
@@ -424,7 +512,15 @@ def row_limit(max_batches: int | None, max_examples: int | None, batch_size: int
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse data of the wrong shape for the task, and flags that do not apply to it."""
+    """Refuse bad numbers, an unwritable --output, data of the wrong shape for the task, and flags that do
+    not apply to it (before anything is loaded)."""
+    for name in ("seq_len", "stride", "max_batches", "max_examples"):
+        if getattr(args, name) is not None:
+            validate.positive_int(f"--{name}", getattr(args, name))
+    validate.positive_int("--batch_size", args.batch_size)
+    inference.check_flags(args)
+    if args.output:
+        validate.writable_file("--output", args.output)
     if args.split and args.task != "tokens":
         raise UserError(f"--split applies to --task=tokens (a token file split by DATA_SPLIT), not {args.task}.")
     if args.task == "tokens":
@@ -447,6 +543,15 @@ def check_arguments(args: argparse.Namespace) -> None:
         except (ValueError, KeyError, TypeError):
             raise UserError(f"--data={args.data}: --task=lambada reads JSON lines with a 'text' field "
                             f"(lambada_test.jsonl); its first line is {first[:60]!r}.") from None
+
+
+def check_token_file_tokenizer(prefix: str, tokenizer: str | None) -> None:
+    """A token file made with another tokenizer than the checkpoint's is refused, as training refuses it."""
+    from t5x_like.data import open_token_file
+    from t5x_like.data.sources import token_files_vocabulary
+
+    if tokenizer and os.path.exists(tokenizer.removeprefix("cpm:")):
+        token_files_vocabulary([open_token_file(prefix)], tokenizer)
 
 
 def first_line(path: str) -> str:

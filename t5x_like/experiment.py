@@ -20,8 +20,8 @@ from jax.sharding import Mesh
 
 import models
 from partitioning import Partitioner, pipeline
-from t5x_like import distributed, optim, trainer
-from t5x_like.errors import UserError
+from t5x_like import distributed, optim, trainer, validate
+from t5x_like.errors import UserError, as_user_error
 from t5x_like.lm import LanguageModel, make_lm
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -132,19 +132,23 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     and keeps its vocabulary padding where it divides."""
     if on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
-    check_integers(batch_size=batch_size, grad_accum_steps=grad_accum_steps)
+    validate.positive_int("BATCH_SIZE", batch_size)
+    validate.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
+    validate.integer("SEED", seed)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
     config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture)
-    config.check_lengths(lengths)
+    with as_user_error():
+        config.check_lengths(lengths)
     step_config = trainer.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
         cross_entropy=cross_entropy,
         offload_optimizer_state=offload_optimizer_state)
-    layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
-                                 batch_size // grad_accum_steps, partitioner.batch_shards)
+    with as_user_error():
+        layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
+                                     batch_size // grad_accum_steps, partitioner.batch_shards)
     lm = make_lm(config, layer_stack)
     experiment = Experiment(config=config, lm=lm, partitioner=partitioner, optimizer=optimizer,
                             step_config=step_config, batch_size=batch_size, lengths=lengths, seed=seed,
@@ -206,6 +210,11 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
         config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
     if restored is None:
         return config
+    if restored.family != config.family:
+        raise UserError(f"the checkpoint (MODEL_DIR's, or RESTORE_FROM) holds a {restored.family!r} model but the "
+                        f"run's model_config builds a {config.family!r} one; use a run file of the checkpoint's "
+                        f"family (model_config.preset of family {restored.family!r}), or another checkpoint / "
+                        "MODEL_DIR.")
     saved, wanted = restored.architecture(), config.architecture()
     differ = {f: (saved.get(f), wanted.get(f)) for f in sorted(set(saved) | set(wanted))
               if saved.get(f) != wanted.get(f)}

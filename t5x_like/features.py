@@ -3,7 +3,11 @@
 Decoder-only batches: decoder_input_tokens, decoder_target_tokens, decoder_loss_weights, and when
 packed decoder_segment_ids (documents 1, 2, ...; 0 = padding) and decoder_positions (restart at 0 per
 document). Encoder-decoder batches add encoder_input_tokens (+ encoder_segment_ids, encoder_positions).
-Lengths come from FEATURE_LENGTHS: {'targets': T} or {'inputs': I, 'targets': T}.
+Encoder-only batches (BERT) hold encoder_input_tokens, encoder_segment_ids (1 = real, 0 = padding; the
+documents 1, 2, ... when packed, with encoder_positions) and encoder_token_types (0 = first segment,
+1 = the pair's second), plus for masked-LM training encoder_target_tokens (the original ids) and
+encoder_loss_weights (1 at the masked positions), or for classification classification_labels [batch, 1].
+Lengths come from FEATURE_LENGTHS: {'targets': T}, {'inputs': I, 'targets': T} or {'inputs': I}.
 """
 DECODER_INPUT_TOKENS = "decoder_input_tokens"
 DECODER_TARGET_TOKENS = "decoder_target_tokens"
@@ -13,6 +17,10 @@ DECODER_POSITIONS = "decoder_positions"
 ENCODER_INPUT_TOKENS = "encoder_input_tokens"
 ENCODER_SEGMENT_IDS = "encoder_segment_ids"
 ENCODER_POSITIONS = "encoder_positions"
+ENCODER_TOKEN_TYPES = "encoder_token_types"
+ENCODER_TARGET_TOKENS = "encoder_target_tokens"
+ENCODER_LOSS_WEIGHTS = "encoder_loss_weights"
+CLASSIFICATION_LABELS = "classification_labels"
 
 DECODER_START_ID = 0
 """An encoder-decoder's first decoder input: the targets are shifted right with it (seqio, T5)."""

@@ -7,8 +7,9 @@ Prompts of different lengths share a batch: they are left-padded, padding is mas
 attention (segment id 0) and positions count from each row's first real token, so every row
 decodes exactly as it would alone. A row stops at the tokenizer's end-of-document id; the loop
 stops when every row has. Temperature 0 is greedy decoding; --num_beams=N beam search (with
---length_penalty). For an encoder-decoder checkpoint (T5) each prompt is the encoder's input and
-the completion is the decoded target text; the decoder starts from id 0 and caches its own and the
+--length_penalty). For an encoder-decoder checkpoint (T5) each prompt is the encoder's input, with
+EOS appended as in training (and as transformers' T5 tokenizer does), and the completion is the
+decoded target text; the decoder starts from id 0 and caches its own and the
 cross-attention keys/values (the encoder runs once). Each output line is a JSON object
 with `prompt`, `completion`, `tokens` (the generated ids, without the end-of-document id) and
 `finish_reason` ('eod' or 'length').
@@ -19,6 +20,8 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -27,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from partitioning import Partitioner
-from t5x_like import distributed, inference
+from t5x_like import distributed, inference, validate
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.lm import make_lm
 
@@ -118,10 +121,12 @@ class Generator:
         return bucketed if self.room is None else min(self.room, bucketed)
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[list[int]]:
-        """Generated ids per prompt, cut before the first end-of-document id. Prompts longer than the
+        """Generated ids per prompt (a prompt text's token ids; the model's kind adds what training adds:
+        EOS after an encoder's input), cut before the first end-of-document id. Prompts longer than the
         model's room (decoder-only: max_len - max_new_tokens) keep their last tokens; an empty prompt
         starts from end-of-document."""
-        prompts = [list(p)[-(self.room or len(p)):] if len(p) else [self.eod_id] for p in prompts]
+        prompts = [self.lm.prompt_ids(p, self.eod_id) for p in prompts]
+        prompts = [p[-(self.room or len(p)):] if p else [self.eod_id] for p in prompts]
         results = []
         sharding = self.partitioner.batch_sharding()
         for first in range(0, len(prompts), self.batch_size):
@@ -146,14 +151,70 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     """--prompt values, then --prompts_file (a .jsonl with 'prompt' fields, or one prompt per line)."""
     prompts = list(args.prompt or [])
     if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f if line.strip()]
+        validate.existing_file("--prompts_file", args.prompts_file)
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                lines = [line.rstrip("\n") for line in f if line.strip()]
+        except UnicodeDecodeError as e:
+            raise UserError(f"--prompts_file={args.prompts_file}: byte {e.start} is not UTF-8 (a binary file?); "
+                            "give a UTF-8 text file.") from None
         if args.prompts_file.endswith(".jsonl"):
-            lines = [json.loads(line)["prompt"] for line in lines]
+            lines = [jsonl_prompt(args.prompts_file, number, line) for number, line in enumerate(lines, 1)]
         prompts.extend(lines)
     if not prompts:
         raise UserError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
     return prompts
+
+
+def jsonl_prompt(path: str, number: int, line: str) -> str:
+    try:
+        prompt = json.loads(line)["prompt"]
+    except (ValueError, KeyError, TypeError):
+        prompt = None
+    if not isinstance(prompt, str):
+        raise UserError(f"--prompts_file={path}: line {number} is not a JSON object with a string 'prompt' field "
+                        "(a .jsonl file holds {\"prompt\": \"...\"} per line; any other name: one prompt per line).")
+    return prompt
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every number in range and --output writable, before anything is loaded."""
+    validate.positive_int("--max_new_tokens", args.max_new_tokens)
+    validate.positive_int("--batch_size", args.batch_size)
+    validate.positive_int("--num_beams", args.num_beams, fix="1 = no beam search")
+    validate.non_negative_int("--top_k", args.top_k, fix="0 = no top-k filter")
+    validate.finite_float("--temperature", args.temperature, minimum=0.0, fix="0 = greedy")
+    validate.finite_float("--top_p", args.top_p, minimum=0.0, exclusive_minimum=True, maximum=1.0,
+                          fix="1 = no nucleus filter")
+    validate.finite_float("--length_penalty", args.length_penalty)
+    inference.check_flags(args)
+    if args.output:
+        validate.writable_file("--output", args.output)
+
+
+def check_model_fits(config, args: argparse.Namespace) -> None:
+    """--num_beams and --top_k within the vocabulary, and the decoding cache within memory."""
+    if args.num_beams > config.vocab_size or args.top_k > config.vocab_size:
+        flag, value = ("--num_beams", args.num_beams) if args.num_beams > config.vocab_size else ("--top_k", args.top_k)
+        raise UserError(f"{flag}={value} exceeds the model's {config.vocab_size}-id vocabulary.")
+    lm = make_lm(config)
+    room = lm.max_prompt_length(args.max_new_tokens)  # bounds --max_new_tokens where the model has a max_len
+    rows = -(-args.batch_size // jax.device_count()) * jax.device_count() * args.num_beams
+    shapes, _ = lm.cache_layout(rows, min(room or PROMPT_BUCKET, PROMPT_BUCKET), args.max_new_tokens)
+    needed = sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes))
+    memory = memory_per_device() * jax.device_count()
+    if needed > memory:
+        raise UserError(f"--max_new_tokens={args.max_new_tokens} x --batch_size={args.batch_size} x --num_beams="
+                        f"{args.num_beams}: the decoding cache alone needs {needed / 2**30:,.1f} GiB but the devices "
+                        f"hold {memory / 2**30:,.1f} GiB; lower them.")
+
+
+def memory_per_device() -> int:
+    """Bytes of memory of one device (of the host's memory shared by its CPU devices)."""
+    stats = jax.devices()[0].memory_stats() if jax.devices()[0].platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.device_count()
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -188,9 +249,11 @@ def sampling_settings(args: argparse.Namespace) -> Sampling:
 @exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    check_arguments(args)
     inference.join_cluster(args)
     prompts = read_prompts(args)
     settings = sampling_settings(args)
+    check_model_fits(inference.read_config(args.checkpoint)[0], args)
     config, params, tokenizer, partitioner = inference.load_for_inference(args)
     generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
                           max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size,

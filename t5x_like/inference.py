@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
@@ -11,7 +12,7 @@ import numpy as np
 
 import models
 from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints, distributed
+from t5x_like import checkpoints, distributed, validate
 from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
 
@@ -27,11 +28,9 @@ def read_config(checkpoint: str):
 
 def open_tokenizer(path: str | None, config, checkpoint: str = ""):
     """The tokenizer at `path`, checked to fit the model's vocabulary."""
-    from t5x_like.data import load_tokenizer
-
     if not path:
         raise UserError(f"checkpoint {checkpoint} records no tokenizer; pass --tokenizer=PATH.")
-    tokenizer = load_tokenizer(path)
+    tokenizer = validate.tokenizer("--tokenizer", path)
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
@@ -72,7 +71,38 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
                         help="compute dtype (default: the checkpoint's)")
 
 
+MESH_FLAGS = ("data_parallel", "fsdp_parallel", "tensor_parallel")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The mesh and multi-host flags, checked before anything is loaded (in flag names, with the fix)."""
+    from partitioning import rules
+
+    validate.positive_int("--heartbeat_timeout_seconds", args.heartbeat_timeout_seconds)
+    if args.num_processes is not None:
+        validate.positive_int("--num_processes", args.num_processes)
+    if args.process_id is not None:
+        validate.non_negative_int("--process_id", args.process_id)
+    sizes = {f"--{name}": getattr(args, name) for name in MESH_FLAGS}
+    given = " ".join(f"{flag}={size}" for flag, size in sizes.items())
+    if any(size < 1 and size != -1 for size in sizes.values()) or list(sizes.values()).count(-1) > 1:
+        raise UserError(f"{given}: mesh sizes are positive, or -1 for one of them to fill the devices.")
+    validate.one_of("--rules", args.rules, tuple(rules.RULE_SETS))
+
+
+def check_mesh_fits(args: argparse.Namespace) -> None:
+    """The mesh flags against the devices (all processes' devices: call it after join_cluster)."""
+    sizes = [getattr(args, name) for name in MESH_FLAGS]
+    known, devices = math.prod(size for size in sizes if size != -1), jax.device_count()
+    if (devices % known) if -1 in sizes else (known != devices):
+        given = " ".join(f"--{name}={size}" for name, size in zip(MESH_FLAGS, sizes))
+        raise UserError(f"{given}: the sizes multiply to {known}, which does not "
+                        f"{'divide' if -1 in sizes else 'equal'} the {devices} devices here; choose sizes whose "
+                        "product is the device count, or leave one at -1 (fill).")
+
+
 def partitioner_from(args: argparse.Namespace) -> Partitioner:
+    check_mesh_fits(args)
     mesh = make_mesh(data=args.data_parallel, fsdp=args.fsdp_parallel, tensor=args.tensor_parallel)
     return Partitioner(mesh, args.rules)
 

@@ -2,10 +2,12 @@
 
 A LanguageModel wraps a family module (models/) and knows its batch: the feature names (seqio's,
 defined once here), how a batch feeds the module, the loss sums, per-token scores, KV-cache decoding,
-FLOPs and parameter counts. Two kinds exist, picked by the family registry's `kind`:
+FLOPs and parameter counts. Three kinds exist, picked by the family registry's `kind`:
 
     DecoderOnlyLM     GPT-2, GPT-NeoX: decoder_* features; FEATURE_LENGTHS {'targets': T}
     EncoderDecoderLM  T5 (its own issue): adds encoder_* features; {'inputs': I, 'targets': T}
+    EncoderOnlyLM     BERT, RoBERTa: encoder_* features, masked-LM targets or classification labels;
+                      {'inputs': I}
 
 Decoder-only family modules are called as `module(tokens, *, positions, segment_ids, deterministic,
 return_hidden)` and return fp32 logits over the padded vocabulary (padding ids masked), or with
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -27,9 +29,10 @@ import models
 from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_scores
 from t5x_like import beam_search
 from t5x_like.errors import UserError
-from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
-                               DECODER_TARGET_TOKENS, DECODER_START_ID, ENCODER_INPUT_TOKENS, ENCODER_POSITIONS,
-                               ENCODER_SEGMENT_IDS)
+from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
+                               DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS, DECODER_START_ID, ENCODER_INPUT_TOKENS,
+                               ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS, ENCODER_TARGET_TOKENS,
+                               ENCODER_TOKEN_TYPES)
 
 Batch = dict[str, jax.Array]
 Lengths = Mapping[str, int]
@@ -63,6 +66,11 @@ class LanguageModel:
 
     KIND: ClassVar[str]
 
+    @staticmethod
+    def objectives(config: models.FamilyConfig) -> tuple[str, ...]:
+        """The data objectives (OBJECTIVE) whose batches this kind of model trains on."""
+        raise NotImplementedError
+
     def __init__(self, config: models.FamilyConfig, module: nn.Module):
         self.config = config
         self.module = module
@@ -75,6 +83,14 @@ class LanguageModel:
     def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
         """(positional, keyword) arguments of the module for a batch."""
         raise NotImplementedError
+
+    def targets(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        """(target ids, fp32 loss weights) of a batch, each [batch, length]."""
+        return batch[DECODER_TARGET_TOKENS], batch[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+
+    def loss_weights(self, batch: Batch) -> jax.Array:
+        """The fp32 weight of each scored target (what `score`'s outputs are weighted by)."""
+        return self.targets(batch)[1]
 
     # -- parameters
     def init(self, rng: jax.Array, lengths: Lengths) -> Any:
@@ -117,8 +133,7 @@ class LanguageModel:
         outputs = self.module.apply({"params": params}, *args, **kwargs, deterministic=dropout_rng is None,
                                     return_hidden=cross_entropy == "chunked",
                                     rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
-        targets = batch[DECODER_TARGET_TOKENS]
-        weights = batch[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+        targets, weights = self.targets(batch)
         if cross_entropy == "chunked":
             hidden, table = outputs
             nll, z = chunked_cross_entropy(hidden, table, targets, weights,
@@ -132,7 +147,7 @@ class LanguageModel:
         the final hidden states in chunks (the batch's full logits never exist at once)."""
         args, kwargs = self.module_inputs(batch)
         hidden, table = self.module.apply({"params": params}, *args, **kwargs, return_hidden=True)
-        log_prob, correct = chunked_token_scores(hidden, table, batch[DECODER_TARGET_TOKENS],
+        log_prob, correct = chunked_token_scores(hidden, table, self.targets(batch)[0],
                                                  vocab_size=self.config.vocab_size)
         return {"log_prob": log_prob, "correct": correct}
 
@@ -141,6 +156,11 @@ class LanguageModel:
         return self.config.train_flops_per_example(lengths) * batch_size
 
     # -- decoding (generate, eval): each kind prefills its prompts, then steps one token at a time
+    def prompt_ids(self, ids: Sequence[int], eod_id: int) -> list[int]:
+        """The ids the model reads for a prompt text's token ids, built as training builds its inputs
+        (every decode path asks this): a decoder continues the text's ids as they are."""
+        return list(ids)
+
     def max_prompt_length(self, max_new_tokens: int) -> int | None:
         """The longest prompt that leaves room for max_new_tokens new ones (None: no limit)."""
         raise NotImplementedError
@@ -209,6 +229,10 @@ class DecoderOnlyLM(LanguageModel):
 
     KIND = "decoder_only"
 
+    @staticmethod
+    def objectives(config: models.FamilyConfig) -> tuple[str, ...]:
+        return ("causal_lm",)
+
     def required_lengths(self) -> tuple[str, ...]:
         return ("targets",)
 
@@ -276,6 +300,10 @@ class EncoderDecoderLM(LanguageModel):
 
     KIND = "encoder_decoder"
 
+    @staticmethod
+    def objectives(config: models.FamilyConfig) -> tuple[str, ...]:
+        return ("span_corruption", "seq2seq")
+
     def required_lengths(self) -> tuple[str, ...]:
         return ("inputs", "targets")
 
@@ -299,6 +327,11 @@ class EncoderDecoderLM(LanguageModel):
         if max_new_tokens < 1:
             raise UserError(f"--max_new_tokens={max_new_tokens} must be at least 1.")
         return None
+
+    def prompt_ids(self, ids: Sequence[int], eod_id: int) -> list[int]:
+        """The encoder reads EOS after the text, as in training (span corruption and seq2seq append it to
+        every input), seqio and transformers' T5 tokenizer."""
+        return [*ids, eod_id]
 
     def cache_layout(self, batch: int, prompt_length: int, max_new_tokens: int) -> tuple[Any, Any]:
         def create(params):
@@ -332,7 +365,94 @@ class EncoderDecoderLM(LanguageModel):
         return logits[:, -1], (variables["cache"], mask)
 
 
-LANGUAGE_MODELS: dict[str, type[LanguageModel]] = {cls.KIND: cls for cls in (DecoderOnlyLM, EncoderDecoderLM)}
+class EncoderOnlyLM(LanguageModel):
+    """BERT-style models: the encoder reads encoder_input_tokens (+ token types) and, by the config's
+    `head`, predicts the masked tokens ('mlm': encoder_target_tokens where encoder_loss_weights is 1)
+    or one label per row ('classification': classification_labels). The module is called as
+    `module(tokens, *, token_types, segment_ids, positions, deterministic, return_hidden)`; it does not
+    decode."""
+
+    KIND = "encoder_only"
+
+    @staticmethod
+    def objectives(config: models.FamilyConfig) -> tuple[str, ...]:
+        return ("classification",) if config.head == "classification" else ("mlm",)
+
+    def required_lengths(self) -> tuple[str, ...]:
+        return ("inputs",)
+
+    @property
+    def classifies(self) -> bool:
+        return self.config.head == "classification"
+
+    def batch_spec(self, lengths: Lengths, batch_size: int, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        rows = (batch_size, lengths["inputs"])
+        spec = {ENCODER_INPUT_TOKENS: (rows, jnp.int32), ENCODER_SEGMENT_IDS: (rows, jnp.int32),
+                ENCODER_TOKEN_TYPES: (rows, jnp.int32)}
+        if self.classifies:
+            spec[CLASSIFICATION_LABELS] = ((batch_size, 1), jnp.int32)  # [batch, 1]: rows shard as every feature
+        else:
+            spec.update({ENCODER_TARGET_TOKENS: (rows, jnp.int32), ENCODER_LOSS_WEIGHTS: (rows, jnp.float32)})
+        if packed:
+            spec[ENCODER_POSITIONS] = (rows, jnp.int32)
+        return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in spec.items()}
+
+    def module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        names = {ENCODER_TOKEN_TYPES: "token_types", ENCODER_SEGMENT_IDS: "segment_ids",
+                 ENCODER_POSITIONS: "positions"}
+        return (batch[ENCODER_INPUT_TOKENS],), {arg: batch[k] for k, arg in names.items() if k in batch}
+
+    def targets(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        wanted = (CLASSIFICATION_LABELS,) if self.classifies else (ENCODER_TARGET_TOKENS, ENCODER_LOSS_WEIGHTS)
+        if any(name not in batch for name in wanted):
+            raise UserError(f"the batch has no {' / '.join(wanted)}: the model's {self.config.head!r} head trains "
+                            f"with OBJECTIVE={self.objectives(self.config)[0]!r} (a RESTORE_FROM checkpoint brings "
+                            "its own head: README, 'BERT and RoBERTa', shows how to give it a classification head).")
+        if self.classifies:
+            labels = batch[CLASSIFICATION_LABELS][:, 0]
+            return labels, jnp.ones(labels.shape, jnp.float32)
+        return batch[ENCODER_TARGET_TOKENS], batch[ENCODER_LOSS_WEIGHTS].astype(jnp.float32)
+
+    def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,
+                  z_loss: float = 0.0, cross_entropy: str = "chunked") -> tuple[jax.Array, jax.Array, jax.Array]:
+        if not self.classifies:
+            return super().loss_sums(params, batch, dropout_rng, z_loss=z_loss, cross_entropy=cross_entropy)
+        args, kwargs = self.module_inputs(batch)
+        logits = self.module.apply({"params": params}, *args, **kwargs, deterministic=dropout_rng is None,
+                                   rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
+        labels, weights = self.targets(batch)
+        nll, z = cross_entropy_sums(logits, labels, weights, z_loss)
+        return nll, z, weights.sum()
+
+    def score(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
+        """Masked-LM: per token, as the other kinds. Classification: per row, `log_prob` of the label,
+        `correct` (the label is the argmax) and the `predictions` (argmax label)."""
+        if not self.classifies:
+            return super().score(params, batch)
+        args, kwargs = self.module_inputs(batch)
+        log_probs = jax.nn.log_softmax(self.module.apply({"params": params}, *args, **kwargs), axis=-1)
+        labels = self.targets(batch)[0]
+        predictions = jnp.argmax(log_probs, axis=-1)
+        return {"log_prob": jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0],
+                "correct": predictions == labels, "predictions": predictions}
+
+    def max_prompt_length(self, max_new_tokens: int) -> None:
+        raise UserError(f"{self.config.family} is an encoder-only model: it does not generate text; use a "
+                        "decoder-only or encoder-decoder checkpoint, or `t5x_like.eval --task=classification`.")
+
+
+LANGUAGE_MODELS: dict[str, type[LanguageModel]] = {cls.KIND: cls for cls in (DecoderOnlyLM, EncoderDecoderLM,
+                                                                           EncoderOnlyLM)}
+
+
+def check_objective(config: models.FamilyConfig, objective: str) -> None:
+    """A UserError naming OBJECTIVE and the fix when the model cannot train on its batches."""
+    kind = models.family_of(config).kind
+    trains = LANGUAGE_MODELS[kind].objectives(config)
+    if objective not in trains:
+        raise UserError(f"OBJECTIVE={objective!r} cannot train the {config.family} model ({kind.replace('_', '-')}); "
+                        f"it trains with OBJECTIVE={' or '.join(map(repr, trains))}: set that, or choose a model "
+                        "preset of another kind.")
 
 
 def make_lm(config: models.FamilyConfig, layer_stack: Callable | None = None) -> LanguageModel:

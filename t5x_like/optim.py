@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import optax
 
+from t5x_like import validate
 from t5x_like.errors import UserError
 
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
@@ -75,6 +76,16 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay."""
     if name not in OPTIMIZERS:
         raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
+    validate.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
+    validate.non_negative_int("WARMUP_STEPS", warmup_steps)
+    validate.non_negative_int("TRAIN_STEPS", total_steps)
+    validate.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,
+                          maximum=1.0)
+    validate.finite_float("optim.make_optimizer.weight_decay", weight_decay, minimum=0.0)
+    validate.finite_float("optim.make_optimizer.clip_grad_norm", clip_grad_norm, minimum=0.0, fix="0 = no clipping")
+    for beta, value in (("b1", b1), ("b2", b2), ("adafactor_decay_rate", adafactor_decay_rate)):
+        validate.finite_float(f"optim.make_optimizer.{beta}", value, minimum=0.0, maximum=1.0)
+    validate.finite_float("optim.make_optimizer.eps", eps, minimum=0.0, exclusive_minimum=True)
     schedule = learning_rate_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
                                       decay=decay, min_ratio=min_learning_rate_ratio)
     if name == "adamw":

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import inspect
 import math
 import os
 import re
@@ -26,10 +27,12 @@ from absl import flags, logging
 import configs
 import models
 from partitioning import make_mesh
-from t5x_like import checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, stopping, trainer
+from t5x_like import (checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, stopping, trainer,
+                      validate)
+from t5x_like.data import loader
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
-from t5x_like.experiment import Experiment, build_experiment, check_integers
-from t5x_like.lm import make_lm
+from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.lm import check_objective, make_lm
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
@@ -68,9 +71,16 @@ def model_config(preset: str = gin.REQUIRED, *, vocab_from_tokenizer: bool = Fal
     values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers)
     values.update(overrides or {})
     try:
-        return models.config_from_dict(values)
+        config = models.config_from_dict(values)
     except ValueError as e:
         raise UserError(f"model_config (preset {preset!r}, overrides {overrides}): {e}") from None
+    negative = {k: v for k, v in config.architecture().items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0}
+    if negative:
+        raise UserError(f"model_config (preset {preset!r}, overrides {overrides}): {negative} must not be negative; "
+                        "fix model_config.overrides.")
+    check_objective(config, gin.get_bindings("data.make_source").get("objective", "causal_lm"))
+    return config
 
 
 def run_vocab_size() -> int:
@@ -97,14 +107,13 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
     A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
     stops the run, nothing of that step saved; 'skip' goes on). `on_corrupt_checkpoint`: a damaged
     checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop')."""
-    check_integers(train_steps=train_steps, checkpoint_every=checkpoint_every, eval_every=eval_every,
-                   eval_steps=eval_steps, log_every=log_every)
-    if on_corrupt_checkpoint not in checkpoints.ON_CORRUPT:
-        raise UserError(f"train.on_corrupt_checkpoint={on_corrupt_checkpoint!r}: choose one of "
-                        f"{checkpoints.ON_CORRUPT}.")
+    check_settings(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
+                   keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_steps=eval_steps,
+                   restore_from=restore_from, log_every=log_every, on_corrupt_checkpoint=on_corrupt_checkpoint)
     primary = distributed.is_primary()
     with contextlib.ExitStack() as run:
         if primary:
+            run.push(no_empty_folders_after_failure(model_dir))  # runs last, after the lock is released
             run.enter_context(run_lock.RunLock(model_dir))
         ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
         run.callback(ckpt.close)
@@ -186,6 +195,70 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
             logging.info("%s", summary(model_dir, step - first_step, step, train_steps, exp.tokens_per_step,
                                        time.perf_counter() - start))
     return TrainResult(step, stop.signum)
+
+
+def no_empty_folders_after_failure(model_dir: str) -> Callable[..., None]:
+    """An ExitStack callback: a start that fails (a configuration error found once MODEL_DIR is locked and
+    orbax has made checkpoints/) removes the folders it made and left empty: new ones in MODEL_DIR, then
+    MODEL_DIR and the parents made for it."""
+    made, path = [], os.path.abspath(model_dir)
+    while not os.path.exists(path):
+        made.append(path)  # innermost first
+        path = os.path.dirname(path)
+    existing = set() if made else set(os.listdir(model_dir))
+
+    def on_exit(exc_type, *_) -> None:
+        if exc_type is None or not os.path.isdir(model_dir):
+            return
+        for name in sorted(set(os.listdir(model_dir)) - existing):
+            if os.path.isdir(os.path.join(model_dir, name)) and not os.path.islink(os.path.join(model_dir, name)):
+                for folder, _, _ in os.walk(os.path.join(model_dir, name), topdown=False):
+                    with contextlib.suppress(OSError):  # it holds files: kept
+                        os.rmdir(folder)
+        for folder in made:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty: kept, and so are its parents
+                return
+
+    return on_exit
+
+
+def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps,
+                   restore_from, log_every, on_corrupt_checkpoint, **_) -> None:
+    """train()'s settings in range and MODEL_DIR writable: run by train() and by --print_config."""
+    validate.non_negative_int("TRAIN_STEPS", train_steps)
+    validate.positive_int("CHECKPOINT_EVERY", checkpoint_every)
+    validate.positive_int("train.keep_checkpoints", keep_checkpoints)
+    validate.non_negative_int("EVAL_EVERY", eval_every, fix="0 = no periodic validation")
+    validate.positive_int("EVAL_STEPS", eval_steps)
+    validate.positive_int("train.log_every", log_every)
+    validate.one_of("train.on_corrupt_checkpoint", on_corrupt_checkpoint, checkpoints.ON_CORRUPT)
+    for name, value in (("MODEL_DIR", model_dir), ("RESTORE_FROM", restore_from or "-")):
+        if not isinstance(value, str) or value == "":
+            raise UserError(f"{name}={value!r}: expected a path in quotes, e.g. --gin.{name}=\"'/runs/run1'\".")
+    validate.writable_dir("MODEL_DIR", model_dir)
+
+
+def check_data_settings(settings: dict) -> None:
+    """What --print_config can check of the data settings without opening the data (training checks the rest)."""
+    loader.split_documents(settings["data_split"], 1000, "train", "DATA_SPLIT")
+    if not isinstance(settings["packing"], bool):
+        raise UserError(f"PACKING={settings['packing']!r}: expected True or False (no quotes).")
+    paths, weights = settings.get("data_path"), settings.get("blend_weights")
+    count = len(paths) if isinstance(paths, (list, tuple)) else 1 if paths else 0
+    if weights is not None and (not isinstance(weights, (list, tuple)) or len(weights) != count):
+        raise UserError(f"BLEND_WEIGHTS={weights!r}: give one weight per DATA_PATH prefix ({count} given), or leave "
+                        "it None.")
+    for weight in weights or ():
+        validate.finite_float("BLEND_WEIGHTS", weight, minimum=0.0, exclusive_minimum=True)
+
+
+def bound_settings(configurable: Callable) -> dict:
+    """The gin-bound arguments of a configurable merged over its defaults."""
+    defaults = {name: p.default for name, p in inspect.signature(configurable).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return {**defaults, **copy.deepcopy(gin.get_bindings(configurable, resolve_references=False))}
 
 
 def finished_run(ckpt: checkpoints.Checkpointer, latest: int, train_steps: int, model_dir: str) -> TrainResult:
@@ -387,6 +460,20 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
             raise
         raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
                         f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
+    check_seq_len_is_used()
+
+
+def check_seq_len_is_used() -> None:
+    """SEQ_LEN is the decoder-only shorthand for FEATURE_LENGTHS = {'targets': SEQ_LEN}: set while the run's
+    FEATURE_LENGTHS does not use it (an encoder-decoder run file), it would be silently ignored."""
+    values = gin_cli.macro_values()
+    seq_len, lengths = values.get("SEQ_LEN"), values.get("FEATURE_LENGTHS")
+    if seq_len is None or not isinstance(lengths, dict):
+        return
+    if not any(isinstance(v, gin.config.ConfigurableReference) for v in lengths.values()):
+        raise UserError(f"SEQ_LEN={seq_len} is not used: the run sets FEATURE_LENGTHS={lengths} itself (SEQ_LEN is "
+                        "the decoder-only shorthand for FEATURE_LENGTHS={'targets': N}); set FEATURE_LENGTHS, e.g. "
+                        f"--gin.FEATURE_LENGTHS=\"{dict(lengths, targets=seq_len)}\", and leave SEQ_LEN unset.")
 
 
 def describe_run() -> str:
@@ -394,7 +481,9 @@ def describe_run() -> str:
     experiment as train() does (nothing is initialised or compiled); reads MODEL_DIR's checkpoint, if
     any, and writes nothing. A mesh this machine's devices cannot hold (a pod's configuration on a
     workstation) is reported, not checked."""
-    bound = copy.deepcopy(gin.get_bindings("train", resolve_references=False))  # evaluates the macros
+    bound = bound_settings(train)  # evaluates the macros
+    check_settings(**bound)
+    check_data_settings(bound_settings(make_source))
     model_dir, restore_from = bound["model_dir"], bound.get("restore_from")
     resuming = has_checkpoint(model_dir)
     restored_from = model_dir if resuming else restore_from

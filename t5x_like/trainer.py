@@ -17,7 +17,6 @@ import optax
 
 from partitioning.pipeline import split_microbatches
 from t5x_like import optim
-from t5x_like.features import DECODER_LOSS_WEIGHTS
 from t5x_like.lm import LanguageModel, Lengths, check_cross_entropy
 
 Batch = dict[str, jax.Array]
@@ -26,7 +25,9 @@ Metrics = dict[str, jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class LossScaleConfig:
-    """Dynamic loss scaling for float16 compute, with DeepSpeed's fp16 knobs.
+    """Dynamic loss scaling for float16 compute, with DeepSpeed's fp16 knobs and meaning: the scale
+    multiplies the step's mean loss (not its sum over tokens), so a DeepSpeed fp16 section
+    (initial_scale_power, loss_scale_window, hysteresis, min_loss_scale) behaves as it does there.
 
     The scale starts at 2**initial_scale_power. A step whose gradients are not finite is
     skipped; after `hysteresis` such steps in a row the scale halves (not below min_scale).
@@ -119,7 +120,7 @@ def sum_over_microbatches(fn: Callable[[Batch, jax.Array], Any], batch: Batch, c
 
 def accumulate_gradients(grad_fn: Callable, params: Any, batch: Batch, rng: jax.Array, count: int):
     """Sum (grads, aux) of grad_fn over `count` microbatches, each with its own dropout key."""
-    if count == 1:
+    if count == 1:  # the step's own key, not fold_in(key, 0): runs without accumulation keep their dropout
         return grad_fn(params, batch, rng)
     return sum_over_microbatches(lambda micro, i: grad_fn(params, micro, jax.random.fold_in(rng, i)), batch, count)
 
@@ -147,10 +148,13 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
         rng = jax.random.fold_in(state.rng, state.step)
+        # Differentiate the mean loss times the scale, as DeepSpeed and Apex do: a loss scale (and its
+        # overflow point) means what it means there, whatever the step's token count.
+        tokens = jnp.maximum(lm.loss_weights(batch).sum(), 1.0)
         grads, (nll, z, weight) = accumulate_gradients(
-            functools.partial(grad_fn, scale=scale), state.params, batch, rng, config.grad_accum_steps)
+            functools.partial(grad_fn, scale=scale / tokens), state.params, batch, rng, config.grad_accum_steps)
         weight = jnp.maximum(weight, 1.0)
-        grads = jax.tree.map(lambda g: g / (weight * scale), grads)
+        grads = jax.tree.map(lambda g: g * (tokens / (weight * scale)), grads)
         grad_finite = leaf_finite(grads)
         old_opt_state = state.opt_state
         if config.offload_optimizer_state:
@@ -192,7 +196,7 @@ def make_eval_step(lm: LanguageModel, microbatches: int = 1) -> Callable[[Any, B
     def eval_step(params: Any, batch: Batch) -> Metrics:
         def sums(micro: Batch, _) -> Metrics:
             scores = lm.score(params, micro)
-            weights = micro[DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+            weights = lm.loss_weights(micro)
             return {"nll_sum": -(scores["log_prob"] * weights).sum(),
                     "accuracy_sum": (scores["correct"] * weights).sum(), "weight_sum": weights.sum()}
 

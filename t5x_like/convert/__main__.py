@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 import models
+from t5x_like import checkpoints, validate
 from t5x_like.convert import hf, neox
-from t5x_like.errors import exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -50,8 +52,32 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse bad values and unwritable outputs before converting anything."""
+    if args.command == "to-hf":
+        validate.writable_dir("DST", args.dst)
+    elif args.command == "to-torch":
+        validate.writable_file("FILE", args.file)
+    else:
+        validate.non_negative_int("--step", args.step)
+        validate.positive_int("--vocab_pad_multiple", args.vocab_pad_multiple)
+        validate.writable_dir("DST", args.dst)
+        refuse_existing_checkpoints(args.dst)
+
+
+def refuse_existing_checkpoints(dst: str) -> None:
+    """A converter writes a new MODEL_DIR: never a step into a training run (or another import)."""
+    directory = os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR)
+    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
+    if steps or os.path.exists(os.path.join(dst, "metrics.jsonl")):
+        held = f"checkpoints (steps {', '.join(map(str, steps[-3:]))})" if steps else "a training run (metrics.jsonl)"
+        raise UserError(f"DST={dst} already holds {held}; a converted checkpoint goes into a new directory: give "
+                        "another DST, then fine-tune from it with --gin.RESTORE_FROM=\"'DST'\".")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    check_arguments(args)
     if args.command == "to-hf":
         hf.to_hf(args.src, args.dst)
         print(f"wrote {args.dst} (config.json, model.safetensors)")

@@ -26,9 +26,10 @@ from t5x_like.errors import UserError
 # One converter module per registered family: t5x_like/convert/<family>.py.
 FAMILIES = {name: importlib.import_module(f"t5x_like.convert.{name}") for name in models.FAMILIES}
 """Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
-entries and block stacks), config_to_hf, config_from_hf, tokenizer_config."""
-HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "spiece.model", "tokenizer_config.json",
-                      "special_tokens_map.json")
+entries and block stacks), config_to_hf, config_from_hf, tokenizer_config; optionally tied(config) (to-torch),
+copied(config) (to-hf) and config_for_tensors(config, tensors) (from-hf, T5's head)."""
+HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "spiece.model", "vocab.txt",
+                      "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 OPENAI_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
                   "merges.txt": "merges.txt"}
 
@@ -66,8 +67,11 @@ def to_hf(src: str, dst: str) -> None:
 
     config, tokenizer_path = inference.read_config(src)
     tokenizer = inference.open_tokenizer(tokenizer_path, config) if tokenizer_path else None
+    tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}  # verified
+    converter = converter_for(config.family)
+    if hasattr(converter, "copied"):  # T5: a tied but unscaled head is written as an equal untied one
+        tensors.update((name, tensors[same_as].copy()) for name, same_as in converter.copied(config).items())
     os.makedirs(dst, exist_ok=True)
-    tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}
     save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     del tensors
     hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
@@ -83,7 +87,9 @@ def to_torch(src: str, file: str) -> None:
 
     config, _ = inference.read_config(src)
     state = {name: torch.from_numpy(np.array(array, np.float32)) for name, array in hf_tensors(src)}
-    for name, same_as in converter_for(config.family).TIED.items():
+    converter = converter_for(config.family)
+    tied = converter.tied(config) if hasattr(converter, "tied") else converter.TIED  # BERT: only its MLM head ties
+    for name, same_as in tied.items():
         state.setdefault(name, state[same_as])
     os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
     torch.save(state, file)
@@ -104,10 +110,19 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
             hf_config = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{config_file}: not valid JSON ({e}); re-download or repair the model's config.json.") from None
+    if not isinstance(hf_config, dict):
+        raise UserError(f"{config_file}: a JSON object is expected, not {type(hf_config).__name__}; re-download "
+                        "or repair the model's config.json.")
     family = family_for_hf(hf_config.get("model_type"), config_file)
-    config = family.config_from_hf(hf_config, config_file, **choices)
+    try:
+        config = family.config_from_hf(hf_config, config_file, **choices)
+    except (KeyError, TypeError) as e:  # a field missing or of the wrong type in the user's file
+        raise UserError(f"{config_file}: {type(e).__name__}: {e} (a field missing or of the wrong type); "
+                        "re-download or repair the model's config.json.") from None
     tokenizer_path = copy_hf_tokenizer(src, os.path.join(dst, "tokenizer"), config)
     tensors = read_hf_weights(src)
+    if hasattr(family, "config_for_tensors"):  # T5: transformers 5 keeps a head saved apart from shared untied
+        config = family.config_for_tensors(config, tensors)
     flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)
     del tensors
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
@@ -142,7 +157,12 @@ def read_hf_weights(src: str) -> dict[str, np.ndarray]:
         raise UserError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
     tensors = {}
     for file in files:
-        tensors.update((name, t.float().numpy()) for name, t in load_file(os.path.join(src, file)).items())
+        try:
+            loaded = load_file(os.path.join(src, file))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
+            raise UserError(f"{os.path.join(src, file)}: not a readable safetensors file ({e}); it may be "
+                            "truncated: download it again.") from None
+        tensors.update((name, t.float().numpy()) for name, t in loaded.items())
     return tensors
 
 
@@ -154,7 +174,8 @@ MAX_UNUSED_VOCAB_ROWS = 1024
 def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
     """Copy the HF tokenizer files in `src` to `dst` and return `dst`, or None when there are none."""
     present = [name for name in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(src, name))]
-    if not ({"vocab.json", "merges.txt"} <= set(present) or {"tokenizer.json", "spiece.model"} & set(present)):
+    enough = {"tokenizer.json", "spiece.model", "vocab.txt"}
+    if not ({"vocab.json", "merges.txt"} <= set(present) or enough & set(present)):
         return None
     os.makedirs(dst, exist_ok=True)
     for name in present:
@@ -173,7 +194,13 @@ def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
 def write_hf_tokenizer(tokenizer, dst: str, special: dict) -> None:
     """The tokenizer files transformers' AutoTokenizer reads: GPT-2 BPE files, a sentencepiece model
     (as spiece.model) or tokenizer.json; `special` (the converter's tokenizer_config) goes into
-    tokenizer_config.json and may name its own tokenizer_class."""
+    tokenizer_config.json and may name its own tokenizer_class. A tokenizer that names its own files (a BERT
+    vocab.txt, CPM's spiece.model) writes them with its own tokenizer_config entries."""
+    if own_files := tokenizer.hf_files():
+        for name, source in own_files.items():
+            shutil.copyfile(source, os.path.join(dst, name))
+        write_json(os.path.join(dst, "tokenizer_config.json"), {**special, **tokenizer.hf_tokenizer_config()})
+        return
     path = tokenizer.path
     if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n)) for n in ("encoder.json", "vocab.json")) \
             and not os.path.isfile(os.path.join(path, "tokenizer.json")):

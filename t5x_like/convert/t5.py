@@ -11,9 +11,18 @@ What differs from ours:
     masked in our logits; they are cut or zero-filled between the two sizes.
 v1.0 ties the output to `shared` (HF scales the decoder output by d_model^-0.5, as we do); v1.1 has
 its own `lm_head`. `encoder.embed_tokens` and `decoder.embed_tokens` are `shared` on HF's side.
+
+Tying and scaling: transformers < 5.2 (and google's folders) scale exactly when tie_word_embeddings is
+true; transformers >= 5.2 always writes tie_word_embeddings: true and records the scaling apart as
+scale_decoder_outputs (false for a v1.1 configuration), saving no lm_head.weight for a tied head, and
+keeps an lm_head.weight that differs from shared.weight untied. from-hf reads both flags and the
+weights that way. to-hf writes a tied, unscaled head as an untied lm_head.weight equal to
+shared.weight (tie_word_embeddings: false, scale_decoder_outputs: false), which transformers 4 and 5
+both read with the same logits.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -89,6 +98,21 @@ def layout(config: T5Config) -> tuple[tuple[Entry, ...], list[Stack]]:
                  Stack("decoder/", "decoder.block.{}.", decoder, config.num_decoder_layers)]
 
 
+def config_for_tensors(config: T5Config, tensors: dict[str, np.ndarray]) -> T5Config:
+    """A config that says tied but whose folder holds an lm_head.weight other than shared.weight (written
+    by transformers 5 for a model untied in memory) is untied, as transformers 5 loads it."""
+    head, shared = tensors.get("lm_head.weight"), tensors.get("shared.weight")
+    if config.tie_word_embeddings and head is not None and not np.array_equal(head, shared):
+        return dataclasses.replace(config, tie_word_embeddings=False)
+    return config
+
+
+def copied(config: T5Config) -> dict[str, str]:
+    """HF names to-hf writes as copies of another tensor: a tied head that is not scaled."""
+    tied_unscaled = config.tie_word_embeddings and not config.scale_decoder_outputs
+    return {"lm_head.weight": "shared.weight"} if tied_unscaled else {}
+
+
 def tokenizer_config(config: T5Config, tokenizer) -> dict:
     """tokenizer_config.json for T5's sentencepiece tokenizer (its pieces <pad>, </s>, <unk>); the ids
     past the tokenizer's own are its sentinels (<extra_id_0> the highest)."""
@@ -114,7 +138,8 @@ def config_to_hf(config: T5Config, eod_id: int | None) -> dict:
         "layer_norm_epsilon": config.layer_norm_eps,
         "initializer_factor": config.init_factor,
         "feed_forward_proj": config.feed_forward,
-        "tie_word_embeddings": config.tie_word_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings and config.scale_decoder_outputs,
+        "scale_decoder_outputs": config.scale_decoder_outputs,
         "is_encoder_decoder": True,
         "pad_token_id": 0,
         "eos_token_id": 1 if eod_id is None else eod_id,
@@ -136,8 +161,8 @@ def real_vocab_size(hf: dict, source: str) -> int:
 
 def config_from_hf(hf: dict, source: str, **choices) -> T5Config:
     """Our config from a HF T5 config.json; `choices` are ours alone (scan_layers, dtype, ...).
-    Tied means what transformers 5 calls scale_decoder_outputs (older files: tie_word_embeddings)."""
-    feed_forward = hf.get("feed_forward_proj", "relu")
+    scale_decoder_outputs, when absent (transformers < 5.2), is tie_word_embeddings (absent: true)."""
+    feed_forward, tied = hf.get("feed_forward_proj", "relu"), hf.get("tie_word_embeddings", True)
     if feed_forward not in FEED_FORWARD:
         raise UserError(f"{source}: feed_forward_proj={feed_forward!r} is not supported by our T5 "
                          f"(supported: {sorted(FEED_FORWARD)}).")
@@ -145,7 +170,7 @@ def config_from_hf(hf: dict, source: str, **choices) -> T5Config:
         vocab_size=real_vocab_size(hf, source), num_layers=hf["num_layers"],
         num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"], num_heads=hf["num_heads"],
         embed_dim=hf["d_model"], d_kv=hf["d_kv"], mlp_dim=hf["d_ff"], feed_forward=feed_forward,
-        tie_word_embeddings=hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True)),
+        tie_word_embeddings=tied, scale_decoder_outputs=hf.get("scale_decoder_outputs", tied),
         relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
         dropout_rate=hf.get("dropout_rate", 0.1), layer_norm_eps=hf.get("layer_norm_epsilon", 1e-6),

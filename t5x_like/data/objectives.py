@@ -1,4 +1,5 @@
-"""T5's data objectives behind the loader: span corruption of token files, and seq2seq input/target pairs.
+"""The non-causal data objectives behind the loader: T5's span corruption of token files and seq2seq
+input/target pairs; BERT's masked-LM pre-training and classification fine-tuning (at the end of the file).
 
 Both give rows of seqio-named features, FEATURE_LENGTHS {'inputs': N, 'targets': M} long:
 
@@ -27,11 +28,23 @@ Seq2seq. Pairs from JSONL (one `{"inputs": ..., "targets": ...}` per line) or TS
 length - 1 and EOS is appended (T5's append_eos_after_trim); the number of pairs cut is logged. One pair per
 row padded, or with packing as many consecutive pairs as fit both lengths.
 
+Masked-LM (FEATURE_LENGTHS {'inputs': N}). Documents are cut into pieces of at most N - 2 tokens, each a
+row `[CLS] piece [SEP]` (padded; encoder_segment_ids 1 / 0) or, packed, several per row (segment ids 1, 2,
+..., encoder_positions restarting). BERT's masking (`mlm_mask`) selects round(15 %) of the non-special
+tokens, whole words with whole-word masking, 80/10/10 [MASK] / random / kept, drawn from (seed, file, row
+index in the endless stream) as span corruption's. Features: encoder_input_tokens, encoder_segment_ids,
+encoder_token_types (0), encoder_target_tokens, encoder_loss_weights (1 where selected).
+
+Classification. Examples from JSONL / TSV (`text`, optional `text_pair`, `label`; BoolQ's `question`,
+`passage`, `label`), one per row `[CLS] text [SEP] text_pair [SEP]` (token types 0 / 1; RoBERTa's
+`<s> text </s></s> text_pair </s>`), cut longest-first; classification_labels [1] is the label's index.
+
 Rows then take the causal-LM loader's path: shuffled per epoch (train), repeated, blended, batched, sliced
 per host; the iterator state is a position, so resume is exact.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -46,6 +59,8 @@ from t5x_like.data.sources import token_files_vocabulary
 from t5x_like.data.token_file import TokenFile, open_token_file, token_dtype
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.errors import UserError
+from t5x_like.features import (CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS,
+                               ENCODER_SEGMENT_IDS, ENCODER_TARGET_TOKENS, ENCODER_TOKEN_TYPES)
 
 NUM_EXTRA_IDS = 100  # seqio's extra_ids: sentinels <extra_id_0> .. <extra_id_99> above the tokenizer's pieces
 PAIR_FIELDS = ("inputs", "targets")
@@ -519,3 +534,375 @@ def _batch_source(rows: list[grain.MapDataset], blend_weights: list[float] | Non
                                 shard_count=shard_count)
     return GrainBatchSource(loader.prefetched(batches, worker_count), vocab_size=vocab_size, eod_id=eod_id,
                             tokenizer_path=tokenizer_path)
+
+
+# -- Masked-LM pre-training (BERT, RoBERTa): OBJECTIVE = 'mlm' ----------------------------------------------
+
+MLM_SPECIAL_TOKENS = (("[CLS]", "[SEP]", "[MASK]", "[PAD]"), ("<s>", "</s>", "<mask>", "<pad>"))
+"""(classifier, separator, mask, padding) pieces of BERT's WordPiece and RoBERTa's BPE vocabularies."""
+NUM_MLM_EXTRA_IDS = 3
+"""Ids a vocabulary without those pieces gets above its own: [CLS], [SEP], [MASK] (padding is id 0)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MLMVocabulary:
+    """The ids masked-LM rows use. `vocab_size` counts the added ids; random replacements are drawn
+    from the tokenizer's own `random_ids` ids; `special_ids` are never selected for masking."""
+
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    pad_id: int
+    random_ids: int
+    special_ids: tuple[int, ...]
+
+
+def mlm_vocabulary(tokenizer: Tokenizer) -> MLMVocabulary:
+    """The tokenizer's [CLS]/[SEP]/[MASK]/[PAD] (or RoBERTa's <s>/</s>/<mask>/<pad>) ids, or, when it has
+    none of them (a GPT-style BPE such as the builtin corpus's), NUM_MLM_EXTRA_IDS ids above its own."""
+    for pieces in MLM_SPECIAL_TOKENS:
+        ids = [tokenizer.token_to_id(piece) for piece in pieces]
+        if all(i is None for i in ids[:3]):
+            continue
+        if any(i is None for i in ids[:3]):
+            missing = [piece for piece, i in zip(pieces[:3], ids) if i is None]
+            raise UserError(f"{tokenizer.path}: has {', '.join(p for p, i in zip(pieces[:3], ids) if i is not None)} "
+                            f"but not {', '.join(missing)}; masked-LM training needs all of {', '.join(pieces[:3])} "
+                            "(or none of them, and then gets its own ids above the vocabulary)")
+        cls_id, sep_id, mask_id, pad_id = ids
+        pad_id = 0 if pad_id is None else pad_id
+        specials = {cls_id, sep_id, mask_id, pad_id, tokenizer.eod_id}
+        return MLMVocabulary(tokenizer.vocab_size, cls_id, sep_id, mask_id, pad_id, tokenizer.vocab_size,
+                             tuple(sorted(specials)))
+    v = tokenizer.vocab_size
+    return MLMVocabulary(v + NUM_MLM_EXTRA_IDS, v, v + 1, v + 2, 0, v, (tokenizer.eod_id, v, v + 1, v + 2))
+
+
+def word_starts(tokenizer: Tokenizer) -> np.ndarray:
+    """bool [vocab]: whether each piece begins a word. WordPiece continues words with `##` pieces;
+    byte-level BPE begins them with a space (a piece decoding to ' the' starts a word, 'ing' does not)."""
+    texts = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    if any(text.startswith("##") for text in texts):
+        return np.array([not text.startswith("##") for text in texts])
+    return np.array([text[:1].isspace() for text in texts])
+
+
+def mlm_mask(tokens: np.ndarray, maskable: np.ndarray, starts_word: np.ndarray, rate: float,
+             vocab: MLMVocabulary, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """BERT's masking of one example: round(rate x maskable tokens) (at least 1) are selected, whole words
+    at a time (a word: a maskable token where `starts_word`, and the maskable tokens after it that do
+    not), words taken in random order and skipped when they would overshoot; of the selected, 80 % become
+    [MASK], 10 % a random id, 10 % stay. Returns (inputs, fp32 weights: 1 at the selected positions)."""
+    positions = np.flatnonzero(maskable)
+    weights = np.zeros(len(tokens), np.float32)
+    if len(positions) == 0:
+        return tokens.copy(), weights
+    new_word = starts_word | (np.diff(positions, prepend=-2) != 1)
+    word_of = np.cumsum(new_word) - 1
+    word_lengths = np.bincount(word_of)
+    wanted = max(1, int(round(len(positions) * rate)))
+    chosen, total = np.zeros(len(word_lengths), bool), 0
+    for word in rng.permutation(len(word_lengths)):
+        if total + word_lengths[word] <= wanted:
+            chosen[word], total = True, total + word_lengths[word]
+            if total == wanted:
+                break
+    selected = positions[chosen[word_of]]
+    weights[selected] = 1.0
+    draw = rng.random(len(selected))
+    inputs = tokens.copy()
+    inputs[selected[draw < 0.8]] = vocab.mask_id
+    randomised = selected[(draw >= 0.8) & (draw < 0.9)]
+    inputs[randomised] = rng.integers(0, vocab.random_ids, len(randomised))
+    return inputs, weights
+
+
+class MaskTokens:
+    """map_with_index: a row's document pieces -> masked-LM features; each piece becomes [CLS] piece [SEP],
+    masked by `mlm_mask` with a generator seeded by (seed, salt, row index in the endless stream)."""
+
+    def __init__(self, *, vocab: MLMVocabulary, starts_word: np.ndarray | None, rate: float, length: int,
+                 packed: bool, seed: int, salt: int):
+        self._vocab, self._starts_word, self._rate = vocab, starts_word, rate
+        self._length, self._packed, self._key = length, packed, (seed, salt)
+        self._specials = np.array(vocab.special_ids)
+
+    def __call__(self, index: int, pieces: list[np.ndarray]) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([*self._key, index])
+        v = self._vocab
+        examples = []
+        for piece in pieces:
+            tokens = np.concatenate([[v.cls_id], piece[~np.isin(piece, self._specials)], [v.sep_id]]).astype(np.int32)
+            maskable = ~np.isin(tokens, self._specials)
+            starts = np.ones(int(maskable.sum()), bool) if self._starts_word is None else \
+                self._starts_word[np.minimum(tokens[maskable], len(self._starts_word) - 1)]
+            examples.append((tokens, *mlm_mask(tokens, maskable, starts, self._rate, v, rng)))
+        return mlm_row(examples, self._length, self._packed, v.pad_id)
+
+
+def mlm_row(examples: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], length: int, packed: bool,
+            pad_id: int) -> dict[str, np.ndarray]:
+    """One row of encoder-only features from (targets, inputs, weights) examples that together fit `length`."""
+    inputs, segments, positions = _concatenated([e[1] for e in examples], length)
+    targets = _concatenated([e[0] for e in examples], length)[0]
+    weights = np.zeros(length, np.float32)
+    weights[:sum(len(e[2]) for e in examples)] = np.concatenate([e[2] for e in examples])
+    inputs[segments == 0] = pad_id
+    row = {ENCODER_INPUT_TOKENS: inputs, ENCODER_SEGMENT_IDS: segments, ENCODER_TOKEN_TYPES: np.zeros(length, np.int32),
+           ENCODER_TARGET_TOKENS: targets, ENCODER_LOSS_WEIGHTS: weights}
+    if packed:
+        row[ENCODER_POSITIONS] = positions
+    return row
+
+
+def make_mlm_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int,
+                    shard_index: int, shard_count: int,
+                    data_path: str | list[str] | None = None,
+                    blend_weights: list[float] | None = None,
+                    tokenizer: str | None = None,
+                    data_split: str = "949,50,1",
+                    packing: bool = False,
+                    mask_rate: float = 0.15,
+                    whole_word_masking: bool = False,
+                    worker_count: int = 0) -> BatchSource:
+    """Masked-LM batches of `split` for this host (`batch_size` rows of it), FEATURE_LENGTHS {'inputs': N}.
+
+    Documents of the token files (the builtin corpus without `data_path`) are cut into pieces of at most
+    N - 2 tokens; each piece is a row [CLS] piece [SEP] (padded), or with `packing` as many pieces as fit
+    go into one row (segment ids 1, 2, ..., positions restarting). `mask_rate` of the non-special tokens
+    are selected (80 % [MASK], 10 % random, 10 % kept), whole words at a time with `whole_word_masking`;
+    the masks are a pure function of (seed, file, row index in the endless stream): new every epoch,
+    the same after a resume."""
+    lengths = _checked_encoder_lengths(feature_lengths, split, batch_size)
+    if not 0 < mask_rate < 1:
+        raise UserError(f"mask_rate={mask_rate}: the share of tokens masked must be in (0, 1), BERT uses 0.15")
+    if data_path is None:
+        data_path, tokenizer = builtin.builtin_corpus()
+    files = [open_token_file(p) for p in _as_list(data_path)]
+    _, _, tokenizer_path = token_files_vocabulary(files, tokenizer)
+    loaded = _load_tokenizer(tokenizer_path, ", ".join(f.prefix for f in files))
+    vocab = mlm_vocabulary(loaded)
+    starts_word = word_starts(loaded) if whole_word_masking else None
+    rows = []
+    for salt, file in enumerate(files):
+        mask = MaskTokens(vocab=vocab, starts_word=starts_word, rate=mask_rate, length=lengths["inputs"],
+                          packed=packing, seed=seed, salt=salt)
+        source = _mlm_pieces(file, split, data_split, lengths["inputs"], packing, loaded.eod_id)
+        rows.append(loader.endless_rows(source, f"{file.prefix} ({split})", split, seed).map_with_index(mask))
+    return _batch_source(rows, blend_weights, batch_size=batch_size, shard_index=shard_index,
+                         shard_count=shard_count, worker_count=worker_count, vocab_size=vocab.vocab_size,
+                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path)
+
+
+def _mlm_pieces(file: TokenFile, split: str, data_split: str, length: int, packing: bool,
+                eod_id: int) -> ExampleRows:
+    """Rows of document pieces of at most length - 2 tokens besides the end-of-document id (left out when the
+    row is made): one per row, or packed with their [CLS]/[SEP]. A piece that would hold only a document's
+    end-of-document id joins the piece before it."""
+    first, last = loader.split_documents(data_split, file.num_documents, split, file.prefix)
+    bounds = np.unique(loader.piece_bounds(file.offsets[first:last + 1], length - 2))
+    lone_eod = (np.diff(bounds) == 1) & (np.asarray(file.tokens[bounds[:-1]]) == eod_id)
+    bounds = np.delete(bounds, np.flatnonzero(lone_eod[1:]) + 1)
+    sizes = np.diff(bounds) - (np.asarray(file.tokens[bounds[1:] - 1]) == eod_id) + 2
+    starts = loader.walk_rows(_next_fit(sizes, length)) if packing else np.arange(len(bounds))
+    rows = ExampleRows(_Pieces(file.tokens, bounds), starts)
+    if len(rows) == 0:
+        raise UserError(f"{file.prefix} ({split}): no documents in this split; give the split more documents "
+                        f"(DATA_SPLIT={data_split!r})")
+    return rows
+
+
+def _checked_encoder_lengths(feature_lengths: dict[str, int], split: str, batch_size: int) -> dict[str, int]:
+    if split not in loader.SPLITS:
+        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
+    if batch_size < 1:
+        raise UserError(f"batch_size={batch_size}: must be positive")
+    if not isinstance(feature_lengths, dict) or set(feature_lengths) != {"inputs"} or \
+            not isinstance(feature_lengths["inputs"], int) or feature_lengths["inputs"] < 3:
+        raise UserError(f"FEATURE_LENGTHS={feature_lengths!r}: an encoder-only objective needs {{'inputs': N}} "
+                        "with N >= 3, e.g. {'inputs': 512}")
+    return dict(feature_lengths)
+
+
+# -- Classification fine-tuning (BERT, RoBERTa): OBJECTIVE = 'classification' -----------------------------
+
+CLASSIFICATION_FIELDS = ("text", "text_pair", "label")
+BOOLQ_FIELDS = ("question", "passage", "label")
+"""SuperGLUE BoolQ's own JSONL: question and passage become text and text_pair, its true/false label the
+label (label list ['False', 'True'])."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelledText:
+    text: str
+    text_pair: str | None
+    label: str
+
+
+def read_labelled(path: str) -> list[LabelledText]:
+    """The examples of a JSONL (`text`, optional `text_pair`, `label`; or BoolQ's `question`, `passage`,
+    `label`) or TSV file (a header row naming those columns). Labels are kept as strings (JSON true/false
+    -> 'True'/'False', integers -> '0', '1', ...); bad lines raise UserError naming file and line."""
+    if not path.endswith(PAIR_FORMATS):
+        raise UserError(f"{path}: classification examples must be in a file named *.jsonl or *.tsv")
+    with open(path, "rb") as f:
+        lines = [(number, _decoded(raw, path, number).rstrip("\r\n")) for number, raw in enumerate(f, 1)]
+    lines = [(number, line) for number, line in lines if line.strip()]
+    rows = _jsonl_records(path, lines) if path.endswith(".jsonl") else _tsv_records(path, lines)
+    examples = [_labelled(record, path, number) for number, record in rows]
+    if not examples:
+        raise UserError(f"{path}: no examples (an empty file?)")
+    return examples
+
+
+def _jsonl_records(path: str, lines: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+    records = []
+    for number, line in lines:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: invalid JSON at column {e.colno} ({e.msg}); each line must be one "
+                            "object with fields 'text', 'label' (and optionally 'text_pair')") from None
+        if not isinstance(value, dict):
+            raise UserError(f"{path}:{number}: expected a JSON object with fields 'text' and 'label', got "
+                            f"{type(value).__name__}")
+        records.append((number, value))
+    return records
+
+
+def _tsv_records(path: str, lines: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+    if not lines:
+        return []
+    header = lines[0][1].split("\t")
+    records = []
+    for number, line in lines[1:]:
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise UserError(f"{path}:{number}: {len(fields)} tab-separated fields, but the header has "
+                            f"{len(header)}; a field may not contain a tab or a newline")
+        records.append((number, dict(zip(header, fields))))
+    return records
+
+
+def _labelled(record: dict, path: str, number: int) -> LabelledText:
+    text_field, pair_field = ("question", "passage") if "question" in record and "text" not in record else \
+        ("text", "text_pair")
+    for field in (text_field, "label"):
+        if field not in record:
+            raise UserError(f"{path}:{number}: no field {field!r} (fields: {', '.join(record) or 'none'}); each "
+                            "example needs 'text' and 'label' (and optionally 'text_pair'), or BoolQ's "
+                            "'question', 'passage' and 'label'")
+    texts = [record[text_field], record.get(pair_field)]
+    for field, value in zip((text_field, pair_field), texts):
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{path}:{number}: field {field!r} is {type(value).__name__}, expected a string")
+    label = record["label"]
+    if not isinstance(label, (str, int, bool)):
+        raise UserError(f"{path}:{number}: label {label!r} is {type(label).__name__}; labels are strings, "
+                        "integers or true/false")
+    return LabelledText(texts[0], texts[1], str(label))
+
+
+def label_ids(examples: Sequence[LabelledText], labels: Sequence[str], path: str) -> np.ndarray:
+    """Each example's index in the label list; a label outside it raises UserError naming it and the fix."""
+    index = {str(label): i for i, label in enumerate(labels)}
+    unknown = sorted({e.label for e in examples} - set(index))
+    if unknown:
+        raise UserError(f"{path}: label {unknown[0]!r} is not in the label list {list(labels)}; add it to "
+                        "LABELS (data.make_source.labels and model_config.overrides['labels']) or fix the data")
+    return np.array([index[e.label] for e in examples], np.int32)
+
+
+def default_labels(examples: Sequence[LabelledText]) -> list[str]:
+    """The label list when none is given: 'False', 'True' for true/false labels, 0 .. max for integers,
+    else the labels sorted."""
+    found = {e.label for e in examples}
+    if found <= {"False", "True"}:
+        return ["False", "True"]
+    if all(label.isdigit() for label in found):
+        return [str(i) for i in range(max(map(int, found)) + 1)]
+    return sorted(found)
+
+
+def encode_pair(tokens: np.ndarray, pair: np.ndarray | None, vocab: MLMVocabulary, roberta_style: bool,
+                length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, token types) of [CLS] text [SEP] (pair [SEP]) cut longest-first to `length`; RoBERTa's
+    <s> text </s></s> pair </s> with one token type."""
+    separators = 1 if pair is None else (4 if roberta_style else 3)
+    a, b = list(tokens), [] if pair is None else list(pair)
+    while len(a) + len(b) + separators > length:
+        (a if len(a) >= len(b) else b).pop()
+    ids = [vocab.cls_id, *a, vocab.sep_id]
+    types = [0] * len(ids)
+    if pair is not None:
+        second = ([vocab.sep_id] if roberta_style else []) + b + [vocab.sep_id]
+        ids += second
+        types += [0 if roberta_style else 1] * len(second)
+    return np.array(ids, np.int32), np.array(types, np.int32)
+
+
+class ClassificationRows:
+    """grain data source: row i is example i as padded encoder-only features with its label."""
+
+    def __init__(self, ids: list[tuple[np.ndarray, np.ndarray]], labels: np.ndarray, length: int, pad_id: int):
+        self._ids, self._labels, self._length, self._pad_id = ids, labels, length, pad_id
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        tokens, types = self._ids[i]
+        n, row = len(tokens), np.full(self._length, self._pad_id, np.int32)
+        row[:n] = tokens
+        segments, token_types = np.zeros(self._length, np.int32), np.zeros(self._length, np.int32)
+        segments[:n], token_types[:n] = 1, types
+        return {ENCODER_INPUT_TOKENS: row, ENCODER_SEGMENT_IDS: segments, ENCODER_TOKEN_TYPES: token_types,
+                CLASSIFICATION_LABELS: np.array([self._labels[i]], np.int32)}
+
+
+def classification_examples(path: str, tokenizer: Tokenizer, labels: Sequence[str] | None,
+                            length: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, list[str]]:
+    """(per example (ids, token types), label ids, label list) of a JSONL / TSV file."""
+    examples = read_labelled(path)
+    labels = list(labels) if labels else default_labels(examples)
+    vocab = mlm_vocabulary(tokenizer)
+    roberta_style = tokenizer.token_to_id(MLM_SPECIAL_TOKENS[1][0]) is not None
+    texts = tokenizer.encode_batch([e.text for e in examples])
+    pairs = tokenizer.encode_batch([e.text_pair or "" for e in examples])
+    ids = [encode_pair(np.array(t), np.array(p) if e.text_pair is not None else None, vocab, roberta_style, length)
+           for t, p, e in zip(texts, pairs, examples)]
+    return ids, label_ids(examples, labels, path), labels
+
+
+def make_classification_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int,
+                               shard_index: int, shard_count: int,
+                               data_path: str | list[str] | dict[str, str | list[str]],
+                               blend_weights: list[float] | None = None,
+                               tokenizer: str | None = None,
+                               data_split: str = "949,50,1",
+                               labels: Sequence[str] | None = None,
+                               packing: bool = False,
+                               worker_count: int = 0) -> BatchSource:
+    """Classification batches of `split` for this host: one example per row, [CLS] text [SEP] (text_pair
+    [SEP]) padded to FEATURE_LENGTHS['inputs'] with token types, and its label's index in `labels` (the
+    label list; by default 'False'/'True', 0..max or the sorted labels of each file). `data_path`: a .jsonl
+    / .tsv file split by example with `data_split`, or a dict naming each split's files."""
+    lengths = _checked_encoder_lengths(feature_lengths, split, batch_size)
+    if packing:
+        raise UserError("OBJECTIVE='classification' takes one example per row; set PACKING=False")
+    if tokenizer is None:
+        raise UserError(f"data_path={data_path!r}: set TOKENIZER (make_source.tokenizer) to tokenize the examples "
+                        "with (the pre-trained model's vocab.txt or tokenizer.json)")
+    paths, whole = _split_paths(data_path, split)
+    loaded = _load_tokenizer(tokenizer, ", ".join(paths))
+    rows = []
+    for path in paths:
+        ids, label_index, _ = classification_examples(path, loaded, labels, lengths["inputs"])
+        first, last = (0, len(ids)) if whole else loader.split_documents(data_split, len(ids), split, path)
+        source = ClassificationRows(ids[first:last], label_index[first:last], lengths["inputs"],
+                                    mlm_vocabulary(loaded).pad_id)
+        rows.append(loader.endless_rows(source, f"{path} ({split})", split, seed))
+    return _batch_source(rows, blend_weights, batch_size=batch_size, shard_index=shard_index,
+                         shard_count=shard_count, worker_count=worker_count,
+                         vocab_size=mlm_vocabulary(loaded).vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer)

@@ -24,7 +24,8 @@ from absl import flags
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
-from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
+from t5x_like import validate
+from t5x_like.errors import exit_on_user_error, run_absl_app
 
 FLAGS = flags.FLAGS
 CHUNK_CHARS = 1 << 20  # characters of text per task sent to a worker
@@ -89,10 +90,10 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                json_keys: Sequence[str] = ("text",), append_eod: bool = True, workers: int = 1,
                decode_errors: str = "strict", progress: bool = False) -> dict:
     """Tokenizes `inputs` into the token file `output_prefix`; returns its metadata plus timing."""
-    if workers < 1:
-        raise UserError(f"--workers={workers}: must be at least 1")
+    validate.positive_int("--workers", workers)
+    validate.writable_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
     paths = formats.expand_inputs(inputs)
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = validate.tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
     metadata = {"tokenizer": {"path": tokenizer_path, "sha256": tokenizer.sha256,
                               "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id},

@@ -11,7 +11,7 @@ from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.features import decoder_only_length
 
 
-OBJECTIVES = ("causal_lm", "span_corruption", "seq2seq")
+OBJECTIVES = ("causal_lm", "span_corruption", "seq2seq", "mlm", "classification")
 
 
 def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
@@ -28,7 +28,10 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
                 text_key: str = "text",
                 worker_count: int = 0,
                 noise_density: float = 0.15,
-                mean_noise_span_length: float = 3.0) -> BatchSource:
+                mean_noise_span_length: float = 3.0,
+                mask_rate: float = 0.15,
+                whole_word_masking: bool = False,
+                labels: list[str] | None = None) -> BatchSource:
     """Causal-LM batches of `split` ('train' | 'validation' | 'test') for this host (`batch_size` rows of
     it), rows of FEATURE_LENGTHS {'targets': T} tokens (t5x_like/features.py names the arrays).
 
@@ -46,7 +49,10 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     `objective` (OBJECTIVE): 'causal_lm' (above), or T5's 'span_corruption' (noise_density,
     mean_noise_span_length; {'inputs': I, 'targets': T}) and 'seq2seq' input/target pairs (data_path: a
     .jsonl / .tsv file, token files P.inputs + P.targets, or a dict of them per split), both in
-    t5x_like/data/objectives.py with the same data_path / tokenizer / split / blend / packing settings.
+    t5x_like/data/objectives.py with the same data_path / tokenizer / split / blend / packing settings;
+    and for encoder-only models (FEATURE_LENGTHS {'inputs': N}) BERT's masked-LM 'mlm' over token files
+    (mask_rate, whole_word_masking), and 'classification' of labelled text (data_path: a .jsonl / .tsv of
+    text, text_pair, label, or a dict of them per split; `labels`: the label list).
     """
     if objective not in OBJECTIVES:
         raise UserError(f"OBJECTIVE={objective!r} is unknown; choose one of {OBJECTIVES}.")
@@ -59,6 +65,14 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
         common = dict(batch_size=batch_size, feature_lengths=feature_lengths, seed=seed, shard_index=shard_index,
                       shard_count=shard_count, data_path=data_path, blend_weights=blend_weights, tokenizer=tokenizer,
                       data_split=data_split, packing=packing, worker_count=worker_count)
+        if objective == "mlm":
+            return objectives.make_mlm_source(split, mask_rate=mask_rate, whole_word_masking=whole_word_masking,
+                                              **common)
+        if objective == "classification":
+            if data_path is None:
+                raise UserError("OBJECTIVE='classification' needs DATA_PATH: a .jsonl / .tsv of text, text_pair "
+                                "and label (or BoolQ's question, passage, label), or a dict of them per split.")
+            return objectives.make_classification_source(split, labels=labels, **common)
         if objective == "span_corruption":
             return objectives.make_span_corruption_source(
                 split, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length, **common)
@@ -97,14 +111,20 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
 def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,
                          tfds_name: str | None = None, objective: str = "causal_lm") -> int:
     """The vocabulary size of `make_source`'s batches for these arguments, without reading any batch.
-    T5's objectives add the sentinels to the tokenizer's ids (objectives.vocabulary_with_sentinels)."""
-    if objective in ("span_corruption", "seq2seq") and tfds_name is None:
+    T5's objectives add the sentinels to the tokenizer's ids (objectives.vocabulary_with_sentinels), masked-LM
+    its [CLS]/[SEP]/[MASK] where the tokenizer has none (objectives.mlm_vocabulary)."""
+    if objective == "classification" and tokenizer is None:
+        raise UserError("OBJECTIVE='classification' needs TOKENIZER: the tokenizer (vocab.txt, tokenizer.json) "
+                        "the labelled text is tokenized with.")
+    if objective in ("span_corruption", "seq2seq", "mlm", "classification") and tfds_name is None:
         from t5x_like.data import objectives  # it imports this module
         if tokenizer is None and data_path is None:
             tokenizer = builtin.builtin_corpus()[1]
         elif tokenizer is None:
             prefixes = [data_path] if isinstance(data_path, str) else list(data_path)
             tokenizer = _vocabulary_from_metadata([open_token_file(p) for p in prefixes])[2]
+        if objective in ("mlm", "classification"):
+            return objectives.mlm_vocabulary(load_tokenizer(tokenizer)).vocab_size
         return objectives.vocabulary_with_sentinels(load_tokenizer(tokenizer))[0]
     if tokenizer is not None:
         return load_tokenizer(tokenizer).vocab_size

@@ -26,7 +26,7 @@ def test_a_user_mistake_is_one_line(tmp_path, module, args, message):
 
 
 @pytest.mark.parametrize("module, expected", [
-    ("t5x_like.train", "MODEL_DIR          required"),
+    ("t5x_like.train", "DCN_PIPELINE_PARALLEL  1"),
     ("t5x_like.compile", "--topology"),
     ("t5x_like.data.preprocess", "--output_prefix"),
     ("t5x_like.eval", "--task"),

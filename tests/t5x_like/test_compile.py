@@ -13,6 +13,7 @@ import pytest
 
 from t5x_like import compile as compile_tool
 from t5x_like import train
+from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 
 BATCH, SEQ_LEN = 32, 128
@@ -116,6 +117,23 @@ def test_tpu_topology_compiles_without_tpus(quickstart):
     assert report["device_kind"] == "TPU v5 lite" and report["device_memory_bytes"] == 16 << 30
     assert report["fits"] and report["state_bytes_per_device"] < report["argument_bytes_per_device"]
     assert report["step_seconds_at_peak"] == pytest.approx(report["analytic_flops_per_step"] / (4 * 197e12))
+
+
+def test_two_tpu_slices_compile_with_a_dcn_data_axis(quickstart):
+    """Two v5p:2x2x1 slices (8 chips) joined by DCN_DATA_PARALLEL=2: a hybrid mesh whose halves are the
+    slices; a DCN layout that does not match the slices is one error naming the macro."""
+    pytest.importorskip("libtpu", reason="needs libtpu (pip install 'jax[tpu]')")
+    from partitioning import make_mesh
+
+    devices = compile_tool.target_devices("v5p:2x2x1", num_slices=2)
+    assert len(devices) == 8 and {d.slice_index for d in devices} == {0, 1}
+    mesh = make_mesh(data=8, dcn_data=2, devices=devices)
+    assert {d.slice_index for d in mesh.devices[:4].flat} == {0} and {d.slice_index for d in mesh.devices[4:].flat} == {1}
+    with pytest.raises(UserError, match="DCN_DATA_PARALLEL=4 multiply to 4, but the devices form 2 slices"):
+        make_mesh(data=8, dcn_data=4, devices=devices)
+    quickstart("DATA_PARALLEL=8", "DCN_DATA_PARALLEL=2")
+    report, _ = compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))
+    assert report["devices"] == 8 and report["fits"]
 
 
 def test_help_lists_the_gin_flags():

@@ -1,6 +1,6 @@
 """t5x_like.generate for an encoder-decoder checkpoint: a tiny random T5 v1.1 from transformers,
 converted with `t5x_like.convert` and restored on a data 2 x fsdp 2 x tensor 2 mesh; batched
-prompts of different lengths (the encoder inputs) decode to transformers' generate token for token,
+prompts of different lengths (the encoder inputs, EOS appended) decode to transformers' generate token for token,
 greedy and with 4 beams (length penalties 1.0 and 0.6), rows stopping at EOS."""
 import pytest
 
@@ -45,11 +45,12 @@ def ours(loaded, eos_id, **beams):
 
 
 def theirs(model, eos_id, **beams):
-    """transformers' generate, one prompt at a time, cut before EOS like ours."""
+    """transformers' generate, one prompt at a time with EOS appended (as training and transformers' T5
+    tokenizer build encoder inputs), cut before EOS like ours."""
     out = []
     for prompt in PROMPTS:
         with torch.no_grad():
-            ids = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+            ids = model.generate(input_ids=torch.tensor([prompt + [eos_id]]), max_new_tokens=NEW, do_sample=False,
                                  eos_token_id=eos_id, early_stopping=False, use_cache=False, **beams)
         out.append(generate.cut_at(ids[0, 1:].numpy(), eos_id))
     return out
@@ -57,12 +58,16 @@ def theirs(model, eos_id, **beams):
 
 @pytest.fixture(scope="module")
 def eos_id(converted):
-    """A token the model likes early in the first prompt's greedy output: some rows end early."""
+    """A token the model emits early in the first prompt's greedy output (that token appended as EOS):
+    some rows end early."""
     _, model = converted
-    with torch.no_grad():
-        ids = model.generate(input_ids=torch.tensor([PROMPTS[0]]), max_new_tokens=NEW, do_sample=False,
-                             eos_token_id=None)
-    return int(ids[0, 4])
+    for candidate in range(1, HF_SIZES["vocab_size"]):
+        with torch.no_grad():
+            ids = model.generate(input_ids=torch.tensor([PROMPTS[0] + [candidate]]), max_new_tokens=NEW,
+                                 do_sample=False, eos_token_id=None)
+        if candidate in ids[0, 1:NEW - 2].tolist():
+            return candidate
+    raise AssertionError("no token ends the first prompt's output early")
 
 
 def test_greedy_equals_transformers(converted, eos_id):

@@ -131,18 +131,49 @@ def test_loss_scale_update_rules():
 
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
-    data = batches(synthetic_source, 4)
-    data[1] = dict(data[1], **{DECODER_LOSS_WEIGHTS: data[1][DECODER_LOSS_WEIGHTS] * np.float32(1e30)})  # injected overflow at step 2
-    loss_scale = trainer.LossScaleConfig(initial_scale_power=8, window=2, hysteresis=1)
+    """A scale too large for float16 (2**24 times the mean loss) overflows: those steps are skipped and
+    the scale halves (hysteresis 1) until it fits, then training goes on."""
+    data = batches(synthetic_source, 8)
+    loss_scale = trainer.LossScaleConfig(initial_scale_power=24, window=1000, hysteresis=1)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
     history, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="float16"),
                      loss_scale=loss_scale)
-    assert [m["skipped"] for m in history] == [0, 1, 0, 0]
-    # scale used by each step: 256, 256 (overflow -> halve), 128, 128 (2 finite since overflow -> double)
-    assert [m["loss_scale"] for m in history] == [256.0, 256.0, 128.0, 128.0]
-    # the logged rate is the one applied: the skipped step did not advance optax's schedule
-    schedule = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=4).schedule
-    assert [m["learning_rate"] for m in history] == pytest.approx([float(schedule(n)) for n in (0, 1, 1, 2)])
+    skipped = [int(m["skipped"]) for m in history]
+    overflows = skipped.index(0)
+    assert 1 <= overflows < len(data) and skipped == [1] * overflows + [0] * (len(data) - overflows), skipped
+    assert [m["loss_scale"] for m in history[:overflows + 1]] == [2.0 ** (24 - i) for i in range(overflows + 1)]
+    # the logged rate is the one applied: skipped steps did not advance optax's schedule
+    schedule = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=len(data)).schedule
+    applied = [0] * (overflows + 1) + list(range(1, len(data) - overflows))
+    assert [m["learning_rate"] for m in history] == pytest.approx([float(schedule(n)) for n in applied])
+
+
+def fp16_gradients_finite(exp, state, batch, scale: float, *, mean: bool) -> bool:
+    """DeepSpeed's rule, computed here: float16 gradients of scale x (mean, or summed) loss are finite."""
+    def loss(params):
+        nll, _, weight = exp.lm.loss_sums(params, batch)
+        return nll * scale / (weight if mean else 1.0)
+    with exp.partitioner.activate():
+        grads = jax.jit(jax.grad(loss))(state.params)
+    return all(bool(np.isfinite(g).all()) for g in jax.tree.leaves(jax.device_get(grads)))
+
+
+def test_deepspeeds_fp16_section_skips_what_deepspeed_would(synthetic_source):
+    """CPM-Pretrain's ds_config fp16 block (initial_scale_power 16, window 1000, hysteresis 2): the scale
+    multiplies the mean loss as DeepSpeed's does, so a step skips exactly when DeepSpeed's would."""
+    data = batches(synthetic_source, 3)
+    config = dataclasses.replace(CONFIG, dtype="float16")
+    mesh = make_mesh(data=2, devices=jax.devices()[:2])
+    loss_scale = trainer.LossScaleConfig(initial_scale_power=16, window=1000, hysteresis=2)
+    exp = experiment(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
+    state = exp.init_state()
+    batch = exp.global_batch(data[0])
+    deepspeed_skips = not fp16_gradients_finite(exp, state, batch, 2.0 ** 16, mean=True)
+    history, _ = run(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
+    assert int(history[0]["skipped"]) == int(deepspeed_skips) == 0
+    assert [int(m["skipped"]) for m in history] == [0, 0, 0]
+    # what the old rule (scale x summed loss, 128 tokens per step) would have done: overflow
+    assert not fp16_gradients_finite(exp, state, batch, 2.0 ** 16, mean=False)
 
 
 def test_an_update_that_overflows_is_not_applied(synthetic_source):

@@ -28,7 +28,7 @@ def test_every_preset_builds_its_familys_config(name):
     config = models.config_from_dict(configs.get_model_config(name).to_dict())
     assert isinstance(config, models.FAMILIES[config.family].config)
     assert dataclasses.asdict(config)["family"] == config.family
-    assert name.partition("_")[0] in (config.family, "pythia")
+    assert name.partition("_")[0] in (config.family, "pythia", "cpm")
 
 
 @pytest.mark.parametrize("name", ["pythia_20b", "neox_70m", "gpt2_160m", "llama_7b", "pythia"])

@@ -1,7 +1,9 @@
 """T5 <-> Hugging Face / torch: HF -> ours -> HF is lossless for v1.0 (tied) and v1.1 (untied),
 transformers loads what to-hf writes and gives the logits of the original (fp32, atol 1e-4),
 to-torch gives a state_dict that loads strictly, and T5's sentencepiece tokenizer is carried both
-ways with the vocabulary cut to its 32100 real ids (32128 rows on HF's side)."""
+ways with the vocabulary cut to its 32100 real ids (32128 rows on HF's side). Folders as transformers >= 5.2
+writes them (tie_word_embeddings always true, the scaling in scale_decoder_outputs) and google's untied
+v1.1 folders convert with transformers' logits and greedy ids."""
 import json
 from pathlib import Path
 
@@ -83,16 +85,6 @@ needs_spiece = pytest.mark.skipif(not SPIECE.is_file(),
                                   reason=f"needs T5's sentencepiece model at {SPIECE} (../shared/data)")
 
 
-def sentencepiece_protobuf_error() -> str | None:
-    """Why transformers cannot read a spiece.model here (it parses it with sentencepiece's protobuf
-    module), or None."""
-    try:
-        from sentencepiece import sentencepiece_model_pb2  # noqa: F401
-    except Exception as e:  # a protobuf runtime older than sentencepiece's generated code
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def spiece_round_trip(tmp_path_factory):
     """HF's 32128-row T5 v1.1 with spiece.model -> ours -> HF."""
@@ -128,9 +120,8 @@ def test_spiece_tokenizer_and_the_32100_real_ids_go_both_ways(spiece_round_trip)
 
 @needs_spiece
 def test_transformers_reads_the_written_tokenizer(spiece_round_trip):
-    error = sentencepiece_protobuf_error()
-    if error:
-        pytest.skip(f"transformers cannot parse spiece.model in this environment: {error}")
+    """transformers parses spiece.model with sentencepiece's generated protobuf module, which needs a
+    protobuf runtime at least as new as the one it was generated for (the test extra pins it)."""
     import sentencepiece
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(spiece_round_trip[1] / "back")
@@ -146,3 +137,107 @@ def test_unsupported_feed_forward_is_refused(tmp_path):
     model.save_pretrained(tmp_path / "hf")
     with pytest.raises(ValueError, match="feed_forward_proj='gated-silu'"):
         hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+
+
+# ---- transformers >= 5.2 folders: tie_word_embeddings always true, the scaling in scale_decoder_outputs
+GREEDY_STEPS = 10
+
+
+def ours_logits(checkpoint: str, inputs, targets) -> np.ndarray:
+    """Our model's logits over the real vocabulary, on one CPU device (fp32)."""
+    from t5x_like.lm import make_lm
+
+    config, _ = inference.read_config(checkpoint)
+    params = hf.restore_on_host(checkpoint, config)
+    out = make_lm(config).module.apply({"params": params}, np.asarray(inputs), np.asarray(targets))
+    return np.asarray(out)[..., :config.vocab_size]
+
+
+def greedy_pair(checkpoint: str, model, prompts) -> tuple[list, list]:
+    """(ours, transformers') greedy ids of each prompt (EOS = 1 appended to the encoder input, cut at EOS)."""
+    from partitioning import Partitioner, make_mesh
+    from t5x_like import generate
+
+    config, _ = inference.read_config(checkpoint)
+    partitioner = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor")
+    params = inference.restore_sharded(checkpoint, config, partitioner)
+    got = generate.Generator(config, params, partitioner, eod_id=1, max_new_tokens=GREEDY_STEPS, batch_size=4,
+                             settings=generate.Sampling(temperature=0.0)).generate(prompts)
+    want = []
+    for prompt in prompts:
+        with torch.no_grad():
+            ids = model.generate(input_ids=torch.tensor([prompt + [1]]), max_new_tokens=GREEDY_STEPS,
+                                 do_sample=False, eos_token_id=1, decoder_start_token_id=0, pad_token_id=0)
+        want.append(generate.cut_at(ids[0, 1:].numpy(), 1))
+    return got, want
+
+
+def transformers5_folder(path: Path, seed: int):
+    """A v1.1 configuration saved by the installed transformers as it builds it: tied, unscaled."""
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=128, **HF_SIZES, **VERSIONS["v1.1"]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    model.eval().save_pretrained(path)
+    from safetensors import safe_open
+
+    written = json.loads((path / "config.json").read_text())
+    with safe_open(path / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    if not (written.get("tie_word_embeddings") and written.get("scale_decoder_outputs") is False
+            and "lm_head.weight" not in names):
+        pytest.skip(f"transformers {transformers.__version__} does not write the >= 5.2 tied, unscaled layout")
+    return model
+
+
+PROMPTS = [[5, 17, 88, 3], list(range(30, 51)), [9, 120, 2, 33, 71, 64, 12]]
+
+
+def test_transformers5_tied_unscaled_folder_converts(tmp_path):
+    """from-hf: tied (no lm_head parameter), unscaled; logits (atol 1e-4) and greedy ids equal transformers';
+    to-hf writes it as an untied head equal to shared.weight, which transformers loads with the same logits."""
+    model = transformers5_folder(tmp_path / "hf", seed=4)
+    checkpoint = hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    config, _ = inference.read_config(checkpoint)
+    assert (config.tie_word_embeddings, config.scale_decoder_outputs) == (True, False)
+    assert "lm_head" not in hf.restore_on_host(checkpoint, config)
+    inputs, targets = np.random.default_rng(1).integers(1, 128, (2, 11)), np.arange(1, 15).reshape(2, 7)
+    want = logits(model, inputs, targets)
+    np.testing.assert_allclose(ours_logits(checkpoint, inputs, targets), want, atol=LOGITS_ATOL, rtol=0)
+    scaled = want * HF_SIZES["d_model"] ** -0.5  # what reading the folder as v1.0 (tied = scaled) would give
+    assert np.abs(scaled - want).max() > 100 * LOGITS_ATOL
+    got, want_ids = greedy_pair(checkpoint, model, PROMPTS)
+    assert got == want_ids and all(got)
+    hf.to_hf(checkpoint, str(tmp_path / "back"))
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (written["tie_word_embeddings"], written["scale_decoder_outputs"]) == (False, False)
+    back = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "back").eval()
+    np.testing.assert_allclose(logits(back, inputs, targets), logits(model, inputs, targets), atol=LOGITS_ATOL,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("style", ["google", "transformers5-untied"])
+def test_untied_v1_1_folders_keep_working(tmp_path, style):
+    """google/t5-v1_1 folders (tie_word_embeddings: false, an lm_head.weight, no scale_decoder_outputs) and
+    transformers 5 folders of a model untied in memory (tie_word_embeddings: true, scale_decoder_outputs:
+    false, an lm_head.weight unlike shared.weight) convert untied and unscaled, logits and greedy ids
+    equal transformers'."""
+    model = random_hf_model("v1.1", vocab_size=128, seed=5)
+    model.save_pretrained(tmp_path / "hf")
+    if style == "google":
+        written = json.loads((tmp_path / "hf" / "config.json").read_text())
+        written["tie_word_embeddings"] = False
+        written.pop("scale_decoder_outputs", None)
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(written))
+    checkpoint = hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    config, _ = inference.read_config(checkpoint)
+    assert (config.tie_word_embeddings, config.scale_decoder_outputs) == (False, False)
+    reloaded = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    inputs, targets = np.random.default_rng(2).integers(1, 128, (2, 9)), np.arange(1, 11).reshape(2, 5)
+    want = logits(model, inputs, targets)
+    np.testing.assert_allclose(logits(reloaded, inputs, targets), want, atol=LOGITS_ATOL, rtol=0)
+    np.testing.assert_allclose(ours_logits(checkpoint, inputs, targets), want, atol=LOGITS_ATOL, rtol=0)
+    got, want_ids = greedy_pair(checkpoint, model, PROMPTS)
+    assert got == want_ids

@@ -1,0 +1,414 @@
+"""Issue 23: every reader verifies what it loads, and no bad input gets a traceback.
+
+Readers (generate, eval, convert to-hf / to-torch) refuse a checkpoint with a flipped byte or NaN
+parameters in one line naming the step and the older step to read instead. Then a table of bad inputs
+over the CLIs: each exits non-zero with one `error: ...` line naming the value, no traceback, and
+writes nothing it should not. The argparse CLIs and train / compile run in this process; preprocess
+and train_tokenizer (whose absl flags clash with train's) run their cases batched in one subprocess
+each. SWEEP_REPORT=FILE appends each case's outcome (clear / unclear / traceback / silent) as JSON.
+"""
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPT2_BPE = os.path.join(os.path.dirname(REPO), "shared", "data", "gpt2-bpe")
+
+
+# ---------------------------------------------------------------- running a CLI and judging the outcome
+
+
+def call_cli(cli: str, argv: list[str]) -> int | str | None:
+    """Run one CLI's main in this process as its __main__ does; returns the exit status."""
+    from t5x_like.errors import exit_on_user_error
+
+    if cli in ("train", "compile"):
+        import gin
+
+        from t5x_like import compile as compile_cli, gin_cli, train
+        train.FLAGS.unparse_flags()
+        gin.clear_config()
+        train.parse_flags([cli, *argv])
+        main = train.main if cli == "train" else exit_on_user_error(gin_cli.plain_user_errors(compile_cli.main))
+        argv = []
+    elif cli in ("preprocess", "train_tokenizer"):
+        from absl import flags
+
+        module = __import__(f"t5x_like.data.{cli}", fromlist=["main"])
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS([cli, *argv])
+        main, argv = module.main, []
+    else:
+        module = {"generate": "t5x_like.generate", "eval": "t5x_like.eval", "convert": "t5x_like.convert.__main__",
+                  "plot": "t5x_like.plot"}[cli]
+        main = exit_on_user_error(__import__(module, fromlist=["main"]).main)
+    try:
+        main(argv)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def judge(cli: str, argv: list[str]) -> tuple[str, str]:
+    """(outcome, the last stderr line or the traceback): 'clear' = non-zero with a last line 'error: ...',
+    'unclear' = non-zero otherwise, 'traceback' = an exception escaped, 'silent' = exit status 0."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = call_cli(cli, argv)
+    except BaseException:  # noqa: BLE001 - what the user would see as a traceback
+        return "traceback", traceback.format_exc(limit=-3)
+    lines = [line for line in (err.getvalue() + (code if isinstance(code, str) else "")).splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    if code in (0, None):
+        return "silent", last
+    return ("clear" if last.startswith("error: ") else "unclear"), last
+
+
+def record(case_id: str, outcome: str, line: str, names: str) -> None:
+    """Append the case's outcome to $SWEEP_REPORT (a clear line that does not name the value counts as unclear)."""
+    if outcome == "clear" and names not in line:
+        outcome = "unclear"
+    if os.environ.get("SWEEP_REPORT"):
+        with open(os.environ["SWEEP_REPORT"], "a") as f:
+            f.write(json.dumps({"case": case_id, "outcome": outcome}) + "\n")
+
+
+# ---------------------------------------------------------------- a small checkpoint, and its damaged copies
+
+
+CONFIG = dict(vocab_size=50257, max_len=32, num_layers=1, num_heads=2, embed_dim=16, mlp_dim=32, dtype="float32",
+              dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def write_run(model_dir: str, steps: dict[int, float]) -> None:
+    """A MODEL_DIR whose checkpoints (written as train writes them, checksums included) hold random
+    parameters; a NaN value for a step puts NaN into one of its parameters."""
+    from models.gpt2 import GPT2Config
+    from t5x_like import checkpoints, inference
+
+    config = GPT2Config(**CONFIG)
+    abstract, _ = inference.abstract_params(config)
+    leaves, treedef = jax.tree.flatten(abstract)
+    ckpt = checkpoints.Checkpointer(model_dir, keep=10)
+    for step, poison in steps.items():
+        keys = jax.random.split(jax.random.PRNGKey(step), len(leaves))
+        params = [0.1 * jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves)]
+        params[-1] = params[-1].at[(0,) * params[-1].ndim].set(poison)
+        ckpt.save(step, params=jax.tree.unflatten(treedef, params), train_state={"step": jnp.int32(step)},
+                  data_state={"index": step}, model={"config": dataclasses.asdict(config), "tokenizer": GPT2_BPE})
+        ckpt.wait()
+    ckpt.close()
+    with open(os.path.join(model_dir, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"step": s, "loss": 5.0 - s, "learning_rate": 1e-3}) + "\n" for s in steps))
+
+
+def flip_a_byte(step_dir: str) -> None:
+    files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "params")) for f in fs]
+    path = max(files, key=os.path.getsize)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{'good', 'flipped', 'nan'}: runs with checkpoints 1 and 2 (2 damaged in the last two), a token file
+    made with the checkpoint's tokenizer and one made with another, and a Hugging Face export."""
+    if not os.path.isdir(GPT2_BPE):
+        pytest.skip(f"needs the GPT-2 BPE files in {GPT2_BPE}")
+    from t5x_like.convert import hf
+    from t5x_like.data.token_file import TokenFileWriter
+    from t5x_like.data.tokenizer import load_tokenizer
+
+    root = tmp_path_factory.mktemp("runs")
+    paths = {name: str(root / name) for name in ("good", "flipped", "nan")}
+    write_run(paths["good"], {1: 0.0, 2: 0.0})
+    shutil.copytree(paths["good"], paths["flipped"])
+    flip_a_byte(os.path.join(paths["flipped"], "checkpoints", "2"))
+    write_run(paths["nan"], {1: 0.0, 2: float("nan")})
+    tokenizer = load_tokenizer(GPT2_BPE)
+    for name, sha in (("tokens", tokenizer.sha256), ("other_tokens", "0" * 64)):
+        made_with = {"path": GPT2_BPE if sha == tokenizer.sha256 else "other", "sha256": sha,
+                     "vocab_size": 50257, "eod_id": tokenizer.eod_id}
+        with TokenFileWriter(str(root / name), np.uint16, {"tokenizer": made_with}) as writer:
+            writer.write(np.arange(200, dtype=np.uint16) % 1000, np.array([100, 100]))
+        paths[name] = str(root / name)
+    paths["hf"] = str(root / "hf")
+    hf.to_hf(paths["good"], paths["hf"])
+    return paths
+
+
+READERS = {  # cli, argv (SRC = the checkpoint, OUT = an output path that must not appear)
+    "generate": ["--checkpoint={src}", "--prompt=hello", "--max_new_tokens=4", "--output={out}"],
+    "eval": ["--task=tokens", "--checkpoint={src}", "--data={tokens}", "--seq_len=16", "--output={out}"],
+    "to-hf": ["to-hf", "{src}", "{out}"],
+    "to-torch": ["to-torch", "{src}", "{out}"],
+}
+
+
+@pytest.mark.parametrize("damage, reason", [("flipped", "checksum mismatch"), ("nan", "non-finite values in")])
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_refuses_a_damaged_checkpoint_naming_an_older_step(runs, tmp_path, reader, damage, reason):
+    out = str(tmp_path / "out")
+    argv = [a.format(src=runs[damage], out=out, tokens=runs["tokens"]) for a in READERS[reader]]
+    outcome, line = judge("convert" if reader.startswith("to-") else reader, argv)
+    assert outcome == "clear", line
+    step_dir = os.path.join(runs[damage], "checkpoints", "2")
+    assert line.startswith(f"error: checkpoint {step_dir} is damaged: ") and reason in line, line
+    assert f"read an older step instead: pass {os.path.join(runs[damage], 'checkpoints', '1')}" in line
+    assert not os.path.exists(out)
+
+
+def test_the_older_step_the_error_names_reads(runs, tmp_path):
+    out = str(tmp_path / "state.pt")
+    assert judge("convert", ["to-torch", os.path.join(runs["nan"], "checkpoints", "1"), out])[0] == "silent"
+    assert os.path.getsize(out) > 0
+
+
+def test_restore_from_a_damaged_checkpoint_is_refused_too(runs):
+    from t5x_like import checkpoints
+
+    with pytest.raises(checkpoints.CorruptCheckpointError, match="checkpoints/2 is damaged: .*checksum mismatch"):
+        checkpoints.restore_params(runs["flipped"], None)
+
+
+def test_from_hf_checkpoints_carry_checksums(runs, tmp_path):
+    from t5x_like import checkpoints
+    from t5x_like.convert import hf
+
+    step_dir = hf.from_hf(runs["hf"], str(tmp_path / "imported"))
+    assert checkpoints.verify_manifest(step_dir)
+    flip_a_byte(step_dir)
+    with pytest.raises(checkpoints.CorruptCheckpointError, match="checksum mismatch.*no older step"):
+        checkpoints.restore_params(str(tmp_path / "imported"), None)
+
+
+# ---------------------------------------------------------------- the table of bad inputs
+
+
+def case(cli, args, names, *, writes=(), id=None):
+    """A bad input: the CLI, its arguments ({placeholders} below), the text its error line must hold (the
+    value or file it names), and paths that must not exist afterwards."""
+    return pytest.param(cli, args, names, writes, id=id or f"{cli}:{' '.join(args)[:60]}")
+
+
+QUICK = ["--gin_file=quickstart.gin", "--gin.MODEL_DIR='{tmp}/run'", "--print_config"]
+T5 = ["--gin_file=quickstart_t5.gin", "--gin.MODEL_DIR='{tmp}/run'", "--print_config"]
+GEN = ["--checkpoint={good}", "--prompt=hello", "--max_new_tokens=4"]
+EVAL = ["--task=tokens", "--checkpoint={good}", "--data={tokens}", "--seq_len=16"]
+
+CASES = [
+    # generate
+    case("generate", GEN + ["--batch_size=0"], "--batch_size=0"),
+    case("generate", GEN[:2] + ["--max_new_tokens=0"], "--max_new_tokens=0"),
+    case("generate", GEN[:2] + ["--max_new_tokens=100000"], "--max_new_tokens=100000"),
+    case("generate", GEN + ["--num_beams=0"], "--num_beams=0"),
+    case("generate", GEN + ["--num_beams=60000"], "--num_beams=60000"),
+    case("generate", GEN + ["--batch_size=1000000000"], "--batch_size=1000000000"),
+    case("generate", GEN + ["--top_k=-1"], "--top_k=-1"),
+    case("generate", GEN + ["--top_k=60000"], "--top_k=60000"),
+    case("generate", GEN + ["--top_p=nan"], "--top_p=nan"),
+    case("generate", GEN + ["--temperature=-1"], "--temperature=-1"),
+    case("generate", GEN + ["--temperature=inf"], "--temperature=inf"),
+    case("generate", GEN + ["--num_beams=2", "--length_penalty=nan"], "--length_penalty=nan"),
+    case("generate", GEN[:1] + ["--prompts_file={tmp}/missing.txt"], "--prompts_file={tmp}/missing.txt"),
+    case("generate", GEN[:1] + ["--prompts_file={noprompt}"], "--prompts_file={noprompt}: line 1"),
+    case("generate", GEN[:1] + ["--prompts_file={binary}"], "--prompts_file={binary}"),
+    case("generate", GEN[:1], "no prompts"),
+    case("generate", GEN + ["--output=/proc/t5x_like_out.jsonl"], "--output=/proc/t5x_like_out.jsonl"),
+    case("generate", GEN + ["--output={afile}/out.jsonl"], "--output={afile}/out.jsonl"),
+    case("generate", GEN + ["--output={tmp}"], "--output={tmp} is a directory"),
+    case("generate", GEN + ["--tokenizer={binary_json}"], "--tokenizer={binary_json}"),
+    case("generate", GEN + ["--data_parallel=3"], "--data_parallel=3"),
+    case("generate", GEN + ["--fsdp_parallel=0"], "--fsdp_parallel=0"),
+    case("generate", GEN + ["--rules=bogus"], "--rules='bogus'"),
+    case("generate", GEN + ["--heartbeat_timeout_seconds=0"], "--heartbeat_timeout_seconds=0"),
+    case("generate", ["--checkpoint={tmp}/nothing", "--prompt=x"], "no checkpoint at {tmp}/nothing"),
+    # eval
+    case("eval", EVAL[:3] + ["--seq_len=-64"], "--seq_len=-64"),
+    case("eval", EVAL + ["--stride=0"], "--stride=0"),
+    case("eval", EVAL + ["--batch_size=0"], "--batch_size=0"),
+    case("eval", EVAL + ["--max_batches=0"], "--max_batches=0"),
+    case("eval", EVAL + ["--output=/proc/t5x_like_eval.json"], "--output=/proc/t5x_like_eval.json"),
+    case("eval", EVAL + ["--output={afile}/eval.json"], "--output={afile}/eval.json"),
+    case("eval", ["--task=wikitext", "--checkpoint={good}", "--data={binary}", "--seq_len=16"], "--data={binary}"),
+    case("eval", ["--task=lambada", "--checkpoint={good}", "--data={lambada_bad}", "--seq_len=16"],
+         "--data={lambada_bad}"),
+    case("eval", ["--task=tokens", "--checkpoint={good}", "--data={other_tokens}", "--seq_len=16"],
+         "{other_tokens}.json: tokenized with other"),
+    case("eval", ["--task=seq2seq", "--checkpoint={good}", "--data={pairs}"], "--task=seq2seq"),
+    case("eval", EVAL + ["--data_parallel=3"], "--data_parallel=3"),
+    case("eval", EVAL + ["--split=validation", "--data_split=abc"], "DATA_SPLIT='abc'"),
+    case("eval", ["--task=wikitext", "--checkpoint={good}", "--data={text}", "--split=train"], "--split"),
+    case("eval", ["--task=lambada", "--checkpoint={good}", "--data={tmp}/missing.jsonl"], "--data={tmp}/missing.jsonl"),
+    case("eval", EVAL[:3] + ["--seq_len=100000"], "--seq_len=100000"),
+    case("eval", ["--task=tokens", "--checkpoint={good}", "--data={tmp}/nothing", "--seq_len=16"], "{tmp}/nothing"),
+    # convert
+    case("convert", ["to-hf", "{good}", "{afile}/hf"], "DST={afile}/hf", writes=["{afile}/hf"]),
+    case("convert", ["to-hf", "{good}", "/proc/t5x_like_hf"], "DST=/proc/t5x_like_hf"),
+    case("convert", ["to-torch", "{good}", "/proc/t5x_like.pt"], "FILE=/proc/t5x_like.pt"),
+    case("convert", ["to-torch", "{good}", "{tmp}"], "FILE={tmp} is a directory"),
+    case("convert", ["to-hf", "{tmp}/nothing", "{tmp}/hf"], "no checkpoint at {tmp}/nothing", writes=["{tmp}/hf"]),
+    case("convert", ["from-hf", "{hf_list}", "{tmp}/imported"], "{hf_list}/config.json", writes=["{tmp}/imported"]),
+    case("convert", ["from-hf", "{hf_fields}", "{tmp}/imported"], "{hf_fields}/config.json",
+         writes=["{tmp}/imported"]),
+    case("convert", ["from-hf", "{hf_truncated}", "{tmp}/imported"], "{hf_truncated}/model.safetensors",
+         writes=["{tmp}/imported/checkpoints"]),
+    case("convert", ["from-hf", "{hf}", "{good_copy}"], "DST={good_copy} already holds checkpoints",
+         writes=["{good_copy}/tokenizer", "{good_copy}/checkpoints/0"]),
+    case("convert", ["from-hf", "{hf}", "{tmp}/imported", "--step=-1"], "--step=-1", writes=["{tmp}/imported"]),
+    case("convert", ["from-hf", "{hf}", "{tmp}/imported", "--vocab_pad_multiple=0"], "--vocab_pad_multiple=0",
+         writes=["{tmp}/imported"]),
+    # plot
+    case("plot", ["{good}", "--output={tmp}/p.xyz"], "--output={tmp}/p.xyz", writes=["{tmp}/p.xyz"]),
+    case("plot", ["{good}", "--output=/proc/t5x_like_plot.png"], "--output=/proc/t5x_like_plot.png"),
+    case("plot", ["{tmp}/nothing", "--output={tmp}/p.png"], "{tmp}/nothing/metrics.jsonl", writes=["{tmp}/p.png"]),
+    # compile
+    case("compile", ["--gin_file=quickstart.gin", "--topology=cpu:0"], "--topology=cpu:0"),
+    case("compile", ["--gin_file=quickstart.gin", "--topology=cpu:abc"], "--topology=cpu:abc"),
+    case("compile", ["--gin_file=quickstart.gin", "--topology=tpu9:2x2"], "--topology=tpu9:2x2"),
+    case("compile", ["--gin_file=quickstart.gin", "--device_memory_gib=-1"], "--device_memory_gib=-1"),
+    case("compile", ["--gin_file=quickstart.gin", "--output=/proc/t5x_like_report.json"],
+         "--output=/proc/t5x_like_report.json"),
+    # train: gin macros and train's settings, all caught by --print_config before anything runs
+    case("train", QUICK + ["--gin.TRAIN_STEPS=-5"], "TRAIN_STEPS=-5"),
+    case("train", QUICK + ["--gin.CHECKPOINT_EVERY=0"], "CHECKPOINT_EVERY=0"),
+    case("train", QUICK + ["--gin.EVAL_EVERY=-1"], "EVAL_EVERY=-1"),
+    case("train", QUICK + ["--gin.EVAL_STEPS=0"], "EVAL_STEPS=0"),
+    case("train", QUICK + ["--gin.LEARNING_RATE=-0.001"], "LEARNING_RATE=-0.001"),
+    case("train", QUICK + ["--gin.WARMUP_STEPS=-1"], "WARMUP_STEPS=-1"),
+    case("train", QUICK + ["--gin.SEED='abc'"], "SEED='abc'"),
+    case("train", QUICK + ["--gin.BATCH_SIZE=0"], "BATCH_SIZE=0"),
+    case("train", QUICK + ["--gin.GRAD_ACCUM_STEPS=0"], "GRAD_ACCUM_STEPS=0"),
+    case("train", QUICK + ["--gin.train.keep_checkpoints=0"], "train.keep_checkpoints=0"),
+    case("train", QUICK + ["--gin.train.log_every=0"], "train.log_every=0"),
+    case("train", QUICK + ["--gin.optim.make_optimizer.weight_decay=-1.0"], "weight_decay=-1"),
+    case("train", ["--gin_file=quickstart.gin", "--gin.MODEL_DIR='{afile}/run'", "--print_config"],
+         "MODEL_DIR={afile}/run"),
+    case("train", ["--gin_file=quickstart.gin", "--gin.MODEL_DIR='/proc/t5x_like_run'", "--print_config"],
+         "MODEL_DIR=/proc/t5x_like_run"),
+    case("train", ["--gin_file=quickstart.gin", "--gin.MODEL_DIR='/proc/t5x_like_run'"],
+         "MODEL_DIR=/proc/t5x_like_run", id="train:MODEL_DIR in /proc, training"),
+    case("train", QUICK + ["--gin.FEATURE_LENGTHS={{'target': 64}}"], "FEATURE_LENGTHS"),
+    case("train", QUICK + ["--gin.SEQ_LEN=100000"], "100000"),
+    case("train", T5 + ["--gin.FEATURE_LENGTHS={{'targets': 64}}"], "'inputs'"),
+    case("train", T5 + ["--gin.PIPELINE_PARALLEL=2", "--gin.DATA_PARALLEL=4"], "PIPELINE_PARALLEL"),
+    case("train", T5 + ["--gin.RESTORE_FROM='{good}'"], "holds a 'gpt2' model"),
+    case("train", T5 + ["--gin.SEQ_LEN=64"], "SEQ_LEN=64 is not used"),
+    case("train", QUICK + ["--gin.MODEL_DIR=None"], "MODEL_DIR=None"),
+    case("train", QUICK + ["--gin.DATA_SPLIT='a,b'"], "DATA_SPLIT='a,b'"),
+    case("train", QUICK + ["--gin.PACKING='yes'"], "PACKING='yes'"),
+    case("train", QUICK + ["--gin.BLEND_WEIGHTS=[1.0, 2.0]"], "BLEND_WEIGHTS=[1.0, 2.0]"),
+    case("train", QUICK + ["--gin.optim.make_optimizer.b1=2.0"], "b1=2"),
+    case("train", QUICK + ["--gin.model_config.overrides={{'num_layers': -1}}"], "'num_layers': -1"),
+    case("train", QUICK + ["--gin.LEARNING_RATE=1e400"], "LEARNING_RATE=inf"),
+    case("train", QUICK + [f"--gin.TOKENIZER='{{binary_json}}'"], "{binary_json}"),
+    # preprocess and train_tokenizer (one subprocess each, below)
+    case("preprocess", ["--input={text}", "--output_prefix={afile}/out", "--tokenizer={tok}", "--workers=1"],
+         "--output_prefix={afile}/out"),
+    case("preprocess", ["--input={text}", "--output_prefix=/proc/t5x_like_out", "--tokenizer={tok}", "--workers=1"],
+         "--output_prefix=/proc/t5x_like_out"),
+    case("preprocess", ["--input={text}", "--output_prefix={tmp}/out", "--tokenizer={binary_json}", "--workers=1"],
+         "--tokenizer={binary_json}", writes=["{tmp}/out.bin"]),
+    case("preprocess", ["--input={text}", "--output_prefix={tmp}/out", "--tokenizer={tok}", "--workers=0"],
+         "--workers=0", writes=["{tmp}/out.bin"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/t.json", "--vocab_size=0"], "--vocab_size=0",
+         writes=["{tmp}/t.json"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/t.model", "--type=sentencepiece", "--vocab_size=-5"],
+         "--vocab_size=-5", writes=["{tmp}/t.model"]),
+    case("train_tokenizer", ["--input={text}", "--output=/proc/t5x_like_tok.json"], "--output=/proc/t5x_like_tok.json"),
+    case("train_tokenizer", ["--input={binary}", "--output={tmp}/t.model", "--type=sentencepiece",
+                             "--vocab_size=300"], "{binary}", writes=["{tmp}/t.model"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/v.txt", "--type=char", "--min_count=0"],
+         "--min_count=0", writes=["{tmp}/v.txt"]),
+]
+
+
+def placeholders(runs: dict, tmp: str) -> dict:
+    """Every {name} a case may use, its files made under `tmp` (bad inputs) or taken from `runs`."""
+    os.makedirs(tmp, exist_ok=True)
+    write = lambda name, data: (open(os.path.join(tmp, name), "wb").write(data), os.path.join(tmp, name))[1]  # noqa
+    hf_dir = lambda name, config=None, truncate=False: _hf_variant(runs["hf"], os.path.join(tmp, name), config,
+                                                                   truncate)
+    good_copy = os.path.join(tmp, "good_copy")
+    return dict(
+        tmp=tmp, good=runs["good"], tokens=runs["tokens"], other_tokens=runs["other_tokens"], hf=runs["hf"],
+        tok=GPT2_BPE, afile=write("afile", b"a file\n"), binary=write("binary.txt", bytes(range(256)) * 64),
+        binary_json=write("binary.json", b"\xff\xfe\x00garbage" * 50),
+        noprompt=write("prompts.jsonl", b'{"text": "no prompt field"}\n'),
+        lambada_bad=write("lambada.jsonl", b'{"text": "fine"}\n{"txt": "no text field"}\n'),
+        pairs=write("pairs.jsonl", b'{"inputs": "a", "targets": "b"}\n'),
+        text=write("corpus.txt", b"some text to tokenize\n" * 20),
+        hf_list=hf_dir("hf_list", config=[1, 2]), hf_fields=hf_dir("hf_fields", config={"model_type": "gpt2"}),
+        hf_truncated=hf_dir("hf_truncated", truncate=True),
+        good_copy=good_copy if os.path.isdir(good_copy) else shutil.copytree(runs["good"], good_copy),
+    )
+
+
+def _hf_variant(source: str, path: str, config, truncate: bool) -> str:
+    if not os.path.isdir(path):
+        shutil.copytree(source, path)
+        if config is not None:
+            with open(os.path.join(path, "config.json"), "w") as f:
+                json.dump(config, f)
+        if truncate:
+            weights = os.path.join(path, "model.safetensors")
+            os.truncate(weights, os.path.getsize(weights) // 2)
+    return path
+
+
+def check_case(cli, args, names, writes, outcome, line, values):
+    """The assertions every bad input must pass (outcome and line come from judge)."""
+    assert outcome == "clear", f"{outcome}: {line}"
+    assert line.count("error: ") == 1 and names.format(**values) in line, line
+    for path in writes:
+        assert not os.path.exists(path.format(**values)), f"{path.format(**values)} was written"
+    assert not any(os.path.exists(f"/proc/{n}") for n in ("t5x_like_out.jsonl", "t5x_like_run"))
+
+
+IN_PROCESS = [c for c in CASES if c.values[0] not in ("preprocess", "train_tokenizer")]
+BATCHED = [c for c in CASES if c.values[0] in ("preprocess", "train_tokenizer")]
+
+
+@pytest.mark.parametrize("cli, args, names, writes", IN_PROCESS)
+def test_a_bad_input_is_one_error_line(runs, tmp_path, request, cli, args, names, writes):
+    values = placeholders(runs, str(tmp_path))
+    outcome, line = judge(cli, [a.format(**values) for a in args])
+    record(request.node.callspec.id, outcome, line, names.format(**values))
+    check_case(cli, args, names, writes, outcome, line, values)
+
+
+@pytest.mark.parametrize("cli", ["preprocess", "train_tokenizer"])
+def test_bad_inputs_of_the_data_tools_are_one_error_line(runs, tmp_path, cli):
+    """The cases of one data tool, run in one subprocess (its absl flags are its own)."""
+    values = placeholders(runs, str(tmp_path))
+    cases = [c for c in BATCHED if c.values[0] == cli]
+    argvs = [[a.format(**values) for a in c.values[1]] for c in cases]
+    done = subprocess.run([sys.executable, __file__, cli, json.dumps(argvs)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for c, (outcome, line) in zip(cases, results):
+        record(c.id, outcome, line, c.values[2].format(**values))
+    for c, (outcome, line) in zip(cases, results):
+        check_case(*c.values, outcome, line, values)
+
+
+if __name__ == "__main__":  # the subprocess of test_bad_inputs_of_the_data_tools_are_one_error_line
+    tool = sys.argv[1]
+    __import__(f"t5x_like.data.{tool}", fromlist=["define_flags"]).define_flags()
+    print(json.dumps([judge(tool, argv) for argv in json.loads(sys.argv[2])]))

@@ -1,0 +1,43 @@
+"""`python -m t5x_like.train` that fails to start (a configuration error found after MODEL_DIR is locked and
+orbax has opened MODEL_DIR/checkpoints) exits with the one-line error and leaves no new empty folders:
+a new MODEL_DIR (and the parents made for it) is gone, an existing one holds what it held before."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import cpu_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ERRORS = {"mesh": ("--gin.DATA_PARALLEL=16", "has 16 devices but 2 are available"),
+          "data": ("--gin.DATA_PATH='/nonexistent/corpus'", "/nonexistent/corpus.idx: missing")}
+
+
+def failed_start(model_dir, error: str) -> None:
+    binding, message = ERRORS[error]
+    done = subprocess.run([sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin",
+                           f"--gin.MODEL_DIR='{model_dir}'", binding], cwd=REPO, env=cpu_env(2),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def tree(path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(root, name), path)
+                  for root, dirs, files in os.walk(path) for name in dirs + files)
+
+
+@pytest.mark.parametrize("error", sorted(ERRORS))
+def test_a_new_model_dir_is_not_left_behind(tmp_path, error):
+    failed_start(tmp_path / "new" / "run", error)
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_existing_model_dir_keeps_only_what_it_held(tmp_path):
+    model_dir = tmp_path / "run"
+    (model_dir / "kept_empty").mkdir(parents=True)
+    (model_dir / "notes.txt").write_text("mine")
+    before = tree(model_dir)
+    failed_start(model_dir, "mesh")
+    assert tree(model_dir) == before
