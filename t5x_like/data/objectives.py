@@ -461,18 +461,8 @@ def _decoded(raw: bytes, path: str, number: int) -> str:
 
 
 def _jsonl_pairs(path: str, lines: list[tuple[int, str]]) -> list[tuple[str, str]]:
-    pairs = []
-    for number, line in lines:
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{number}: invalid JSON at column {e.colno} ({e.msg}); each line must be one "
-                            "object with string fields 'inputs' and 'targets'") from None
-        if not isinstance(value, dict):
-            raise UserError(f"{path}:{number}: expected a JSON object with fields 'inputs' and 'targets', got "
-                            f"{type(value).__name__}")
-        pairs.append(tuple(_field(value, field, path, number) for field in PAIR_FIELDS))
-    return pairs
+    records = _jsonl_records(path, lines, "fields 'inputs' and 'targets'")
+    return [tuple(_field(value, field, path, number) for field in PAIR_FIELDS) for number, value in records]
 
 
 def _field(value: dict, field: str, path: str, number: int) -> str:
@@ -756,17 +746,18 @@ def read_labelled(path: str) -> list[LabelledText]:
     return examples
 
 
-def _jsonl_records(path: str, lines: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+def _jsonl_records(path: str, lines: list[tuple[int, str]], fields: str = "fields 'text' and 'label' (and "
+                   "optionally 'text_pair')") -> list[tuple[int, dict]]:
+    """(line number, object) of each line of a JSONL file whose objects hold `fields`."""
     records = []
     for number, line in lines:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{number}: invalid JSON at column {e.colno} ({e.msg}); each line must be one "
-                            "object with fields 'text', 'label' (and optionally 'text_pair')") from None
+                            f"object with {fields}") from None
         if not isinstance(value, dict):
-            raise UserError(f"{path}:{number}: expected a JSON object with fields 'text' and 'label', got "
-                            f"{type(value).__name__}")
+            raise UserError(f"{path}:{number}: expected a JSON object with {fields}, got {type(value).__name__}")
         records.append((number, value))
     return records
 

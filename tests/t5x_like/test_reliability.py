@@ -246,7 +246,7 @@ def huge_learning_rate(total_steps):
 def test_an_overflowing_learning_rate_stops_before_any_nonfinite_state_is_saved(synthetic_source, tmp_path):
     with pytest.raises(FloatingPointError, match=r"step 1: .*The update was not applied"):
         run(tmp_path, synthetic_source, steps=6, checkpoint_every=1, settings=huge_learning_rate(6))
-    assert saved_steps(tmp_path) == []
+    assert not (tmp_path / "checkpoints").exists()  # nothing saved (the empty folder is removed on failure)
 
 
 def test_skipping_overflowing_updates_saves_only_finite_states(synthetic_source, tmp_path, caplog):

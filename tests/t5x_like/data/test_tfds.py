@@ -11,7 +11,8 @@ from t5x_like.data import load_tokenizer, make_source
 from t5x_like.data.train_tokenizer import train_byte_level_bpe
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 
-# tfds-nightly still reads FieldDescriptor.label, deprecated in protobuf 6 (and gone in 7).
+# tensorflow-datasets reads FieldDescriptor.label, deprecated in protobuf 6 (the versions >= 4.9.10 that the test
+# extra pins cope with protobuf 7, where it is gone; the filter keeps the warning quiet where it is still raised).
 pytestmark = pytest.mark.filterwarnings(r"ignore:label\(\) is deprecated:DeprecationWarning")
 
 
