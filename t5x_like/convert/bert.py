@@ -89,6 +89,18 @@ BLOCK = (
 )
 
 
+def renamed_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors under today's names: Google's original BERT weights, as published on
+    the Hub (bert-base-uncased's own model.safetensors), call the LayerNorm parameters `gamma` and
+    `beta`, which transformers renames to `weight` and `bias` when it loads them."""
+    legacy = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
+    renamed = {}
+    for name, tensor in tensors.items():
+        old = next((suffix for suffix in legacy if name.endswith(suffix)), None)
+        renamed[name[:-len(old)] + legacy[old] if old else name] = tensor
+    return renamed
+
+
 def names_for(config: BertConfig) -> Names:
     return ROBERTA_NAMES if config.family == "roberta" else BERT_NAMES
 

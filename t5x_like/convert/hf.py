@@ -121,6 +121,8 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
                         "re-download or repair the model's config.json.") from None
     tokenizer_path = copy_hf_tokenizer(src, os.path.join(dst, "tokenizer"), config)
     tensors = read_hf_weights(src)
+    if hasattr(family, "renamed_tensors"):  # BERT: Google's original weights say LayerNorm gamma / beta
+        tensors = family.renamed_tensors(tensors)
     if hasattr(family, "config_for_tensors"):  # T5: transformers 5 keeps a head saved apart from shared untied
         config = family.config_for_tensors(config, tensors)
     flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)

@@ -224,3 +224,26 @@ def test_unsupported_configs_are_refused(tmp_path, field, value, message):
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, field: value}))
     with pytest.raises(ValueError, match=message):
         hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "out"))
+
+
+def test_googles_original_names_convert(tmp_path):
+    """bert-base-uncased as published on the Hub: LayerNorm `gamma` / `beta`, plus the pooler and the NSP
+    head (`cls.seq_relationship`) beside the masked-LM head; the logits equal transformers' (which renames
+    on load) within LOGITS_ATOL."""
+    from safetensors.torch import save_file
+
+    model = random_hf_model("BertForMaskedLM", seed=3)
+    model.save_pretrained(tmp_path / "modern")
+    state = {name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
+             tensor.clone() for name, tensor in model.state_dict().items() if name != "cls.predictions.decoder.weight"}
+    assert sum(name.endswith("LayerNorm.gamma") for name in state) == 2 * 2 + 2  # two per layer, embeddings, head
+    state.update({"bert.pooler.dense.weight": torch.randn(36, 36), "bert.pooler.dense.bias": torch.randn(36),
+                  "cls.seq_relationship.weight": torch.randn(2, 36), "cls.seq_relationship.bias": torch.randn(2)})
+    (tmp_path / "google").mkdir()
+    save_file(state, str(tmp_path / "google" / "model.safetensors"))
+    (tmp_path / "google" / "config.json").write_text((tmp_path / "modern" / "config.json").read_text())
+    hf.from_hf(str(tmp_path / "google"), str(tmp_path / "ours"))
+    config, _ = inference.read_config(str(tmp_path / "ours"))
+    batch = padded_batch(config, seed=2)
+    np.testing.assert_allclose(ours_logits(config, hf.restore_on_host(str(tmp_path / "ours"), config), *batch),
+                               hf_logits(model, *batch), atol=LOGITS_ATOL, rtol=0)
