@@ -300,29 +300,6 @@ def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict:
 # ---------------------------------------------------------------- seq2seq pairs
 
 
-def read_pairs(path: str) -> list[tuple[str, str]]:
-    """(inputs, targets) of each line of a JSONL file, or of a TSV file as training reads it."""
-    if path.endswith(".tsv"):
-        return objectives.read_pairs(path)
-    pairs = []
-    for number, line in enumerate(read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{number}: not JSON ({e.msg}); each line must be "
-                            '{"inputs": "...", "targets": "..."} (a TSV file of pairs must be named *.tsv).') from None
-        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("inputs", "targets")):
-            raise UserError(f'{path}:{number}: needs string fields "inputs" and "targets".')
-        if not record["inputs"].strip() or not record["targets"].strip():
-            raise UserError(f'{path}:{number}: an empty "inputs" or "targets"; every pair needs text on both sides.')
-        pairs.append((record["inputs"], record["targets"]))
-    if not pairs:
-        raise UserError(f"{path} holds no pairs.")
-    return pairs
-
-
 def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: int, targets_len: int) -> Rows:
     """Teacher-forced rows: encoder inputs (+ padding mask), targets shifted right from the start id."""
     rows = {ENCODER_INPUT_TOKENS: np.zeros((len(examples), inputs_len), np.int32),
@@ -341,7 +318,7 @@ def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: in
 
 def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], generate.Generator], tokenizer,
                      path: str, max_examples: int | None = None) -> dict:
-    pairs = read_pairs(path)[:max_examples]
+    pairs = objectives.read_pairs(path)[:max_examples]
     texts = [tokenizer.encode(i) for i, _ in pairs]
     targets = [tokenizer.encode(t) + [tokenizer.eod_id] for _, t in pairs]
     targets_len = max(map(len, targets))

@@ -471,7 +471,14 @@ def _field(value: dict, field: str, path: str, number: int) -> str:
                         "needs string fields 'inputs' and 'targets'")
     if not isinstance(value[field], str):
         raise UserError(f"{path}:{number}: field {field!r} is {type(value[field]).__name__}, expected a string")
-    return value[field]
+    return _nonempty(value[field], field, path, number)
+
+
+def _nonempty(text: str, field: str, path: str, number: int) -> str:
+    if not text.strip():
+        raise UserError(f"{path}:{number}: an empty {field!r}; every pair needs text on both sides (remove the "
+                        "line or fill it in)")
+    return text
 
 
 def _tsv_pairs(path: str, lines: list[tuple[int, str]]) -> list[tuple[str, str]]:
@@ -489,7 +496,7 @@ def _tsv_pairs(path: str, lines: list[tuple[int, str]]) -> list[tuple[str, str]]
         if len(fields) != len(header):
             raise UserError(f"{path}:{number}: {len(fields)} tab-separated fields, but the header has "
                             f"{len(header)}; a field may not contain a tab or a newline")
-        pairs.append((fields[columns[0]], fields[columns[1]]))
+        pairs.append(tuple(_nonempty(fields[c], field, path, number) for c, field in zip(columns, PAIR_FIELDS)))
     return pairs
 
 

@@ -310,6 +310,7 @@ CASES = [
     case("train", T5 + ["--gin.RESTORE_FROM='{good}'"], "holds a 'gpt2' model"),
     case("train", T5 + ["--gin.SEQ_LEN=64"], "SEQ_LEN=64 is not used"),
     case("train", QUICK + ["--gin.MODEL_DIR=None"], "MODEL_DIR=None"),
+    case("train", QUICK + ["--gin.RESTORE_FROM=''"], "RESTORE_FROM=''"),
     case("train", QUICK + ["--gin.DATA_SPLIT='a,b'"], "DATA_SPLIT='a,b'"),
     case("train", QUICK + ["--gin.PACKING='yes'"], "PACKING='yes'"),
     case("train", QUICK + ["--gin.BLEND_WEIGHTS=[1.0, 2.0]"], "BLEND_WEIGHTS=[1.0, 2.0]"),

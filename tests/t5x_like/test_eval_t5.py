@@ -88,8 +88,9 @@ def test_max_examples_scores_only_the_first_pairs(setup):
     assert got["exact_match"] == 1.0  # the first pair's target is the model's own greedy output
 
 
-@pytest.mark.parametrize("line, message", [('{"inputs": "x"}', 'needs string fields "inputs" and "targets"'),
-                                           ("not json", "not JSON")])
+@pytest.mark.parametrize("line, message", [('{"inputs": "x"}', "no field 'targets'"),
+                                           ("not json", "invalid JSON"),
+                                           ('{"inputs": "x", "targets": ""}', "an empty 'targets'")])
 def test_bad_lines_name_file_and_line(setup, tmp_path, line, message):
     checkpoint, tokenizer, *_ = setup
     data = tmp_path / "bad.jsonl"

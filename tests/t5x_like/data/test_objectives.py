@@ -356,6 +356,9 @@ def test_seq2seq_packed_from_jsonl_equals_token_files_and_resumes(tmp_path, toke
     ("bad.tsv", "question\ttargets\nw3\tw4\n", r"bad\.tsv:1: the header row names no column 'inputs'"),
     ("bad.tsv", "inputs\ttargets\nw3\tw4\nw3 w4\n", r"bad\.tsv:3: 1 tab-separated fields, but the header has 2"),
     ("bad.tsv", "", r"bad\.tsv: no pairs"),
+    ("bad.jsonl", '{"inputs": "w3", "targets": "w4"}\n{"inputs": " ", "targets": "w4"}\n',
+     r"bad\.jsonl:2: an empty 'inputs'; every pair needs text on both sides"),
+    ("bad.tsv", "inputs\ttargets\nw3\tw4\nw3\t\n", r"bad\.tsv:3: an empty 'targets'"),
 ])
 def test_bad_pairs_files_name_the_file_and_line(tmp_path, tokenizer_path, name, content, message):
     (tmp_path / name).write_text(content)
