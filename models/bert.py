@@ -39,6 +39,8 @@ class BertConfig(EncoderOnlyConfig):
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate", "attention_dropout_rate",
                                                                        "labels")
+    HEAD_FIELDS: ClassVar[tuple[str, ...]] = ("head", "num_labels", "labels")
+    HEAD_PARAMS: ClassVar[tuple[str, ...]] = ("mlm_head", "classifier_head")
 
     vocab_size: int = 30522
     max_len: int = 512
@@ -103,7 +105,7 @@ class BertConfig(EncoderOnlyConfig):
         head = 6.0 * (e * e + e * self.num_labels) if self.head == "classification" else 0.0
         return 6.0 * self.matmul_params() * t + 12.0 * self.num_layers * t * t * e + head
 
-    def pipeline_layers(self) -> int:
+    def pipeline_stacks(self) -> dict[str, int]:
         raise ValueError("pipeline parallelism is not supported for encoder-only models (BERT, RoBERTa) yet; set "
                          "PIPELINE_PARALLEL=1 and shard with FSDP_PARALLEL / TENSOR_PARALLEL instead.")
 

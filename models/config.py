@@ -10,9 +10,11 @@ subclasses `FamilyConfig` and has at least these fields:
     attention          models.attention implementation ('auto' | 'xla' | 'cudnn' | 'pallas' | 'splash')
     remat_policy       'none' or a name in models.layers.REMAT_POLICIES
     scan_layers        stack the blocks with nn.scan (needed for pipeline parallelism)
+    matmul_dtype       None (dense matmuls in the compute dtype) or 'fp8' (models.layers.Einsum); every
+                       family has it from FamilyConfig
 
 Decoder-only families also have `max_len` (the longest sequence). Each config implements
-`train_flops_per_example`, `check_lengths`, `pipeline_layers` and `summary`. The runtime asks these
+`train_flops_per_example`, `check_lengths`, `pipeline_stacks` and `summary`. The runtime asks these
 instead of reading a family's own fields.
 """
 from __future__ import annotations
@@ -28,15 +30,34 @@ from models.layers import REMAT_POLICIES
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+MATMUL_DTYPES = (None, "fp8")
+
+
+@dataclasses.dataclass(frozen=True)
 class FamilyConfig:
     """Mixin for family config dataclasses: padded vocabulary, compute dtype, architecture."""
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = (
-        "vocab_pad_multiple", "dtype", "attention", "remat_policy", "scan_layers")
+        "vocab_pad_multiple", "dtype", "attention", "remat_policy", "scan_layers", "matmul_dtype")
     """Fields a run may change without changing the weights; families add their dropout rates."""
+
+    HEAD_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """Fields that shape only the output head, which a new run from a checkpoint's parameters
+    (RESTORE_FROM) chooses for itself, e.g. fine-tuning a masked-LM encoder with a classifier: the
+    checkpoint's parameters outside HEAD_PARAMS are restored and the run's own head starts fresh."""
+
+    HEAD_PARAMS: ClassVar[tuple[str, ...]] = ()
+    """The top-level parameter collections of the heads HEAD_FIELDS choose between."""
+
+    matmul_dtype: str | None = None
+    """'fp8': the blocks' dense matmuls run in FP8 with delayed scaling (models.layers.Einsum);
+    None: in the compute dtype."""
 
     def check_common(self) -> None:
         """Validation every family's __post_init__ calls."""
+        if self.matmul_dtype not in MATMUL_DTYPES:
+            raise ValueError(f"matmul_dtype {self.matmul_dtype!r} is unknown; choose None (the compute dtype) "
+                             "or 'fp8'.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is unknown; choose one of {sorted(DTYPES)}.")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
@@ -70,9 +91,10 @@ class FamilyConfig:
         """Raise ValueError naming the length and the limit when the model cannot take these lengths."""
         raise NotImplementedError
 
-    def pipeline_layers(self) -> int:
-        """How many layers the stack that pipeline parallelism splits into stages has; raise
-        ValueError naming the reason when the family cannot be pipelined."""
+    def pipeline_stacks(self) -> dict[str, int]:
+        """The layer count of every stack that pipeline parallelism splits into stages, in the order
+        the model runs them, keyed by the config field that sets it (errors name it), e.g.
+        {'num_layers': 24}; raise ValueError naming the reason when the family cannot be pipelined."""
         raise NotImplementedError
 
     def summary(self) -> str:
@@ -101,8 +123,8 @@ class DecoderOnlyConfig(FamilyConfig):
         if lengths["targets"] > self.max_len:
             raise ValueError(f"SEQ_LEN={lengths['targets']} exceeds the model's max_len {self.max_len}.")
 
-    def pipeline_layers(self) -> int:
-        return self.num_layers
+    def pipeline_stacks(self) -> dict[str, int]:
+        return {"num_layers": self.num_layers}
 
 
 class EncoderOnlyConfig(FamilyConfig):

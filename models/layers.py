@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen import fp8_ops
 from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import dot_product_attention
@@ -29,6 +30,48 @@ def logical_param(module: nn.Module, name: str, init: Initializer, shape: Sequen
                   axes: Sequence[str | None], dtype) -> jax.Array:
     """A parameter carrying logical axis names (one per dimension)."""
     return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
+
+
+FP8_STATE = fp8_ops.OVERWRITE_WITH_GRADIENT
+"""The variable collection holding the FP8 matmuls' scales and amax histories (flax's name): not
+parameters but state, whose "gradient" is its next value (the trainer overwrites it, no optimizer)."""
+
+
+class Einsum(nn.Module):
+    """`jnp.einsum(equation, x, kernel)` of a dense layer (x activations, kernel the weight in the compute
+    dtype), or the same in FP8 with delayed scaling through flax's FP8 ops (as its Fp8Einsum, which
+    XLA's GPU compiler rewrites into cuBLASLt FP8 GEMMs): operands quantised to e4m3 and the output's
+    gradient to e5m2, each with a scale from the amax history of earlier steps.
+
+    FP8 runs when the module has its state: created at init when the FP8_STATE collection is mutable
+    (LanguageModel.init asks for it when model_config.matmul_dtype == 'fp8'), used whenever applied
+    with it. Applied without it (eval, generate, converters: parameters only) the matmul runs in the
+    compute dtype. The state's variables are flax's Fp8Einsum's, scalars and histories replicated."""
+
+    amax_history_length: int = 1024
+
+    def fp8_state(self, name: str, init: Callable[[tuple[int, ...]], jax.Array], length: int) -> jax.Array:
+        boxed = nn.with_logical_partitioning(lambda: init((length,), jnp.float32), (None,))
+        return self.variable(FP8_STATE, name, boxed).value
+
+    @nn.compact
+    def __call__(self, equation: str, x: jax.Array, kernel: jax.Array) -> jax.Array:
+        fp8 = (self.is_mutable_collection(FP8_STATE) if self.is_initializing()
+               else self.has_variable(FP8_STATE, "input_scale"))
+        if not fp8:
+            return jnp.einsum(equation, x, kernel)
+        state = {f"{arg}_scale": self.fp8_state(f"{name}_scale", jnp.ones, 1)
+                 for arg, name in (("lhs", "input"), ("rhs", "kernel"), ("grad", "output_grad"))}
+        state.update({f"{arg}_amax_history": self.fp8_state(f"{name}_amax_history", jnp.zeros,
+                                                            self.amax_history_length)
+                      for arg, name in (("lhs", "input"), ("rhs", "kernel"), ("grad", "output_grad"))})
+        dot_general = functools.partial(fp8_ops.fp8_scaled_dot_general, quantize_compute_type=kernel.dtype, **state)
+        return jnp.einsum(equation, x.astype(kernel.dtype), kernel, _dot_general=dot_general)
+
+
+def dense_einsum(name: str, equation: str, x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """A dense layer's matmul through `Einsum` (FP8 when the model has FP8 state), named `<name>_einsum`."""
+    return Einsum(name=f"{name}_einsum")(equation, x, kernel)
 
 
 class Embed(nn.Module):
@@ -122,7 +165,8 @@ class Dense(nn.Module):
         kernel = logical_param(self, "kernel", nn.initializers.normal(self.init_std), (x.shape[-1], self.features),
                                self.axes, self.param_dtype)
         bias = logical_param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:], self.param_dtype)
-        return jnp.einsum("...i,io->...o", x.astype(self.dtype), kernel.astype(self.dtype)) + bias.astype(self.dtype)
+        y = dense_einsum("kernel", "...i,io->...o", x.astype(self.dtype), kernel.astype(self.dtype))
+        return y + bias.astype(self.dtype)
 
 
 class MLP(nn.Module):
@@ -146,10 +190,10 @@ class MLP(nn.Module):
         proj_kernel = logical_param(self, "proj_kernel", nn.initializers.normal(self.out_init_std),
                                     (self.mlp_dim, embed), ("mlp", "embed"), p)
         proj_bias = logical_param(self, "proj_bias", nn.initializers.zeros, (embed,), ("embed",), p)
-        h = jnp.einsum("bte,em->btm", x, fc_kernel.astype(self.dtype)) + fc_bias.astype(self.dtype)
+        h = dense_einsum("fc", "bte,em->btm", x, fc_kernel.astype(self.dtype)) + fc_bias.astype(self.dtype)
         h = nn.with_logical_constraint(h, BATCH_LENGTH_MLP)
         h = checkpoint_name(jax.nn.gelu(h, approximate=self.approximate_gelu), "mlp_hidden")
-        out = jnp.einsum("btm,me->bte", h, proj_kernel.astype(self.dtype)) + proj_bias.astype(self.dtype)
+        out = dense_einsum("proj", "btm,me->bte", h, proj_kernel.astype(self.dtype)) + proj_bias.astype(self.dtype)
         return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)
 
 
@@ -190,7 +234,7 @@ class SelfAttention(nn.Module):
                                self.param_dtype)
         bias = logical_param(self, f"{name}_bias", nn.initializers.zeros,
                              (self.num_heads, self.head_dim), ("heads", "kv"), self.param_dtype)
-        y = jnp.einsum("bte,ehd->bthd", x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
+        y = dense_einsum(name, "bte,ehd->bthd", x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
         return checkpoint_name(nn.with_logical_constraint(y, BATCH_LENGTH_HEADS_KV), f"{name}_proj")
 
     def create_cache(self, key: jax.Array, value: jax.Array) -> None:
@@ -250,7 +294,7 @@ class SelfAttention(nn.Module):
                                    (self.num_heads, self.head_dim, embed), ("heads", "kv", "embed"),
                                    self.param_dtype)
         out_bias = logical_param(self, "out_bias", nn.initializers.zeros, (embed,), ("embed",), self.param_dtype)
-        y = jnp.einsum("bthd,hde->bte", out, out_kernel.astype(self.dtype)) + out_bias.astype(self.dtype)
+        y = dense_einsum("out", "bthd,hde->bte", out, out_kernel.astype(self.dtype)) + out_bias.astype(self.dtype)
         return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
 
 
@@ -274,6 +318,12 @@ def mask_vocab_padding(logits: jax.Array, vocab_size: int) -> jax.Array:
     return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
 
 
+# Where block_stack puts the layers' parameters: scanned, one stack `blocks` on a leading 'layers' axis;
+# unrolled, `block_0`, `block_1`, ... (checkpoints and the optimizer read these names).
+STACKED = "blocks"
+UNROLLED = "block_{}"
+
+
 def block_stack(block: type[nn.Module], block_args: tuple, *, num_layers: int, scan_layers: bool,
                 broadcast_args: int, layer_stack: Callable | None = None) -> Callable:
     """A model's `num_layers` blocks `block(*block_args)` applied in turn, called `(x, *args) -> (x, None)`
@@ -285,7 +335,7 @@ def block_stack(block: type[nn.Module], block_args: tuple, *, num_layers: int, s
         if layer_stack is not None:
             raise ValueError("a replaced layer stack (pipeline parallelism) needs scan_layers=True; "
                              "set model_config.scan_layers = True.")
-        blocks = [block(*block_args, name=f"block_{i}") for i in range(num_layers)]
+        blocks = [block(*block_args, name=UNROLLED.format(i)) for i in range(num_layers)]
 
         def apply_in_turn(x, *args):
             for layer in blocks:
@@ -295,7 +345,7 @@ def block_stack(block: type[nn.Module], block_args: tuple, *, num_layers: int, s
         return apply_in_turn
     stack = nn.scan(
         block,
-        variable_axes={"params": 0, "cache": 0},
+        variable_axes={"params": 0, "cache": 0, FP8_STATE: 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * broadcast_args,
         length=num_layers,
@@ -303,7 +353,7 @@ def block_stack(block: type[nn.Module], block_args: tuple, *, num_layers: int, s
     )
     if layer_stack is not None:
         stack = layer_stack(block, stack)
-    return stack(*block_args, name="blocks")
+    return stack(*block_args, name=STACKED)
 
 
 class RMSNorm(nn.Module):
@@ -388,17 +438,17 @@ class FeedForward(nn.Module):
         embed = x.shape[-1]
         activation = FEED_FORWARD_ACTIVATIONS[self.activation]
         fc = self.kernel("fc_kernel", (embed, self.mlp_dim), ("embed", "mlp"), self.init_std)
-        h = nn.with_logical_constraint(jnp.einsum("bte,em->btm", x, fc), BATCH_LENGTH_MLP)
+        h = nn.with_logical_constraint(dense_einsum("fc", "bte,em->btm", x, fc), BATCH_LENGTH_MLP)
         if self.gated:
             gate = self.kernel("gate_kernel", (embed, self.mlp_dim), ("embed", "mlp"), self.init_std)
-            g = nn.with_logical_constraint(jnp.einsum("bte,em->btm", x, gate), BATCH_LENGTH_MLP)
+            g = nn.with_logical_constraint(dense_einsum("gate", "bte,em->btm", x, gate), BATCH_LENGTH_MLP)
             h = activation(g) * h
         else:
             h = activation(h)
         h = checkpoint_name(h, "mlp_hidden")
         h = nn.Dropout(self.dropout_rate, deterministic=deterministic)(h)
         proj = self.kernel("proj_kernel", (self.mlp_dim, embed), ("mlp", "embed"), self.out_init_std)
-        return nn.with_logical_constraint(jnp.einsum("btm,me->bte", h, proj), BATCH_LENGTH_EMBED)
+        return nn.with_logical_constraint(dense_einsum("proj", "btm,me->bte", h, proj), BATCH_LENGTH_EMBED)
 
 
 class Attention(nn.Module):
@@ -431,7 +481,7 @@ class Attention(nn.Module):
         kernel = logical_param(self, f"{name}_kernel", nn.initializers.normal(std),
                                (x.shape[-1], self.num_heads, self.head_dim), ("embed", "heads", "kv"),
                                self.param_dtype)
-        y = jnp.einsum("bte,ehd->bthd", x, kernel.astype(self.dtype))
+        y = dense_einsum(name, "bte,ehd->bthd", x, kernel.astype(self.dtype))
         if self.use_bias:
             bias = logical_param(self, f"{name}_bias", nn.initializers.zeros, (self.num_heads, self.head_dim),
                                  ("heads", "kv"), self.param_dtype)
@@ -510,7 +560,7 @@ class Attention(nn.Module):
         out_kernel = logical_param(self, "out_kernel", nn.initializers.normal(self.out_init_std),
                                    (self.num_heads, self.head_dim, x.shape[-1]), ("heads", "kv", "embed"),
                                    self.param_dtype)
-        y = jnp.einsum("bthd,hde->bte", out, out_kernel.astype(self.dtype))
+        y = dense_einsum("out", "bthd,hde->bte", out, out_kernel.astype(self.dtype))
         if self.use_bias:
             out_bias = logical_param(self, "out_bias", nn.initializers.zeros, (x.shape[-1],), ("embed",),
                                      self.param_dtype)

@@ -113,9 +113,9 @@ class T5Config(FamilyConfig):
             if length < 1:
                 raise ValueError(f"FEATURE_LENGTHS[{name!r}]={length} must be positive.")
 
-    def pipeline_layers(self) -> int:
-        raise ValueError("pipeline parallelism is not supported for encoder-decoder models (T5) yet; set "
-                         "PIPELINE_PARALLEL=1 and shard with FSDP_PARALLEL / TENSOR_PARALLEL instead.")
+    def pipeline_stacks(self) -> dict[str, int]:
+        """The encoder, then the decoder: each is pipelined over every stage in turn."""
+        return {"num_layers": self.num_layers, "num_decoder_layers": self.num_decoder_layers}
 
     def summary(self) -> str:
         output = "tied" if self.tie_word_embeddings else "untied"
@@ -188,12 +188,16 @@ class DecoderBlock(nn.Module):
         return nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED), None
 
 
-def stack(block: type[nn.Module], c: T5Config, num_layers: int, deterministic: bool,
-          num_inputs: int) -> Callable[..., tuple[jax.Array, None]]:
+LayerStack = Callable[[type[nn.Module], type[nn.Module]], Callable[..., nn.Module]]
+
+
+def stack(block: type[nn.Module], c: T5Config, num_layers: int, deterministic: bool, num_inputs: int,
+          layer_stack: LayerStack | None) -> Callable[..., tuple[jax.Array, None]]:
     """The blocks of one stack (layers.block_stack), called as f(x, *inputs); every input but x is
-    broadcast to all layers (the bias is computed once, outside)."""
+    broadcast to all layers (the bias is computed once, outside). `layer_stack`: the runtime's
+    replacement for the scanned stack (a pipeline), as T5.layer_stack."""
     return layers.block_stack(layers.remat(block, c.remat_policy), (c, deterministic), num_layers=num_layers,
-                              scan_layers=c.scan_layers, broadcast_args=num_inputs)
+                              scan_layers=c.scan_layers, broadcast_args=num_inputs, layer_stack=layer_stack)
 
 
 def relpos_bias(c: T5Config, bidirectional: bool) -> layers.RelativePositionBias:
@@ -208,6 +212,7 @@ def default_positions(tokens: jax.Array) -> jax.Array:
 
 class Encoder(nn.Module):
     config: T5Config
+    layer_stack: LayerStack | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
@@ -216,7 +221,7 @@ class Encoder(nn.Module):
         dropout = nn.Dropout(c.dropout_rate, deterministic=deterministic)
         bias = relpos_bias(c, bidirectional=True)(positions, positions)
         x = nn.with_logical_constraint(dropout(x), layers.BATCH_LENGTH_EMBED)
-        x, _ = stack(EncoderBlock, c, c.num_layers, deterministic, 2)(x, bias, segment_ids)
+        x, _ = stack(EncoderBlock, c, c.num_layers, deterministic, 2, self.layer_stack)(x, bias, segment_ids)
         return dropout(norm(c, "final_norm")(x))
 
 
@@ -226,6 +231,7 @@ class Decoder(nn.Module):
     covers every cached slot; positions default to the next slots."""
 
     config: T5Config
+    layer_stack: LayerStack | None = None
 
     def key_positions(self, positions: jax.Array | None, batch: int, length: int) -> tuple[jax.Array, jax.Array]:
         """(query positions, key positions); decoding reads and extends the cached positions."""
@@ -256,7 +262,7 @@ class Decoder(nn.Module):
         query_positions, key_positions = self.key_positions(positions, *x.shape[:2])
         bias = relpos_bias(c, bidirectional=False)(query_positions, key_positions)
         x = nn.with_logical_constraint(dropout(x), layers.BATCH_LENGTH_EMBED)
-        x, _ = stack(DecoderBlock, c, c.num_decoder_layers, deterministic, 4)(
+        x, _ = stack(DecoderBlock, c, c.num_decoder_layers, deterministic, 4, self.layer_stack)(
             x, bias, segment_ids, encoded, encoder_segment_ids)
         return dropout(norm(c, "final_norm")(x))
 
@@ -266,14 +272,18 @@ class T5(nn.Module):
     the decoder tokens, with padding ids masked so they never take probability mass."""
 
     config: T5Config
+    layer_stack: LayerStack | None = None
+    """Injected by the runtime to replace each scanned stack, the encoder's and the decoder's (e.g.
+    by a pipeline): called with the block class and the nn.scan stack class, returns a constructor
+    called like the stack class. Decoding builds the model without it."""
 
     def setup(self):
         c = self.config
         embed = functools.partial(layers.Embed, c.padded_vocab_size, c.embed_dim, ("vocab", "embed"),
                                   dtype=c.compute_dtype)
         self.token_embedder = embed(c.init_factor)
-        self.encoder = Encoder(c)
-        self.decoder = Decoder(c)
+        self.encoder = Encoder(c, self.layer_stack)
+        self.decoder = Decoder(c, self.layer_stack)
         if not c.tie_word_embeddings:
             # T5X's untied head: variance scaling over fan-in (std d_model^-0.5), so the first logits
             # are O(1) and the first loss is near ln(vocab) rather than tens of nats.

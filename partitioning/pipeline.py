@@ -15,13 +15,29 @@ layers, the bubble shrinks by `repeats`, microbatches must be at least the stage
 repeats > 1 the stored contiguous layout is regrouped once per step (an all-to-all of each stage's
 weights over 'stage', and of their gradients on the way back).
 
+A model with several stacks (an encoder-decoder: the encoder, then the decoder, which reads the
+encoder's output) pipelines each over all the stages, one after the other, with the same schedule:
+every stage holds an equal share of the encoder's layers and of the decoder's, so stages carry the
+same parameters, memory and work, and each stack keeps its own `[layers, ...]` parameters, so a
+checkpoint moves between pipelined and plain meshes unchanged. The cost is a bubble per stack: two
+per step for an encoder-decoder, each the same fraction of its stack's iterations. (CPM-Pretrain and
+Megatron instead lay the encoder's layers then the decoder's along one pipeline: one bubble, but a
+stage of encoder layers runs another program, on other inputs, than a stage of decoder layers, which
+one SPMD program mapped over the stages cannot express; and a decoder layer, with its
+cross-attention, costs more than an encoder layer, so those stages do not balance.)
+
+Each extra argument of a stack's layers is split into microbatches with the activations when its
+leading dimension is the batch's (segment ids, an encoder's output, a packed batch's position bias
+[batch, heads, q, k]); one with a leading 1 is the same for every row (an unpacked batch's position
+bias [1, heads, q, k]) and every microbatch reads it whole, never broadcast to the batch.
+
 The pipeline draws dropout masks per (iteration, stage, layer), so with dropout it samples
 different (equally independent) masks than the plain scan; without dropout it computes the same.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -46,35 +62,43 @@ class Schedule:
                 raise ValueError(f"pipeline {name}={getattr(self, name)} must be >= 1.")
         if self.repeats > 1 and self.microbatches < self.stages:
             raise ValueError(
-                f"the circular schedule (repeats={self.repeats}) needs NUM_MICROBATCHES >= PIPELINE_PARALLEL, "
-                f"got {self.microbatches} < {self.stages}; raise NUM_MICROBATCHES or set repeats=1 (GPipe).")
+                f"the circular schedule (PIPELINE_REPEATS={self.repeats}) needs NUM_MICROBATCHES >= PIPELINE_PARALLEL, "
+                f"got {self.microbatches} < {self.stages}; raise NUM_MICROBATCHES or set PIPELINE_REPEATS=1 (GPipe).")
 
     @property
     def iterations(self) -> int:
+        """Iterations of one pipelined stack (a model with several runs each in turn)."""
         return self.microbatches * self.repeats + self.stages - 1
 
     @property
     def bubble_fraction(self) -> float:
-        """The share of stage-iterations spent idle: (stages - 1) / iterations."""
+        """The share of stage-iterations spent idle: (stages - 1) / iterations, for every stack alike."""
         return (self.stages - 1) / self.iterations
 
-    def describe(self) -> str:
+    def describe(self, stacks: int = 1) -> str:
+        """One line for the start-up log; `stacks`: how many layer stacks run through the pipeline in turn."""
         kind = "GPipe" if self.repeats == 1 else f"circular x{self.repeats}"
+        each = "" if stacks == 1 else f" per stack x {stacks} stacks in turn ({stacks} bubbles per step)"
         return (f"{kind} pipeline: {self.stages} stages, {self.microbatches} microbatches, {self.iterations} "
-                f"iterations, bubble fraction {self.bubble_fraction:.3f}")
+                f"iterations{each}, bubble fraction {self.bubble_fraction:.3f}")
 
-    def check(self, num_layers: int, rows: int, batch_shards: int) -> None:
+    def check(self, stacks: Mapping[str, int], rows: int, batch_shards: int) -> None:
         """Raise naming the setting to change when layers or batch rows do not divide.
 
-        `rows` is the number of sequences the model sees at once (a gradient-accumulation
-        microbatch), `batch_shards` how many ways rows are split over data-parallel devices.
+        `stacks`: the layer count of every stack the pipeline splits, keyed by the model setting
+        that sets it (e.g. {'num_layers': 24}); `rows` is the number of sequences the model sees at
+        once (a gradient-accumulation microbatch), `batch_shards` how many ways rows are split over
+        data-parallel devices.
         """
         chunks = self.stages * self.repeats
-        if num_layers % chunks:
-            raise ValueError(
-                f"num_layers={num_layers} does not divide into PIPELINE_PARALLEL={self.stages} x "
-                f"repeats={self.repeats} = {chunks} equal chunks; choose a stage count (and repeats) whose "
-                f"product divides {num_layers}.")
+        for name, num_layers in stacks.items():
+            if num_layers % chunks:
+                counts = str(num_layers) if len(stacks) == 1 else "every pipelined stack's layer count (" + ", ".join(
+                    f"{k}={v}" for k, v in stacks.items()) + ")"
+                raise ValueError(
+                    f"{name}={num_layers} does not divide into PIPELINE_PARALLEL={self.stages} x PIPELINE_REPEATS="
+                    f"{self.repeats} = {chunks} equal chunks; choose a stage count (and repeats) whose product "
+                    f"divides {counts}.")
         if rows % self.microbatches:
             raise ValueError(
                 f"{rows} rows per step (BATCH_SIZE / GRAD_ACCUM_STEPS) do not split into NUM_MICROBATCHES="
@@ -89,7 +113,8 @@ class Schedule:
         """A model's layer-stack hook: given the block class and the model's scanned stack class
         (nn.scan over the block: parameters [layers, ...], called `(x, *args) -> (x, _)`), a
         constructor taking the stack's arguments and `name`, for a pipelined stack with the same
-        parameters. Each extra call argument is None or an array with the batch leading."""
+        parameters. Each extra call argument is None or an array whose leading dimension is the
+        batch's (split into microbatches) or 1 (the same for every row: read whole by each)."""
         return lambda *block_args, name: Pipeline(block, stack, block_args, self, name=name)
 
 
@@ -123,7 +148,11 @@ def run(apply_layer: Callable, params: Any, x: jax.Array, args: tuple, rng: jax.
     if r == 1:  # loop-invariant weights: the backward pass reuses them instead of saving one copy per iteration
         weights = jax.tree.map(lambda w: w[:, 0], weights)
     buffer = split_microbatches(x, m)
-    micro_args = jax.tree.map(lambda a: split_microbatches(a, m), args)
+    per_row = tuple(a is not None and _per_row(a, x.shape[0]) for a in args)
+    # a shared argument is copied to every stage once, outside the loop, so its gradient is summed
+    # over the stages once per step rather than in every iteration
+    fed = tuple(None if a is None else split_microbatches(a, m) if split else _stage_sharded(
+        jnp.broadcast_to(a, (s, *a.shape))) for a, split in zip(args, per_row))
     stage_ids = jnp.arange(s)
     run_stage = jax.vmap(_stage_fn(apply_layer, rng is not None, r > 1), spmd_axis_name=STAGE_AXIS)
 
@@ -133,7 +162,7 @@ def run(apply_layer: Callable, params: Any, x: jax.Array, args: tuple, rng: jax.
         state = jnp.where((stage_ids == 0).reshape((s,) + (1,) * first.ndim), first[None], state)
         item = t - stage_ids  # the (repeat, microbatch) item each stage holds, counted in stream order
         repeat, micro = jnp.clip(item // m, 0, r - 1), item % m
-        stage_args = jax.tree.map(lambda a: _stage_sharded(a[micro]), micro_args)
+        stage_args = tuple(_stage_sharded(a[micro]) if split else a for a, split in zip(fed, per_row))
         rngs = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(rng, t), i))(stage_ids) \
             if rng is not None else None
         out = _stage_sharded(run_stage(weights, state, stage_args, repeat, rngs))
@@ -146,6 +175,15 @@ def run(apply_layer: Callable, params: Any, x: jax.Array, args: tuple, rng: jax.
     state = _stage_sharded(jnp.zeros((s,) + buffer.shape[1:], buffer.dtype))
     (_, buffer), _ = jax.lax.scan(iteration, (state, buffer), jnp.arange(schedule.iterations))
     return merge_microbatches(buffer)
+
+
+def _per_row(arg: jax.Array, rows: int) -> bool:
+    """Whether a layer's extra argument holds one entry per batch row (split into microbatches) or
+    one for all rows (leading dimension 1: every microbatch reads it whole)."""
+    if arg.shape[0] not in (rows, 1):
+        raise ValueError(f"a pipelined layer's argument of shape {arg.shape} leads with neither the batch's "
+                         f"{rows} rows nor 1 (shared by every row); give it one of those leading dimensions.")
+    return arg.shape[0] == rows
 
 
 def _stage_fn(apply_layer: Callable, with_rng: bool, select_repeat: bool) -> Callable:

@@ -15,7 +15,11 @@ step's top GPU kernels), profile_xl.txt (the same for 1.5B), step_hlo.txt (that 
   xl        GPT-2 1.5B: every run of --xl_runs (framework:batch:remat; the PyTorch reference's
             torch.compile of 1.5B takes ~2.5 minutes, our unrolled 48 layers ~3.5)
   xl_profile  ours at 1.5B (the first jax run of --xl_runs) under jax.profiler, no HLO dump
-  flags     ours at the first 124M batch size under --flags (XLA_FLAGS variants, 'default' = none)
+  fp8       per --fp8_runs (124M B=16, 1.5B B=8): the PyTorch reference, ours bf16 and ours with FP8 matmuls
+            (model_config.matmul_dtype='fp8'), each timed over --loss_steps (200) steps of the same batch:
+            tokens/s and the final loss side by side
+  flags     ours at the first 124M batch size under --flags (FLAG_VARIANTS: XLA_FLAGS, FP8, loss chunk
+            sizes; 'default' = none; 'a&b' = a and b together)
   dropout   ours at the first 124M batch size with dropout on: residual only (threefry, rbg PRNG)
             and residual + attention (which runs XLA attention)
   extra     both frameworks at the extra 124M batch sizes
@@ -42,20 +46,29 @@ from collections import defaultdict
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
-ITEMS = ("small", "variants", "profile", "attention", "xl_profile", "xl", "flags", "dropout", "extra")
+ITEMS = ("small", "variants", "profile", "attention", "xl_profile", "xl", "fp8", "flags", "dropout", "extra")
 VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
     "scan_layers=True": {"overrides": {"scan_layers": True}},
     "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
     "cross_entropy=full_logits, scan_layers=True": {"cross_entropy": "full_logits", "overrides": {"scan_layers": True}},
 }
-FLAG_VARIANTS = {
-    "default": "",
-    "latency hiding scheduler": "--xla_gpu_enable_latency_hiding_scheduler=true",
-    "command buffers off": "--xla_gpu_enable_command_buffer=",
-    "triton gemm off": "--xla_gpu_enable_triton_gemm=false",
+FLAG_VARIANTS = {  # name -> XLA_FLAGS of the child ("xla_flags") and/or settings of ours, as VARIANTS
+    "default": {},
+    "latency hiding scheduler": {"xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"},
+    "command buffers off": {"xla_flags": "--xla_gpu_enable_command_buffer="},
+    "triton gemm off": {"xla_flags": "--xla_gpu_enable_triton_gemm=false"},
     "latency hiding scheduler + triton gemm off":
-        "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false",
+        {"xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"},
+    "cublaslt": {"xla_flags": "--xla_gpu_enable_cublaslt=true"},  # cuBLASLt GEMMs: bias + GELU epilogues fused
+    "cudnn gemm fusions": {"xla_flags": "--xla_gpu_cudnn_gemm_fusion_level=2"},  # 0 (off) .. 3: GEMM fusions by cuDNN
+    "cudnn layer norm": {"xla_flags": "--xla_gpu_enable_cudnn_layer_norm=true"},
+    "fp8 matmuls": {"overrides": {"matmul_dtype": "fp8"}},  # the model knob, not an XLA flag (README, "FP8")
+    "loss chunk 128": {"loss_chunk_size": 128},  # the chunked cross-entropy's positions per step (default 256)
+    "loss chunk 512": {"loss_chunk_size": 512},
+    "loss chunk 1024": {"loss_chunk_size": 1024},
 }
+"""`--flags` names these, or joins several with '&' into one row (their XLA flags and settings together),
+e.g. 'cublaslt&cudnn layer norm&fp8 matmuls' for the best combination of the rows measured alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +80,9 @@ class Suite:
     extra_batches: tuple[int, ...]
     xl: str
     xl_runs: tuple[tuple[str, int, str], ...]  # (framework, batch, remat)
-    flags: tuple[str, ...]  # FLAG_VARIANTS names
+    flags: tuple[str, ...]  # FLAG_VARIANTS names, or names joined by '&'
+    fp8_runs: tuple[tuple[str, int], ...]  # (preset, batch): torch, ours bf16 and ours fp8 for loss_steps steps
+    loss_steps: int  # the fp8 item's timed steps, whose final loss it compares (the same batch every step)
     seq_len: int
     steps: int
     warmup: int
@@ -77,14 +92,14 @@ class Suite:
 
 FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64,), xl="gpt2_xl",
              xl_runs=(("jax", 8, "none"), ("torch", 8, "none"), ("jax", 12, "none"), ("jax", 16, "minimal")),
-             flags=tuple(FLAG_VARIANTS),
+             flags=tuple(FLAG_VARIANTS), fp8_runs=(("gpt2_small", 16), ("gpt2_xl", 8)), loss_steps=200,
              seq_len=1024, steps=20, warmup=10,
              attention_args=("--lengths=1024,2048,4096,8192", "--head-dims=64,128", "--tokens=16384",
                              "--hidden=2048", "--repeats=5", "--calls=10"),
              torch_compile=True)
 SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny",
               xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none"), ("jax", 4, "full")),
-              flags=("default", "latency hiding scheduler"),
+              flags=("default", "latency hiding scheduler"), fp8_runs=(("gpt2_tiny", 2),), loss_steps=3,
               seq_len=64, steps=2, warmup=1,
               attention_args=("--lengths=128", "--head-dims=64", "--tokens=256", "--hidden=128",
                               "--dtype=float32", "--repeats=1", "--calls=1", "--implementations=xla,pallas,auto"),
@@ -174,25 +189,35 @@ def timed_row(recorder: Recorder, item: str, label: str, argv: list[str], json_p
     return row
 
 
-def ours(recorder, item, label, suite, tmp, timeout, *, preset, batch, remat="none", env=None, profile_dir=None,
-         **settings) -> dict:
-    """benchmark_train.py with recorder.ours's settings (attention, cross_entropy, overrides), then these."""
+def ours_argv(recorder, suite, path, *, preset, batch, remat="none", steps=None, **settings) -> list[str]:
+    """benchmark_train.py's command line: recorder.ours's settings (attention, cross_entropy, loss_chunk_size,
+    overrides), then these."""
     merged = {**recorder.ours, **settings,
               "overrides": {**recorder.ours.get("overrides", {}), **settings.get("overrides", {})}}
-    path = os.path.join(tmp, f"{item}_{len(recorder.results['items'].get(item, []))}.json")
     argv = [os.path.join(SCRIPTS, "benchmark_train.py"), f"--preset={preset}", f"--batch_size={batch}",
-            f"--seq_len={suite.seq_len}", f"--steps={suite.steps}", f"--warmup={suite.warmup}",
+            f"--seq_len={suite.seq_len}", f"--steps={steps or suite.steps}", f"--warmup={suite.warmup}",
             f"--attention={merged.get('attention', 'auto')}", f"--cross_entropy={merged.get('cross_entropy', 'chunked')}",
             f"--remat={remat}", f"--overrides={json.dumps(merged['overrides'])}", f"--json={path}"]
+    if "loss_chunk_size" in merged:
+        argv.append(f"--loss_chunk_size={merged['loss_chunk_size']}")
+    return argv
+
+
+def ours(recorder, item, label, suite, tmp, timeout, *, preset, batch, remat="none", env=None, profile_dir=None,
+         steps=None, **settings) -> dict:
+    """benchmark_train.py with recorder.ours's settings, then these (ours_argv)."""
+    path = os.path.join(tmp, f"{item}_{len(recorder.results['items'].get(item, []))}.json")
+    argv = ours_argv(recorder, suite, path, preset=preset, batch=batch, remat=remat, steps=steps, **settings)
     if profile_dir:
         argv.append(f"--profile_dir={profile_dir}")
     return timed_row(recorder, item, label, argv, path, timeout, env)
 
 
-def reference(recorder, item, label, suite, tmp, timeout, *, preset, batch) -> dict:
-    path = os.path.join(tmp, f"{item}_torch_{batch}.json")
+def reference(recorder, item, label, suite, tmp, timeout, *, preset, batch, steps=None) -> dict:
+    path = os.path.join(tmp, f"{item}_torch_{preset}_{batch}.json")
     argv = [os.path.join(SCRIPTS, "benchmark_torch.py"), f"--preset={preset}", f"--batch_size={batch}",
-            f"--seq_len={suite.seq_len}", f"--steps={suite.steps}", f"--warmup={suite.warmup}", f"--json={path}"]
+            f"--seq_len={suite.seq_len}", f"--steps={steps or suite.steps}", f"--warmup={suite.warmup}",
+            f"--json={path}"]
     if not suite.torch_compile:
         argv.append("--no_compile")
     return timed_row(recorder, item, label, argv, path, timeout)
@@ -274,11 +299,35 @@ def item_xl(recorder, suite, tmp, budget):
                  batch=batch, remat=remat)
 
 
+def flag_variant(name: str) -> tuple[str, dict]:
+    """(XLA_FLAGS, settings of ours) of a --flags entry: a FLAG_VARIANTS name, or names joined by '&'."""
+    flags, settings = [], {}
+    for part in name.split("&"):
+        variant = FLAG_VARIANTS[part.strip()]
+        flags += [variant["xla_flags"]] if variant.get("xla_flags") else []
+        settings.update({k: v for k, v in variant.items() if k not in ("xla_flags", "overrides")})
+        settings["overrides"] = {**settings.get("overrides", {}), **variant.get("overrides", {})}
+    return " ".join(flags), settings
+
+
 def item_flags(recorder, suite, tmp, budget):
     batch = suite.small_batches[0]
     for name in suite.flags:
+        xla_flags, settings = flag_variant(name)
         ours(recorder, "flags", f"ours B={batch} {name}", suite, tmp, budget(150), preset=suite.small, batch=batch,
-             env={"XLA_FLAGS": FLAG_VARIANTS[name]})
+             env={"XLA_FLAGS": xla_flags}, **settings)
+
+
+def item_fp8(recorder, suite, tmp, budget):
+    """Per (preset, batch): the PyTorch reference, ours in bf16 and ours with FP8 matmuls, each timed over
+    loss_steps steps of the same batch (its final loss compares the three; tokens/s the speed)."""
+    for preset, batch in suite.fp8_runs:
+        cap = 300 if preset == suite.xl else 200
+        reference(recorder, "fp8", f"torch {preset} B={batch}", suite, tmp, budget(cap), preset=preset, batch=batch,
+                  steps=suite.loss_steps)
+        for label, matmul_dtype in (("bf16", None), ("fp8", "fp8")):
+            ours(recorder, "fp8", f"ours {preset} B={batch} {label}", suite, tmp, budget(cap), preset=preset,
+                 batch=batch, steps=suite.loss_steps, overrides={"matmul_dtype": matmul_dtype})
 
 
 def item_dropout(recorder, suite, tmp, budget):
@@ -293,7 +342,8 @@ def item_dropout(recorder, suite, tmp, budget):
 
 
 RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "xl": item_xl,
-           "xl_profile": item_xl_profile, "flags": item_flags, "dropout": item_dropout, "variants": item_variants, "extra": item_extra}
+           "xl_profile": item_xl_profile, "fp8": item_fp8, "flags": item_flags, "dropout": item_dropout,
+           "variants": item_variants, "extra": item_extra}
 
 
 # ----------------------------------------------------------------------------- profile summary
@@ -408,6 +458,17 @@ def train_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def loss_table(rows: list[dict]) -> list[str]:
+    """First and final loss of each run (the fp8 item: the same batch every step, so the runs compare)."""
+    lines = ["| run | steps | first loss | final loss |", "| --- | ---: | ---: | ---: |"]
+    for r in rows:
+        if "note" not in r:
+            steps = r.get("steps")
+            lines.append(f"| {r['label']} | {fmt(steps, 'd')} | {fmt(r.get('first_loss'), '.4f')} | "
+                         f"{fmt(r.get('final_loss'), '.4f')} |")
+    return lines
+
+
 def attention_table(result: dict) -> list[str]:
     if "rows" not in result:
         return [f"attention benchmark failed: {result.get('note')}", "```", result.get("output", "")[-2000:], "```"]
@@ -438,11 +499,13 @@ def markdown(results: dict) -> str:
     out = ["# GPU suite (scripts/benchmark_gpu.py)", "", f"Command: `{results.get('command')}`; ours: `{json.dumps(results.get('ours'))}`.", "",
            f"GPU: {env.get('nvidia-smi')}; jax {env.get('jax')} (jaxlib {env.get('jaxlib')}), flax {env.get('flax')}, "
            f"optax {env.get('optax')}, torch {env.get('torch')}, triton {env.get('triton')}.", ""]
-    for item in ("small", "xl", "flags", "dropout", "profile", "profile_xl"):
+    for item in ("small", "xl", "fp8", "flags", "dropout", "profile", "profile_xl"):
         rows = results["items"].get(item)
         if rows:
             devices = sorted({r["device"] for r in rows if "device" in r})
             out += [f"## {item} ({', '.join(devices)})", "", *train_table(rows), ""]
+            if item == "fp8":
+                out += [*loss_table(rows), ""]
     if "attention" in results:
         out += ["## attention", "", *attention_table(results["attention"]), ""]
     for item in ("profile", "profile_xl"):
@@ -468,6 +531,17 @@ def parse_runs(text: str) -> tuple[tuple[str, int, str], ...]:
     return tuple(runs)
 
 
+def parse_presets(text: str) -> tuple[tuple[str, int], ...]:
+    """'gpt2_small:16,gpt2_xl:8' -> (("gpt2_small", 16), ("gpt2_xl", 8))."""
+    runs = []
+    for part in text.split(","):
+        fields = part.split(":")
+        if len(fields) != 2 or not fields[1].isdigit():
+            raise argparse.ArgumentTypeError(f"{part!r} is not preset:batch (e.g. gpt2_xl:8)")
+        runs.append((fields[0], int(fields[1])))
+    return tuple(runs)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for results.md, results.json, profile.txt, log.txt")
@@ -478,14 +552,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--xl_runs", type=parse_runs, default=None,
                    help="1.5B runs as framework:batch:remat,... (jax or torch), instead of the suite's")
     p.add_argument("--flags", type=lambda s: tuple(s.split(",")), default=None,
-                   help=f"XLA_FLAGS variants for 'flags', from {tuple(FLAG_VARIANTS)}, instead of all")
+                   help=f"variants for 'flags' (XLA_FLAGS and settings), from {tuple(FLAG_VARIANTS)}, or several "
+                        "joined by '&' (one row with all of them), instead of all")
+    p.add_argument("--fp8_runs", type=parse_presets, default=None,
+                   help="'fp8' item's runs as preset:batch,... (each: torch, ours bf16, ours fp8), instead of "
+                        "the suite's")
+    p.add_argument("--loss_steps", type=int, default=None, help="'fp8' item's timed steps, instead of the suite's")
     p.add_argument("--budget_s", type=float, default=540.0, help="stop starting runs after this many seconds")
     p.add_argument("--min_run_s", type=float, default=45.0, help="skip a run when less than this is left")
     args = p.parse_args(argv)
     unknown = set(args.only) - set(ITEMS)
     if unknown:
         p.error(f"unknown items {sorted(unknown)}; choose from {ITEMS}")
-    unknown = set(args.flags or ()) - set(FLAG_VARIANTS)
+    unknown = {part.strip() for name in args.flags or () for part in name.split("&")} - set(FLAG_VARIANTS)
     if unknown:
         p.error(f"unknown --flags {sorted(unknown)}; choose from {tuple(FLAG_VARIANTS)}")
     return args
@@ -495,7 +574,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     suite = SMOKE if args.smoke else FULL
-    suite = dataclasses.replace(suite, xl_runs=args.xl_runs or suite.xl_runs, flags=args.flags or suite.flags)
+    suite = dataclasses.replace(suite, xl_runs=args.xl_runs or suite.xl_runs, flags=args.flags or suite.flags,
+                                fp8_runs=args.fp8_runs or suite.fp8_runs,
+                                loss_steps=args.loss_steps or suite.loss_steps)
     recorder = Recorder(args.out, suite, args.ours)
     deadline = time.monotonic() + args.budget_s
 

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -143,8 +144,9 @@ def measure(*, preset: str, batch_size: int, seq_len: int, steps: int, warmup: i
     num_params = count_params(model, config)
     optimizer = make_optimizer(model, device)
     compiled = torch.compile(model, dynamic=False) if compile_model else model
-    generator = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=generator).to(device)
+    # the batch benchmark_train.py draws for ours (numpy's generator, this seed), so losses compare
+    data = torch.from_numpy(np.random.default_rng(seed).integers(
+        0, config.vocab_size, (batch_size, seq_len + 1), dtype=np.int32)).long().to(device)
     tokens, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--attention", default="auto")
     p.add_argument("--cross_entropy", default="chunked", choices=list(lm.CROSS_ENTROPY))
+    p.add_argument("--loss_chunk_size", type=int, default=256, help="positions per step of the chunked loss")
     p.add_argument("--remat", default="none")
     p.add_argument("--grad_accum", type=int, default=1)
     p.add_argument("--data", type=int, default=-1)
@@ -78,7 +79,7 @@ def measure(args: argparse.Namespace) -> dict:
         model=models.config_from_dict(values), mesh=make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor),
         rules=args.rules, optimizer=optim.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=1000),
         batch_size=args.batch_size, feature_lengths={"targets": args.seq_len}, grad_accum_steps=args.grad_accum,
-        cross_entropy=args.cross_entropy)
+        cross_entropy=args.cross_entropy, loss_chunk_size=args.loss_chunk_size)
     config, mesh, num_params = exp.config, exp.mesh, exp.num_params
     rng = np.random.default_rng(0)
     state = exp.init_state()
@@ -106,7 +107,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "framework": "jax", "jax": jax.__version__, "preset": args.preset, "num_params": num_params, "device": jax.devices()[0].device_kind,
         "devices": jax.device_count(), "mesh": dict(mesh.shape), "rules": args.rules, "dtype": args.dtype,
-        "attention": args.attention, "cross_entropy": args.cross_entropy, "remat": args.remat,
+        "attention": args.attention, "cross_entropy": args.cross_entropy, "loss_chunk_size": args.loss_chunk_size,
+        "matmul_dtype": config.matmul_dtype, "steps": args.steps, "remat": args.remat,
         "batch_size": args.batch_size, "seq_len": args.seq_len, "grad_accum": args.grad_accum,
         "step_time_s": step_time, "tokens_per_sec": args.batch_size * args.seq_len / step_time,
         "tflops_per_device": tflops, "mfu": tflops / peak if peak else None,

@@ -123,7 +123,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
                      seed: int = 0, grad_accum_steps: int = 1, z_loss: float = 0.0,
                      loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
-                     on_nonfinite: str = "stop", cross_entropy: str = "chunked",
+                     on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
                      pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None,
                      adopt_architecture: bool = False) -> Experiment:
@@ -134,6 +134,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
     validate.positive_int("BATCH_SIZE", batch_size)
     validate.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
+    validate.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
     validate.integer("SEED", seed)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
@@ -144,11 +145,14 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     step_config = trainer.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
-        cross_entropy=cross_entropy,
+        cross_entropy=cross_entropy, loss_chunk_size=loss_chunk_size,
         offload_optimizer_state=offload_optimizer_state)
     with as_user_error():
         layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
                                      batch_size // grad_accum_steps, partitioner.batch_shards)
+    if layer_stack is not None and config.matmul_dtype == "fp8":
+        raise UserError("model_config.matmul_dtype='fp8' does not run pipelined yet (the pipeline carries no FP8 "
+                        "state): set PIPELINE_PARALLEL=1, or drop matmul_dtype.")
     lm = make_lm(config, layer_stack)
     experiment = Experiment(config=config, lm=lm, partitioner=partitioner, optimizer=optimizer,
                             step_config=step_config, batch_size=batch_size, lengths=lengths, seed=seed,
@@ -205,7 +209,8 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
     unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis).
     A restored checkpoint must hold the same architecture; `adopt_architecture` (RESTORE_FROM: a new run
     from a checkpoint's parameters) takes the checkpoint's instead, keeping the run's own choices
-    (dtype, dropout, attention, remat, scan)."""
+    (dtype, dropout, attention, remat, scan) and its head (HEAD_FIELDS: a classifier on a masked-LM
+    encoder)."""
     if config.vocab_pad_multiple % (128 * tensor):
         config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
     if restored is None:
@@ -215,13 +220,18 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
                         f"run's model_config builds a {config.family!r} one; use a run file of the checkpoint's "
                         f"family (model_config.preset of family {restored.family!r}), or another checkpoint / "
                         "MODEL_DIR.")
+    if not adopt_architecture and restored.matmul_dtype != config.matmul_dtype:
+        raise UserError(f"MODEL_DIR's checkpoint was trained with model_config.matmul_dtype={restored.matmul_dtype!r} "
+                        f"but the run sets {config.matmul_dtype!r}: the FP8 state does not carry over a resume; keep "
+                        f"{restored.matmul_dtype!r}, or start a new MODEL_DIR from its parameters with RESTORE_FROM.")
     saved, wanted = restored.architecture(), config.architecture()
     differ = {f: (saved.get(f), wanted.get(f)) for f in sorted(set(saved) | set(wanted))
               if saved.get(f) != wanted.get(f)}
     if differ and adopt_architecture:
         logging.info("RESTORE_FROM: the model takes the checkpoint's architecture (%s)",
                      ", ".join(f"{f} {new} instead of {old}" for f, (new, old) in differ.items()))
-        config = dataclasses.replace(restored, **{f: getattr(config, f) for f in restored.RUN_FIELDS
+        config = dataclasses.replace(restored, **{f: getattr(config, f)
+                                                  for f in restored.RUN_FIELDS + restored.HEAD_FIELDS
                                                   if hasattr(config, f)})
     elif differ:
         line = "{" + ", ".join(f"'{f}': {new!r}" for f, (new, _) in differ.items() if f in saved) + "}"
@@ -242,6 +252,7 @@ def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, 
         raise UserError(f"NUM_MICROBATCHES={microbatches} / PIPELINE_REPEATS={repeats} need "
                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
     schedule = pipeline.Schedule(stages, microbatches, repeats)
-    schedule.check(config.pipeline_layers(), rows, batch_shards)
-    logging.info("%s", schedule.describe())
+    stacks = config.pipeline_stacks()
+    schedule.check(stacks, rows, batch_shards)
+    logging.info("%s", schedule.describe(len(stacks)))
     return schedule.layer_stack

@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec
 
 import models
 from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_scores
+from models.layers import FP8_STATE
 from t5x_like import beam_search
 from t5x_like.errors import UserError
 from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
@@ -49,6 +50,11 @@ def check_cross_entropy(name: str) -> None:
                          "logits); set CROSS_ENTROPY='full_logits' or 'chunked'.")
     if name not in CROSS_ENTROPY:
         raise UserError(f"CROSS_ENTROPY={name!r}: choose one of {CROSS_ENTROPY}.")
+
+
+def variables(params: Any, fp8_state: Any = None) -> dict[str, Any]:
+    """The module's variables: the parameters, and the FP8 matmuls' state when there is one."""
+    return {"params": params} if fp8_state is None else {"params": params, FP8_STATE: fp8_state}
 
 
 def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
@@ -95,10 +101,16 @@ class LanguageModel:
     # -- parameters
     def init(self, rng: jax.Array, lengths: Lengths) -> Any:
         """Boxed parameters (logical axis names kept) for inputs of these lengths."""
+        return self.init_variables(rng, lengths)["params"]
+
+    def init_variables(self, rng: jax.Array, lengths: Lengths) -> dict[str, Any]:
+        """Boxed variables by collection: 'params', and with model_config.matmul_dtype == 'fp8' the
+        FP8 matmuls' scaling state (layers.FP8_STATE, see `loss_sums`)."""
         spec = self.batch_spec(lengths, 1)
         sample = {k: jnp.zeros(s.shape, s.dtype) for k, s in spec.items()}
         args, kwargs = self.module_inputs(sample)
-        return self.module.init(rng, *args, **kwargs)["params"]
+        collections = ["params", FP8_STATE] if self.config.matmul_dtype == "fp8" else ["params"]
+        return self.module.init(rng, *args, **kwargs, mutable=collections)
 
     @functools.cached_property
     def _abstract_params(self) -> Any:
@@ -127,17 +139,21 @@ class LanguageModel:
 
     # -- computation
     def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,
-                  z_loss: float = 0.0, cross_entropy: str = "chunked") -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(Σ nll, Σ z-loss, Σ weights) of one batch; dropout is on when a dropout_rng is given."""
+                  z_loss: float = 0.0, cross_entropy: str = "chunked", loss_chunk_size: int = 256,
+                  fp8_state: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(Σ nll, Σ z-loss, Σ weights) of one batch; dropout is on when a dropout_rng is given; the
+        chunked cross-entropy takes `loss_chunk_size` positions per step. With
+        `fp8_state` (init_variables' FP8_STATE) the dense matmuls run in FP8, and its gradient is the
+        state's next value (flax's overwrite-with-gradient); without it, in the compute dtype."""
         args, kwargs = self.module_inputs(batch)
-        outputs = self.module.apply({"params": params}, *args, **kwargs, deterministic=dropout_rng is None,
+        outputs = self.module.apply(variables(params, fp8_state), *args, **kwargs, deterministic=dropout_rng is None,
                                     return_hidden=cross_entropy == "chunked",
                                     rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
         targets, weights = self.targets(batch)
         if cross_entropy == "chunked":
             hidden, table = outputs
-            nll, z = chunked_cross_entropy(hidden, table, targets, weights,
-                                           vocab_size=self.config.vocab_size, z_loss=z_loss)
+            nll, z = chunked_cross_entropy(hidden, table, targets, weights, vocab_size=self.config.vocab_size,
+                                           z_loss=z_loss, chunk_size=loss_chunk_size)
         else:
             nll, z = cross_entropy_sums(outputs, targets, weights, z_loss)
         return nll, z, weights.sum()
@@ -414,11 +430,13 @@ class EncoderOnlyLM(LanguageModel):
         return batch[ENCODER_TARGET_TOKENS], batch[ENCODER_LOSS_WEIGHTS].astype(jnp.float32)
 
     def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,
-                  z_loss: float = 0.0, cross_entropy: str = "chunked") -> tuple[jax.Array, jax.Array, jax.Array]:
+                  z_loss: float = 0.0, cross_entropy: str = "chunked", loss_chunk_size: int = 256,
+                  fp8_state: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
         if not self.classifies:
-            return super().loss_sums(params, batch, dropout_rng, z_loss=z_loss, cross_entropy=cross_entropy)
+            return super().loss_sums(params, batch, dropout_rng, z_loss=z_loss, cross_entropy=cross_entropy,
+                                     loss_chunk_size=loss_chunk_size, fp8_state=fp8_state)
         args, kwargs = self.module_inputs(batch)
-        logits = self.module.apply({"params": params}, *args, **kwargs, deterministic=dropout_rng is None,
+        logits = self.module.apply(variables(params, fp8_state), *args, **kwargs, deterministic=dropout_rng is None,
                                    rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
         labels, weights = self.targets(batch)
         nll, z = cross_entropy_sums(logits, labels, weights, z_loss)

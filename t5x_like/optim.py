@@ -4,12 +4,14 @@ warmup then cosine / linear / constant, or T5's inverse square root ('rsqrt').""
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 
+from models.layers import STACKED
 from t5x_like import validate
 from t5x_like.errors import UserError
 
@@ -73,7 +75,8 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only; `decay_embeddings`
     decays the vocabulary tables too, as Megatron-LM does). 'adafactor': optax's,
     with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
-    clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay."""
+    clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay — all per
+    layer (`per_layer`), so scanned and unrolled layers train alike."""
     if name not in OPTIMIZERS:
         raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
     validate.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
@@ -92,10 +95,62 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
         update = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                              mask=functools.partial(decay_mask, embeddings=decay_embeddings))
     else:
-        update = optax.adafactor(schedule, decay_rate=adafactor_decay_rate, clipping_threshold=1.0,
-                                 multiply_by_parameter_scale=True, factored=True)
+        update = per_layer(optax.adafactor(schedule, decay_rate=adafactor_decay_rate, clipping_threshold=1.0,
+                                           multiply_by_parameter_scale=True, factored=True))
     clip = optax.clip_by_global_norm(clip_grad_norm) if clip_grad_norm > 0 else optax.identity()
     return Optimizer(optax.chain(clip, update), schedule)
+
+
+def per_layer(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner`, a transformation that treats each parameter on its own (Adafactor: its factored second
+    moments, update clipping and parameter scale), applied to each layer of a scanned stack on its own:
+    a parameter under models.layers.STACKED holds its layers on a leading axis, and `inner` is vmapped
+    over it, as T5X's Adafactor treats the 'layers' axis as a batch axis. Scanned and unrolled layers
+    then get the same updates and the same state, stacked: an unrolled model's state is the scanned
+    one's with each stacked entry split per layer (the conversion checkpoints make). `inner`'s state is
+    a NamedTuple or a chain (tuple) of them whose `count` fields are step counts (scalars, one for the
+    whole tree) and whose other fields hold one entry per parameter."""
+    template, state_def = jax.tree_util.tree_flatten_with_path(
+        jax.eval_shape(inner.init, jax.ShapeDtypeStruct((1,), jnp.float32)))
+    is_count = [path[-1:] == (jax.tree_util.GetAttrKey("count"),) for path, _ in template]
+    axes = state_def.unflatten([None if count else 0 for count in is_count])  # vmap: counts are shared
+
+    def stacked(path) -> bool:
+        return jax.tree_util.DictKey(STACKED) in path
+
+    def init_leaf(path) -> Callable:
+        return jax.vmap(inner.init, out_axes=axes) if stacked(path) else inner.init
+
+    def update_leaf(path) -> Callable:
+        return jax.vmap(inner.update, in_axes=(0, axes, 0), out_axes=(0, axes)) if stacked(path) else inner.update
+
+    def merge(per_leaf: list, params_def) -> Any:
+        """One state for the whole tree from its leaves' states (the counts are the same in each)."""
+        columns = zip(*(state_def.flatten_up_to(s) for s in per_leaf))
+        return state_def.unflatten([column[0] if count else params_def.unflatten(column)
+                                    for count, column in zip(is_count, columns)])
+
+    def init(params):
+        leaves, params_def = jax.tree_util.tree_flatten_with_path(params)
+        if not leaves:
+            return inner.init(params)
+        return merge([init_leaf(path)(p) for path, p in leaves], params_def)
+
+    def update(updates, state, params=None):
+        leaves, params_def = jax.tree_util.tree_flatten_with_path(updates)
+        if params is None or not leaves:
+            return inner.update(updates, state, params)
+        columns = [part if count else params_def.flatten_up_to(part)
+                   for count, part in zip(is_count, state_def.flatten_up_to(state))]
+
+        def leaf_state(i: int) -> Any:
+            return state_def.unflatten([c if count else c[i] for count, c in zip(is_count, columns)])
+
+        results = [update_leaf(path)(g, leaf_state(i), p)
+                   for i, ((path, g), p) in enumerate(zip(leaves, params_def.flatten_up_to(params)))]
+        return params_def.unflatten([u for u, _ in results]), merge([s for _, s in results], params_def)
+
+    return optax.GradientTransformation(init, update)
 
 
 def applied_updates(opt_state: Any) -> jax.Array:

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import gin
 import jax
@@ -58,7 +58,7 @@ make_source = gin.external_configurable(data.make_source, module="data")
 @gin.configurable
 def model_config(preset: str = gin.REQUIRED, *, vocab_from_tokenizer: bool = False, dtype: str = "bfloat16",
                  attention: str = "auto", remat_policy: str = "none", scan_layers: bool = True,
-                 overrides: dict | None = None):
+                 matmul_dtype: str | None = None, overrides: dict | None = None):
     """A model config: the named preset (configs/), then the run's choices and overrides.
 
     `vocab_from_tokenizer`: the vocabulary is the run's tokenizer's (data.make_source's TOKENIZER, or the
@@ -68,7 +68,8 @@ def model_config(preset: str = gin.REQUIRED, *, vocab_from_tokenizer: bool = Fal
     values = dict(configs.get_model_config(preset).to_dict())
     if vocab_from_tokenizer:
         values["vocab_size"] = run_vocab_size()
-    values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers)
+    values.update(dtype=dtype, attention=attention, remat_policy=remat_policy, scan_layers=scan_layers,
+                  matmul_dtype=matmul_dtype)
     values.update(overrides or {})
     try:
         config = models.config_from_dict(values)
@@ -142,9 +143,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         else:
             state = exp.init_state()
             if restore_from:
-                state = state.replace(params=checkpoints.restore_params(
-                    restore_from, checkpoints.with_shardings(state.params, exp.shardings.params)))
-                logging.info("initialised parameters from %s (params only)", restore_from)
+                state = state.replace(params=pretrained_params(restore_from, state.params, exp))
         step = int(state.step)
         if primary:
             write_config(model_dir, step)
@@ -234,8 +233,8 @@ def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints
     validate.positive_int("EVAL_STEPS", eval_steps)
     validate.positive_int("train.log_every", log_every)
     validate.one_of("train.on_corrupt_checkpoint", on_corrupt_checkpoint, checkpoints.ON_CORRUPT)
-    for name, value in (("MODEL_DIR", model_dir), ("RESTORE_FROM", restore_from or "-")):
-        if not isinstance(value, str) or value == "":
+    for name, value in (("MODEL_DIR", model_dir), ("RESTORE_FROM", "-" if restore_from is None else restore_from)):
+        if not isinstance(value, str) or not value.strip():
             raise UserError(f"{name}={value!r}: expected a path in quotes, e.g. --gin.{name}=\"'/runs/run1'\".")
     validate.writable_dir("MODEL_DIR", model_dir)
 
@@ -259,6 +258,16 @@ def bound_settings(configurable: Callable) -> dict:
     defaults = {name: p.default for name, p in inspect.signature(configurable).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     return {**defaults, **copy.deepcopy(gin.get_bindings(configurable, resolve_references=False))}
+
+
+def pretrained_params(restore_from: str, params: Any, exp: Experiment) -> Any:
+    """RESTORE_FROM's parameters for a new run; a head the checkpoint cannot supply (the family's
+    HEAD_PARAMS: a classifier on a masked-LM encoder) keeps its fresh initialisation."""
+    restored, fresh = checkpoints.restore_pretrained(
+        restore_from, checkpoints.with_shardings(params, exp.shardings.params), exp.config.HEAD_PARAMS)
+    logging.info("initialised parameters from %s (params only)%s", restore_from,
+                 f"; {', '.join(fresh)} start fresh (not in the checkpoint)" if fresh else "")
+    return {k: restored.get(k, v) for k, v in params.items()}
 
 
 def finished_run(ckpt: checkpoints.Checkpointer, latest: int, train_steps: int, model_dir: str) -> TrainResult:
@@ -341,7 +350,9 @@ def open_source(data_source: Callable, split: str, exp: Experiment):
 
 
 def train_state_item(state: trainer.TrainState) -> dict:
-    return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng, "loss_scale": state.loss_scale}
+    """The checkpoint's train_state: all but the parameters (the FP8 state only when the model has one)."""
+    item = {"step": state.step, "opt_state": state.opt_state, "rng": state.rng, "loss_scale": state.loss_scale}
+    return item if state.fp8_state is None else {**item, "fp8_state": state.fp8_state}
 
 
 def restore_state(ckpt, step, state, shardings):

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from models.layers import FP8_STATE
 from partitioning.pipeline import split_microbatches
 from t5x_like import optim
 from t5x_like.lm import LanguageModel, Lengths, check_cross_entropy
@@ -76,6 +77,9 @@ class TrainState:
     opt_state: Any
     rng: jax.Array
     loss_scale: LossScale | None = None
+    fp8_state: Any = None
+    """The FP8 matmuls' scales and amax histories (model_config.matmul_dtype == 'fp8'; lm.init_variables):
+    not parameters, each step overwrites them with their "gradient" (their next value)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +90,7 @@ class StepConfig:
     z_loss: float = 0.0
     loss_scale: LossScaleConfig | None = None  # set for float16 compute
     cross_entropy: str = "chunked"  # t5x_like.lm.CROSS_ENTROPY
+    loss_chunk_size: int = 256  # sequence positions per step of the chunked cross-entropy
     offload_optimizer_state: bool = False  # optimizer state lives in host memory, visits the device to update
 
     def __post_init__(self):
@@ -96,21 +101,28 @@ def init_train_state(lm: LanguageModel, tx: optax.GradientTransformation, rng: j
                      lengths: Lengths, loss_scale: LossScaleConfig | None) -> TrainState:
     """A fresh state whose params and optimizer moments keep their logical-axis boxes."""
     params_rng, dropout_rng = jax.random.split(rng)
-    params = lm.init(params_rng, lengths)
+    variables = lm.init_variables(params_rng, lengths)
+    params = variables["params"]
     return TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=optim.init_state(tx, params), rng=dropout_rng,
-        loss_scale=LossScale.create(loss_scale) if loss_scale else None,
+        loss_scale=LossScale.create(loss_scale) if loss_scale else None, fp8_state=variables.get(FP8_STATE),
     )
 
 
-def sum_over_microbatches(fn: Callable[[Batch, jax.Array], Any], batch: Batch, count: int) -> Any:
-    """Σ fn(microbatch, index) over `count` microbatches (GRAD_ACCUM_STEPS) inside one scan."""
+def add_trees(a: Any, b: Any) -> Any:
+    return jax.tree.map(jnp.add, a, b)
+
+
+def sum_over_microbatches(fn: Callable[[Batch, jax.Array], Any], batch: Batch, count: int,
+                          combine: Callable[[Any, Any], Any] = add_trees) -> Any:
+    """Σ fn(microbatch, index) over `count` microbatches (GRAD_ACCUM_STEPS) inside one scan (`combine`
+    instead of the sum, starting from zeros)."""
     if count == 1:
         return fn(batch, jnp.zeros((), jnp.int32))
     micro = jax.tree.map(lambda x: split_microbatches(x, count, "GRAD_ACCUM_STEPS"), batch)
 
     def body(carry, xs):
-        return jax.tree.map(jnp.add, carry, fn(*xs)), None
+        return combine(carry, fn(*xs)), None
 
     first = jax.tree.map(lambda x: x[0], micro)
     zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, first, jnp.zeros((), jnp.int32)))
@@ -119,10 +131,18 @@ def sum_over_microbatches(fn: Callable[[Batch, jax.Array], Any], batch: Batch, c
 
 
 def accumulate_gradients(grad_fn: Callable, params: Any, batch: Batch, rng: jax.Array, count: int):
-    """Sum (grads, aux) of grad_fn over `count` microbatches, each with its own dropout key."""
+    """(grads, aux, fp8_state) of grad_fn over `count` microbatches, each with its own dropout key: grads
+    and aux summed, the next FP8 state (scales, amax histories: non-negative) their elementwise maximum.
+    Every microbatch starts from the same state, so its scales agree and the newest amax is the whole
+    batch's: the state after accumulation is the one a single big batch gives."""
     if count == 1:  # the step's own key, not fold_in(key, 0): runs without accumulation keep their dropout
         return grad_fn(params, batch, rng)
-    return sum_over_microbatches(lambda micro, i: grad_fn(params, micro, jax.random.fold_in(rng, i)), batch, count)
+
+    def combine(a, b):
+        return add_trees(a[:2], b[:2]) + (jax.tree.map(jnp.maximum, a[2], b[2]),)
+
+    return sum_over_microbatches(lambda micro, i: grad_fn(params, micro, jax.random.fold_in(rng, i)), batch, count,
+                                 combine)
 
 
 def leaf_finite(tree: Any) -> jax.Array:
@@ -134,16 +154,18 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
                     config: StepConfig) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The pure train step: loss -> grads (accumulated) -> (unscaled) -> optax update. A step whose
     loss or gradients are not finite, or whose update would leave a parameter or an optimizer
-    statistic non-finite (an overflow of the update itself), leaves params and optimizer state
+    statistic non-finite (an overflow of the update itself), leaves params, optimizer state and FP8 state
     unchanged (metrics 'skipped', 'update_finite' and, per parameter leaf, 'grad_finite' say so).
     'learning_rate' is the rate this step's update used: optax's count, which skipped steps do not
     advance, not the step number."""
 
-    def grad_fn(params, batch, rng, scale):
-        def scaled_loss(p):
-            nll, z, w = lm.loss_sums(p, batch, rng, z_loss=config.z_loss, cross_entropy=config.cross_entropy)
+    def grad_fn(params, batch, rng, *, fp8_state, scale):
+        def scaled_loss(p, f):
+            nll, z, w = lm.loss_sums(p, batch, rng, z_loss=config.z_loss, cross_entropy=config.cross_entropy,
+                                     loss_chunk_size=config.loss_chunk_size, fp8_state=f)
             return (nll + z) * scale, (nll, z, w)
-        return jax.grad(scaled_loss, has_aux=True)(params)
+        (grads, fp8_next), aux = jax.grad(scaled_loss, argnums=(0, 1), has_aux=True)(params, fp8_state)
+        return grads, aux, fp8_next  # an FP8 state's "gradient" is its next value (flax's fp8_ops)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         scale = state.loss_scale.scale if state.loss_scale is not None else jnp.float32(1.0)
@@ -151,8 +173,9 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
         # Differentiate the mean loss times the scale, as DeepSpeed and Apex do: a loss scale (and its
         # overflow point) means what it means there, whatever the step's token count.
         tokens = jnp.maximum(lm.loss_weights(batch).sum(), 1.0)
-        grads, (nll, z, weight) = accumulate_gradients(
-            functools.partial(grad_fn, scale=scale / tokens), state.params, batch, rng, config.grad_accum_steps)
+        grads, (nll, z, weight), fp8_state = accumulate_gradients(
+            functools.partial(grad_fn, fp8_state=state.fp8_state, scale=scale / tokens), state.params, batch, rng,
+            config.grad_accum_steps)
         weight = jnp.maximum(weight, 1.0)
         grads = jax.tree.map(lambda g: g * (tokens / (weight * scale)), grads)
         grad_finite = leaf_finite(grads)
@@ -169,6 +192,7 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
             step=state.step + 1,
             params=keep_old(state.params, params),
             opt_state=keep_old(old_opt_state, opt_state),
+            fp8_state=keep_old(state.fp8_state, fp8_state),
             loss_scale=state.loss_scale.update(finite, config.loss_scale) if state.loss_scale is not None else None,
         )
         metrics = {

@@ -107,3 +107,14 @@ def random_hf_neox():
         return model
 
     return build
+
+
+@pytest.fixture(autouse=True)
+def no_gin_bindings_left_behind():
+    """Every test starts and ends without gin bindings: a CLI test that parsed a run file (its macros,
+    a bad TOKENIZER) must not configure the functions a later test in the same worker calls."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()

@@ -44,7 +44,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for command in (from_hf, from_neox):
         command.add_argument("--step", type=int, default=0, help="step number to record")
         command.add_argument("--no_scan_layers", dest="scan_layers", action="store_false",
-                             help="store blocks as block_0, block_1, ... (default: stacked for nn.scan)")
+                             help="record scan_layers=False: readers run the blocks unrolled (the checkpoint "
+                                  "holds them stacked either way)")
         command.add_argument("--vocab_pad_multiple", type=int, default=128,
                              help="pad the vocabulary to a multiple of this (padding rows are zeros)")
         command.add_argument("--dtype", default="float32", choices=sorted(models.DTYPES),

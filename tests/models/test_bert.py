@@ -203,7 +203,7 @@ def test_a_batch_for_the_other_head_is_refused():
 def test_pipeline_parallelism_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="pipeline parallelism is not supported for encoder-only models.*"
                                          "PIPELINE_PARALLEL=1"):
-        SMALL.pipeline_layers()
+        SMALL.pipeline_stacks()
 
 
 def test_encoder_only_models_do_not_generate():

@@ -112,13 +112,8 @@ def test_pipeline_checkpoint_restores_onto_a_plain_mesh(tmp_path):
 
     saved, _ = state_on(make_mesh(data=2, stage=4), "data_parallel", (4, 4, 1), seed=1)
     assert saved.params["blocks"]["mlp"]["fc_kernel"].sharding.spec[0] == "stage"
-    ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
-    ckpt.save(0, params=saved.params, train_state=train.train_state_item(saved), data_state={}, model={})
     target, shardings = state_on(make_mesh(data=8), "data_parallel", (1, 1, 1), seed=2)
-    restored, _ = train.restore_state(ckpt, 0, target, shardings)
-    ckpt.close()
-    jax.tree.map(np.testing.assert_array_equal, restored.params, saved.params)
-    jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)
+    restored = saved_and_restored(tmp_path, saved, target, shardings)
     assert restored.params["blocks"]["mlp"]["fc_kernel"].sharding.spec == shardings.params["blocks"]["mlp"][
         "fc_kernel"].spec
 
@@ -149,13 +144,13 @@ def test_bubble_fraction():
 
 @pytest.mark.parametrize("schedule, layers, rows, shards, match", [
     ((4, 4, 1), 6, 16, 1, "num_layers=6 does not divide into PIPELINE_PARALLEL=4"),
-    ((2, 4, 2), 6, 16, 1, r"repeats=2 = 4 equal chunks"),
+    ((2, 4, 2), 6, 16, 1, r"PIPELINE_REPEATS=2 = 4 equal chunks"),
     ((2, 3, 1), 8, 16, 1, "do not split into NUM_MICROBATCHES=3"),
     ((2, 4, 1), 8, 16, 8, "microbatch has 4 rows .* does not divide over the 8 data-parallel shards"),
 ])
 def test_what_does_not_divide_is_named(schedule, layers, rows, shards, match):
     with pytest.raises(ValueError, match=match):
-        Schedule(*schedule).check(layers, rows, shards)
+        Schedule(*schedule).check({"num_layers": layers}, rows, shards)
 
 
 def test_circular_schedule_needs_enough_microbatches():
@@ -198,3 +193,15 @@ def test_pipeline_dropout_is_seeded_and_off_when_deterministic():
     again = compiled()
     np.testing.assert_array_equal(again(1), first)
     assert not np.allclose(again(2), first, atol=1e-3)
+
+
+def saved_and_restored(tmp_path, saved, target, shardings):
+    """`saved` (a train state) written as a checkpoint and restored as `target` with `shardings`,
+    checked equal to what was saved."""
+    ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
+    ckpt.save(0, params=saved.params, train_state=train.train_state_item(saved), data_state={}, model={})
+    restored, _ = train.restore_state(ckpt, 0, target, shardings)
+    ckpt.close()
+    jax.tree.map(np.testing.assert_array_equal, restored.params, saved.params)
+    jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)
+    return restored

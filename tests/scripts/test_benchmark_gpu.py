@@ -1,9 +1,13 @@
-"""The GPU suite driver's own logic, on a CPU: run lists, flag choices, tables and the profile's busy time."""
+"""The GPU suite driver's own logic, on a CPU: run lists, flag choices (each entry's environment and command), the
+fp8 item, tables and the profile's busy time."""
 import argparse
+import json
 
 import pytest
 
-from scripts import benchmark_gpu
+import configs
+import models
+from scripts import benchmark_gpu, benchmark_train
 
 
 def test_xl_runs_and_flags_replace_the_suites():
@@ -47,3 +51,59 @@ def test_table_gives_the_ratio_to_the_reference_at_the_same_shape():
     assert "| ours B=16 remat=minimal | | | | | | | timed out |" in table
     assert table[-1] == ("Best: torch torch B=8 at 40,000 tokens/s; jax ours B=12 at 44,000 tokens/s; "
                          "ratio of bests 1.10")
+
+
+@pytest.mark.parametrize("name", [n for n in benchmark_gpu.FLAG_VARIANTS if n != "default"])
+def test_every_flag_entry_builds_its_environment_and_command(name, tmp_path):
+    args = benchmark_gpu.parse_args([f"--out={tmp_path}", "--only=flags", f"--flags={name}"])
+    assert args.flags == (name,)
+    xla_flags, settings = benchmark_gpu.flag_variant(name)
+    assert xla_flags == benchmark_gpu.FLAG_VARIANTS[name].get("xla_flags", "")
+    assert all(flag.startswith("--xla_gpu_") for flag in xla_flags.split())
+    recorder = benchmark_gpu.Recorder(str(tmp_path), benchmark_gpu.SMOKE, {"overrides": {"scan_layers": False}})
+    argv = benchmark_gpu.ours_argv(recorder, benchmark_gpu.SMOKE, "row.json", preset="gpt2_tiny", batch=2, **settings)
+    overrides = json.loads(next(a for a in argv if a.startswith("--overrides=")).split("=", 1)[1])
+    assert overrides["scan_layers"] is False  # the suite's own settings stay
+    assert overrides.get("matmul_dtype") == benchmark_gpu.FLAG_VARIANTS[name].get("overrides", {}).get("matmul_dtype")
+    chunk = benchmark_gpu.FLAG_VARIANTS[name].get("loss_chunk_size")
+    assert (f"--loss_chunk_size={chunk}" in argv) == (chunk is not None)
+    # benchmark_train.py accepts what the driver passes
+    train_args = benchmark_train.parse_args(argv[1:])
+    assert train_args.loss_chunk_size == (chunk or 256)
+    models.config_from_dict({**configs.get_model_config("gpt2_tiny").to_dict(), **json.loads(train_args.overrides)})
+
+
+def test_flags_combine_with_ampersand():
+    args = benchmark_gpu.parse_args(["--out=/tmp/unused",
+                                     "--flags=cublaslt&cudnn layer norm&fp8 matmuls&loss chunk 512"])
+    xla_flags, settings = benchmark_gpu.flag_variant(args.flags[0])
+    assert xla_flags == "--xla_gpu_enable_cublaslt=true --xla_gpu_enable_cudnn_layer_norm=true"
+    assert settings == {"overrides": {"matmul_dtype": "fp8"}, "loss_chunk_size": 512}
+    with pytest.raises(SystemExit):
+        benchmark_gpu.parse_args(["--out=/tmp/unused", "--flags=cublaslt&fast"])
+
+
+def test_fp8_item_runs_torch_bf16_and_fp8_for_the_loss_steps(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(benchmark_gpu, "timed_row", lambda recorder, item, label, argv, path, timeout, env=None:
+                        calls.append((label, argv)) or {})
+    recorder = benchmark_gpu.Recorder(str(tmp_path), benchmark_gpu.FULL, {"overrides": {"scan_layers": False}})
+    benchmark_gpu.item_fp8(recorder, benchmark_gpu.FULL, str(tmp_path), lambda cap: cap)
+    assert [label for label, _ in calls] == [
+        "torch gpt2_small B=16", "ours gpt2_small B=16 bf16", "ours gpt2_small B=16 fp8",
+        "torch gpt2_xl B=8", "ours gpt2_xl B=8 bf16", "ours gpt2_xl B=8 fp8"]
+    assert all("--steps=200" in argv for _, argv in calls)
+    assert all(('"matmul_dtype": "fp8"' in " ".join(argv)) == label.endswith("fp8") for label, argv in calls)
+
+
+def test_loss_table_compares_first_and_final_losses():
+    rows = [{"label": "ours gpt2_small B=16 fp8", "steps": 200, "first_loss": 11.0123, "final_loss": 3.25},
+            {"label": "torch gpt2_small B=16", "note": "timed out"}]
+    assert benchmark_gpu.loss_table(rows)[2] == "| ours gpt2_small B=16 fp8 | 200 | 11.0123 | 3.2500 |"
+
+
+def test_fp8_runs_and_loss_steps_replace_the_suites():
+    args = benchmark_gpu.parse_args(["--out=/tmp/unused", "--only=fp8", "--fp8_runs=gpt2_xl:8", "--loss_steps=50"])
+    assert args.fp8_runs == (("gpt2_xl", 8),) and args.loss_steps == 50
+    with pytest.raises(argparse.ArgumentTypeError, match="preset:batch"):
+        benchmark_gpu.parse_presets("gpt2_xl")

@@ -306,7 +306,7 @@ CASES = [
     case("train", QUICK + ["--gin.FEATURE_LENGTHS={{'target': 64}}"], "FEATURE_LENGTHS"),
     case("train", QUICK + ["--gin.SEQ_LEN=100000"], "100000"),
     case("train", T5 + ["--gin.FEATURE_LENGTHS={{'targets': 64}}"], "'inputs'"),
-    case("train", T5 + ["--gin.PIPELINE_PARALLEL=2", "--gin.DATA_PARALLEL=4"], "PIPELINE_PARALLEL"),
+    case("train", T5 + ["--gin.PIPELINE_PARALLEL=8", "--gin.DATA_PARALLEL=1"], "PIPELINE_PARALLEL=8"),
     case("train", T5 + ["--gin.RESTORE_FROM='{good}'"], "holds a 'gpt2' model"),
     case("train", T5 + ["--gin.SEQ_LEN=64"], "SEQ_LEN=64 is not used"),
     case("train", QUICK + ["--gin.MODEL_DIR=None"], "MODEL_DIR=None"),

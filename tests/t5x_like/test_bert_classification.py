@@ -3,9 +3,11 @@
 trained with OBJECTIVE='classification' on a small separable synthetic set reaches >= 95 % dev accuracy,
 `eval --task=classification` reports it with each prediction, and transformers' BertForSequenceClassification
 of the converted checkpoint predicts the same labels on the same rows."""
+import dataclasses
 import functools
 import json
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -13,11 +15,12 @@ import pytest
 from models.bert import BertConfig
 from partitioning import make_mesh
 from t5x_like import eval as eval_cli
-from t5x_like import optim, train
+from t5x_like import checkpoints, optim, train
 from t5x_like.data import load_tokenizer, make_source
 from t5x_like.data.objectives import classification_examples, encode_pair, mlm_vocabulary, read_labelled
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
+from t5x_like.lm import make_lm
 from t5x_like.features import (CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS,
                                ENCODER_TOKEN_TYPES)
 
@@ -161,3 +164,41 @@ def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_
     ours = [["neg", "pos"].index(p["prediction"]) for p in written["predictions"]]
     np.testing.assert_array_equal(ours, theirs)
     assert float((theirs == gold).mean()) == result["accuracy"]
+
+
+def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):
+    """A run of `config` from RESTORE_FROM with learning rate 0 (AdamW's decay scales with it): its
+    checkpoint holds the parameters it started from."""
+    data = {"train": synthetic(tmp_path / "train.jsonl", 64, 0)}
+    source = functools.partial(make_source, objective="classification", data_path=data, tokenizer=tokenizer_path,
+                               labels=labels)
+    experiment = functools.partial(
+        build_experiment, model=config, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=8,
+        optimizer=optim.make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=2), feature_lengths=LENGTHS)
+    train.train(model_dir=str(tmp_path / name), train_steps=2, data_source=source, experiment=experiment,
+                restore_from=restore_from, checkpoint_every=2, log_every=1)
+    info = checkpoints.read_model_info(str(tmp_path / name))
+    return checkpoints.restore_params(str(tmp_path / name), checkpoints.stored_param_shapes(str(tmp_path / name))), info
+
+
+def test_restore_from_a_masked_lm_checkpoint_keeps_the_encoder_and_starts_the_classifier_fresh(tokenizer_path,
+                                                                                                  tmp_path):
+    mlm = dataclasses.replace(CONFIG, head="mlm", num_labels=2, labels=())
+    pretrained = nn.meta.unbox(make_lm(mlm).init(jax.random.key(7), LENGTHS))
+    checkpoints.save_params(str(tmp_path / "mlm"), 0, pretrained, {"config": dataclasses.asdict(mlm),
+                                                                     "tokenizer": tokenizer_path})
+    params, info = restored_run(tmp_path, "cls", CONFIG, str(tmp_path / "mlm"), tokenizer_path, ["neg", "pos"])
+    assert info["config"]["head"] == "classification" and info["config"]["labels"] == ["neg", "pos"]
+    assert "mlm_head" not in params and set(params["classifier_head"]) == {"pooler", "classifier"}
+    shared = {k: v for k, v in pretrained.items() if k != "mlm_head"}
+    jax.tree.map(np.testing.assert_array_equal, {k: params[k] for k in shared}, shared)  # the encoder, exactly
+
+    # another label count: the 2-label classifier cannot serve, so it starts fresh; the encoder is kept
+    three = make_lm(dataclasses.replace(CONFIG, num_labels=3, labels=("neg", "pos", "odd")))
+    abstract, _ = three.abstract_params()
+    replicated = jax.sharding.NamedSharding(make_mesh(data=1, devices=jax.devices()[:1]), jax.sharding.PartitionSpec())
+    restored, fresh = checkpoints.restore_pretrained(
+        str(tmp_path / "cls"), jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+                                            abstract), ("mlm_head", "classifier_head"))
+    assert fresh == ["classifier_head"] and set(restored) == set(shared)
+    jax.tree.map(np.testing.assert_array_equal, restored, shared)

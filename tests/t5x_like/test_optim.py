@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from t5x_like import optim
@@ -85,3 +86,170 @@ def test_weight_decay_mask_covers_matrices_and_optionally_the_vocabulary_tables(
                  for path, u in jax.tree_util.tree_leaves_with_path(updates) if float(jnp.abs(u).max()) > 0}
         assert moved == decayed, decay_embeddings
         np.testing.assert_allclose(updates["block"]["fc_kernel"], -0.1 * 0.5 * np.ones((4, 4)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("setting, value, name", [
+    ("learning_rate", -1.0, "LEARNING_RATE"), ("warmup_steps", -1, "WARMUP_STEPS"),
+    ("total_steps", -1, "TRAIN_STEPS"),
+    ("min_learning_rate_ratio", 1.5, "optim.make_optimizer.min_learning_rate_ratio"),
+    ("weight_decay", -0.1, "optim.make_optimizer.weight_decay"),
+    ("clip_grad_norm", -1.0, "optim.make_optimizer.clip_grad_norm"), ("b1", 1.5, "optim.make_optimizer.b1"),
+    ("b2", 1.01, "optim.make_optimizer.b2"), ("adafactor_decay_rate", 2.0, "optim.make_optimizer.adafactor_decay_rate"),
+    ("eps", 0.0, "optim.make_optimizer.eps")])
+def test_each_bad_setting_is_refused_naming_it(setting, value, name):
+    settings = {"learning_rate": 1e-3, "warmup_steps": 1, "total_steps": 10, setting: value}
+    with pytest.raises(ValueError) as raised:
+        optim.make_optimizer(**settings)
+    assert str(raised.value).startswith(f"{name}={value:g}: must be "), str(raised.value)
+
+
+def test_unknown_decay_and_too_long_warmup_are_named():
+    with pytest.raises(ValueError, match="learning-rate decay 'step' is unknown; choose one of"):
+        optim.learning_rate_schedule(peak=1.0, warmup_steps=1, total_steps=10, decay="step")
+    with pytest.raises(ValueError, match="WARMUP_STEPS=10 must be smaller than TRAIN_STEPS=10 for 'cosine' decay"):
+        optim.learning_rate_schedule(peak=1.0, warmup_steps=10, total_steps=10)
+    constant = optim.learning_rate_schedule(peak=2.0, warmup_steps=10, total_steps=10, decay="constant")
+    assert [float(constant(s)) for s in (0, 5, 10, 50)] == pytest.approx([0.0, 1.0, 2.0, 2.0], rel=1e-6)
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear", "constant"])
+def test_schedules_follow_their_formulas(decay):
+    """Linear warmup to the peak over 4 steps, then (over the 16 decay steps) cosine or linear decay to
+    min_ratio * peak, or constant; numpy formulas, 1e-6 relative."""
+    peak, warmup, total, ratio = 3e-3, 4, 20, 0.2
+    schedule = optim.learning_rate_schedule(peak=peak, warmup_steps=warmup, total_steps=total, decay=decay,
+                                            min_ratio=ratio)
+    steps = np.arange(0, 26)
+    progress = np.clip((steps - warmup) / (total - warmup), 0, 1)
+    after = {"cosine": peak * (ratio + (1 - ratio) * 0.5 * (1 + np.cos(np.pi * progress))),
+             "linear": peak + (ratio * peak - peak) * progress,
+             "constant": np.full(steps.shape, peak)}[decay]
+    expected = np.where(steps < warmup, peak * steps / warmup, after)
+    np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-6, atol=1e-12)
+
+
+def test_one_decay_step_reaches_the_minimum():
+    schedule = optim.learning_rate_schedule(peak=1.0, warmup_steps=3, total_steps=4, min_ratio=0.1)
+    assert float(schedule(3)) == pytest.approx(1.0) and float(schedule(4)) == pytest.approx(0.1, rel=1e-6)
+    no_warmup = optim.learning_rate_schedule(peak=1.0, warmup_steps=0, total_steps=4, decay="linear", min_ratio=0.0)
+    assert [float(no_warmup(s)) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0], abs=1e-7)
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.5])
+def test_adamw_steps_equal_optaxs_with_and_without_clipping(clip):
+    """Two AdamW steps with clipping at global norm `clip` (0: none) equal optax's clip_by_global_norm +
+    adamw with the same schedule and mask (eps 0.5 so clipping changes the update); 1e-6 relative."""
+    rng = np.random.default_rng(0)
+    params = {"fc_kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_bias": rng.normal(size=4).astype(np.float32)}
+    grads = [jax.tree.map(lambda p: 10 * rng.normal(size=p.shape).astype(np.float32), params) for _ in range(2)]
+    opt = optim.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, b1=0.8, b2=0.9, eps=0.5,
+                               weight_decay=0.3, clip_grad_norm=clip)
+    mask = {"fc_kernel": True, "fc_bias": False}
+    reference = optax.chain(optax.clip_by_global_norm(clip) if clip else optax.identity(),
+                            optax.adamw(opt.schedule, b1=0.8, b2=0.9, eps=0.5, weight_decay=0.3, mask=mask))
+    ours, theirs = (params, opt.tx.init(params)), (params, reference.init(params))
+    for g in grads:
+        for (p, s), tx, side in ((ours, opt.tx, 0), (theirs, reference, 1)):
+            updates, s = tx.update(g, s, p)
+            result = (optax.apply_updates(p, updates), s)
+            ours, theirs = (result, theirs) if side == 0 else (ours, result)
+    for name in params:
+        np.testing.assert_allclose(ours[0][name], theirs[0][name], rtol=1e-6, err_msg=name)
+    assert int(optim.applied_updates(ours[1])) == 2
+    unclipped = optim.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, b1=0.8, b2=0.9, eps=0.5,
+                                     weight_decay=0.3, clip_grad_norm=0.0 if clip else 0.5)
+    first, _ = unclipped.tx.update(grads[0], unclipped.tx.init(params), params)
+    mine, _ = opt.tx.update(grads[0], opt.tx.init(params), params)
+    assert not np.allclose(first["fc_bias"], mine["fc_bias"])  # clipping is on exactly when clip > 0
+
+
+def test_applied_updates_needs_a_schedule():
+    message = r"^the optimizer state holds no learning-rate schedule \(optax.ScaleByScheduleState\)$"
+    with pytest.raises(ValueError, match=message):
+        optim.applied_updates(optax.sgd(0.1).init({"w": jnp.ones(2)}))
+
+
+def test_adafactor_on_a_scanned_stack_equals_each_layer_on_its_own():
+    """per_layer: a [layers, ...] parameter under 'blocks' gets, layer by layer, the update and state that
+    Adafactor gives each layer's parameter alone (factored: both dims >= 128); 1e-6 relative."""
+    rng = np.random.default_rng(1)
+    stacked = {"blocks": {"w": rng.normal(size=(3, 130, 140)).astype(np.float32)},
+               "head": rng.normal(size=(130, 140)).astype(np.float32)}
+    unrolled = {**{f"block_{i}": {"w": stacked["blocks"]["w"][i]} for i in range(3)}, "head": stacked["head"]}
+    g_stacked = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), stacked)
+    g_unrolled = {**{f"block_{i}": {"w": g_stacked["blocks"]["w"][i]} for i in range(3)}, "head": g_stacked["head"]}
+    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor",
+                               decay="rsqrt", clip_grad_norm=0.0)
+    s_stacked, s_unrolled = opt.tx.init(stacked), opt.tx.init(unrolled)
+    for _ in range(2):
+        u_stacked, s_stacked = opt.tx.update(g_stacked, s_stacked, stacked)
+        u_unrolled, s_unrolled = opt.tx.update(g_unrolled, s_unrolled, unrolled)
+    for i in range(3):
+        np.testing.assert_allclose(u_stacked["blocks"]["w"][i], u_unrolled[f"block_{i}"]["w"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(u_stacked["head"], u_unrolled["head"], rtol=1e-6, atol=1e-9)
+    v_row = lambda state: next(s.v_row for s in jax.tree.leaves(  # noqa: E731
+        state, is_leaf=lambda x: hasattr(x, "v_row")) if hasattr(s, "v_row"))
+    assert v_row(s_stacked)["blocks"]["w"].shape == (3, 130)
+    for i in range(3):
+        np.testing.assert_allclose(v_row(s_stacked)["blocks"]["w"][i], v_row(s_unrolled)[f"block_{i}"]["w"],
+                                   rtol=1e-6)
+    assert int(optim.applied_updates(s_stacked)) == 2
+
+
+def test_adafactor_is_per_layer_so_scanned_and_unrolled_layers_update_alike():
+    """A scanned stack's [layers, ...] leaves get the updates and the state (stacked) of the same layers
+    unrolled, bit for bit: factored moments, update clipping and parameter scale per layer, one count.
+    One layer with 100x larger gradients shows it: optax's Adafactor over the whole stacked array clips
+    and scales every layer by that layer's statistics too."""
+    rng = np.random.default_rng(0)
+    layers = 3
+    stacked = {"blocks": {"kernel": rng.normal(size=(layers, 128, 256)).astype(np.float32),
+                          "bias": rng.normal(size=(layers, 256)).astype(np.float32)},
+               "embedding": rng.normal(size=(200, 64)).astype(np.float32)}
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), stacked)
+    grads["blocks"]["kernel"][1] *= 100
+
+    def unroll(tree):
+        return {"embedding": tree["embedding"],
+                **{f"block_{i}": jax.tree.map(lambda x: x[i], tree["blocks"]) for i in range(layers)}}
+
+    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor",
+                               decay="rsqrt", clip_grad_norm=0.0)
+    runs = []
+    for params, g in ((stacked, grads), (unroll(stacked), unroll(grads))):
+        state = opt.tx.init(params)
+        for _ in range(3):
+            updates, state = jax.jit(opt.tx.update)(g, state, params)
+            params = jax.tree.map(lambda p, u: p + u, params, updates)
+        runs.append((params, state))
+    (scanned, scanned_state), (unrolled, unrolled_state) = runs
+    jax.tree.map(np.testing.assert_array_equal, unroll(scanned), unrolled)
+    factored = scanned_state[1][0]
+    assert factored.count.shape == () and factored.v_row["blocks"]["kernel"].shape == (layers, 128)
+    assert int(optim.applied_updates(scanned_state)) == int(optim.applied_updates(unrolled_state)) == 3
+    for name in ("v_row", "v_col", "v"):
+        jax.tree.map(np.testing.assert_array_equal, unroll(getattr(factored, name)),
+                     getattr(unrolled_state[1][0], name))
+
+    whole = optax.adafactor(0.01, clipping_threshold=1.0, multiply_by_parameter_scale=True)
+    whole_updates, _ = whole.update(grads, whole.init(stacked), stacked)
+    layer_updates, _ = whole.update(unroll(grads), whole.init(unroll(stacked)), unroll(stacked))
+    assert not np.allclose(unroll(whole_updates)["block_0"]["kernel"], layer_updates["block_0"]["kernel"],
+                           rtol=1e-3)
+
+
+def test_adafactor_decay_rate_is_used():
+    """adafactor_decay_rate reaches optax's Adafactor: two steps equal optax.adafactor(decay_rate=0.5) with T5X's
+    settings; 1e-6 relative."""
+    rng = np.random.default_rng(2)
+    params = {"kernel": rng.normal(size=(130, 140)).astype(np.float32)}
+    grads = [{"kernel": rng.normal(size=(130, 140)).astype(np.float32)} for _ in range(2)]
+    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor", decay="rsqrt",
+                               clip_grad_norm=0.0, adafactor_decay_rate=0.5)
+    reference = optax.adafactor(opt.schedule, decay_rate=0.5, clipping_threshold=1.0, multiply_by_parameter_scale=True,
+                                factored=True)
+    ours, theirs = opt.tx.init(params), reference.init(params)
+    for g in grads:
+        mine, ours = opt.tx.update(g, ours, params)
+        want, theirs = reference.update(g, theirs, params)
+    np.testing.assert_allclose(mine["kernel"], want["kernel"], rtol=1e-6)

@@ -2,8 +2,11 @@
 import dataclasses
 import logging
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from models.gpt2 import GPT2Config
@@ -243,3 +246,197 @@ def test_offloaded_optimizer_state_lives_in_host_memory_and_trains_the_same(synt
     assert {x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)} == {"pinned_host"}
     assert {x.sharding.memory_kind for x in jax.tree.leaves(state.params)} == {"device"}
     np.testing.assert_allclose([m["loss"] for m in got], [m["loss"] for m in want], rtol=1e-6)
+
+
+class LinearLM:
+    """A stand-in LanguageModel for the step functions (they use only loss_sums, loss_weights and score):
+    prediction p = x·w + 0.1·normal(dropout key) per row, nll 0.5·(p - y)² and z-loss z_loss·p², each
+    weighted by the row's weight."""
+
+    def loss_weights(self, batch):
+        return batch["weights"]
+
+    def predict(self, params, batch, rng):
+        noise = 0.0 if rng is None else 0.1 * jax.random.normal(rng, batch["y"].shape)
+        return batch["x"] @ params["w"] + noise
+
+    def loss_sums(self, params, batch, rng=None, *, z_loss=0.0, cross_entropy="chunked", loss_chunk_size=256,
+                  fp8_state=None):
+        pred, w = self.predict(params, batch, rng), batch["weights"]
+        return (w * 0.5 * (pred - batch["y"]) ** 2).sum(), z_loss * (w * pred ** 2).sum(), w.sum()
+
+    def score(self, params, batch):
+        pred = self.predict(params, batch, None)
+        return {"log_prob": -0.5 * (pred - batch["y"]) ** 2, "correct": (jnp.abs(pred - batch["y"]) < 1).astype(
+            jnp.float32)}
+
+
+def linear_batch(rows=4):
+    rng = np.random.default_rng(0)
+    return {"x": rng.normal(size=(rows, 3)).astype(np.float32),
+            "y": rng.normal(size=rows).astype(np.float32),
+            "weights": np.array([1.0, 0.0, 2.0, 1.0][:rows], np.float32)}
+
+
+def linear_reference_step(w, batch, key, step, accum, z_loss):
+    """numpy: the gradient of the batch's mean (nll + z) over its weights, each microbatch (rows i, i + accum,
+    ...) with its dropout key fold_in(fold_in(key, step), i) (no fold when accum is 1); (grad, nll, z, weight)."""
+    step_key = jax.random.fold_in(key, step)
+    grad, nll, z = np.zeros_like(w), 0.0, 0.0
+    for i in range(accum):
+        rows = slice(i, None, accum)
+        x, y, weight = batch["x"][rows], batch["y"][rows], batch["weights"][rows]
+        micro_key = step_key if accum == 1 else jax.random.fold_in(step_key, i)
+        pred = x @ w + 0.1 * np.asarray(jax.random.normal(micro_key, y.shape))
+        grad += ((weight * ((pred - y) + 2 * z_loss * pred))[:, None] * x).sum(0)
+        nll += (weight * 0.5 * (pred - y) ** 2).sum()
+        z += z_loss * (weight * pred ** 2).sum()
+    total = batch["weights"].sum()
+    return grad / total, nll, z, total
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_train_step_on_a_linear_model_equals_numpy(accum):
+    """Two SGD steps (learning rate 0.5 then 0.25: a linear schedule read at optax's count) of the stand-in
+    model: parameters, and every metric, against numpy; float32, 1e-5 relative."""
+    schedule = optax.linear_schedule(0.5, 0.0, 4)
+    tx = optax.sgd(schedule)
+    config = trainer.StepConfig(grad_accum_steps=accum, z_loss=0.1)
+    step = jax.jit(trainer.make_train_step(LinearLM(), tx, schedule, config))
+    w0, key = np.array([0.5, -1.0, 2.0], np.float32), jax.random.PRNGKey(7)
+    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
+                               rng=key)
+    batch, w = linear_batch(), w0
+    for i in range(2):
+        state, metrics = step(state, batch)
+        grad, nll, z, total = linear_reference_step(w, batch, key, i, accum, 0.1)
+        assert float(metrics["learning_rate"]) == pytest.approx(0.5 - 0.125 * i)
+        w = w - (0.5 - 0.125 * i) * grad
+        np.testing.assert_allclose(state.params["w"], w, rtol=1e-5)
+        assert int(state.step) == i + 1 and int(optim.applied_updates(state.opt_state)) == i + 1
+        assert float(metrics["loss"]) == pytest.approx(nll / total, rel=1e-5)
+        assert float(metrics["z_loss"]) == pytest.approx(z / total, rel=1e-5)
+        assert float(metrics["tokens"]) == total
+        assert float(metrics["grad_norm"]) == pytest.approx(np.linalg.norm(grad), rel=1e-5)
+        assert int(metrics["skipped"]) == 0 and int(metrics["update_finite"]) == 1
+        assert metrics["grad_finite"].tolist() == [True]
+        assert "loss_scale" not in metrics
+
+
+def test_a_nonfinite_loss_skips_the_linear_step_and_backs_off_the_loss_scale():
+    """fp16-style loss scaling on the stand-in: finite steps equal unscaled ones (1e-5 relative); a step with
+    an infinite target changes nothing but the step and the scale (hysteresis 1: halved at once)."""
+    schedule = optax.constant_schedule(0.1)
+    tx = optax.sgd(schedule)
+    scaling = trainer.LossScaleConfig(initial_scale_power=10, window=3, hysteresis=1, min_scale=1.0)
+    w0 = np.array([0.5, -1.0, 2.0], np.float32)
+    make = lambda loss_scale: trainer.TrainState(  # noqa: E731
+        step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}), rng=jax.random.PRNGKey(1),
+        loss_scale=loss_scale)
+    scaled_step = jax.jit(trainer.make_train_step(LinearLM(), tx, schedule, trainer.StepConfig(loss_scale=scaling)))
+    plain_step = jax.jit(trainer.make_train_step(LinearLM(), tx, schedule, trainer.StepConfig()))
+    batch = linear_batch()
+    scaled, metrics = scaled_step(make(trainer.LossScale.create(scaling)), batch)
+    plain, _ = plain_step(make(None), batch)
+    np.testing.assert_allclose(scaled.params["w"], plain.params["w"], rtol=1e-5)
+    assert float(metrics["loss_scale"]) == 1024.0 and plain.loss_scale is None
+    bad = dict(batch, y=np.array([np.inf, 0, 0, 0], np.float32))
+    after, metrics = scaled_step(scaled, bad)
+    np.testing.assert_array_equal(after.params["w"], scaled.params["w"])
+    assert int(optim.applied_updates(after.opt_state)) == 1 and int(after.step) == 2
+    assert int(metrics["skipped"]) == 1 and metrics["grad_finite"].tolist() == [False]
+    assert float(after.loss_scale.scale) == 512.0 and float(metrics["loss_scale"]) == 1024.0
+
+
+def test_eval_step_sums_in_microbatches_equal_numpy():
+    batch = linear_batch()
+    params = {"w": np.array([0.5, -1.0, 2.0], np.float32)}
+    pred = batch["x"] @ params["w"]
+    want = {"nll_sum": (batch["weights"] * 0.5 * (pred - batch["y"]) ** 2).sum(),
+            "accuracy_sum": (batch["weights"] * (np.abs(pred - batch["y"]) < 1)).sum(),
+            "weight_sum": batch["weights"].sum()}
+    for microbatches in (1, 2, 4):
+        got = jax.jit(trainer.make_eval_step(LinearLM(), microbatches))(params, batch)
+        assert {k: pytest.approx(float(v), rel=1e-5) for k, v in got.items()} == want, microbatches
+
+
+class LinearLMWithInit(LinearLM):
+    """The stand-in with init_variables: boxed parameters from the key it is given, and a marker FP8 state."""
+
+    def init_variables(self, rng, lengths):
+        w = nn.Partitioned(jax.random.normal(rng, (lengths["targets"],)), names=("embed",))
+        return {"params": {"w": w}, "_overwrite_with_gradient": {"scale": jnp.ones(1)}}
+
+
+def test_init_train_state_of_the_linear_model():
+    """A fresh state: step 0, parameters from the first half of the key split and the dropout key the
+    second, optimizer state that keeps the parameters' logical names, loss scale only when configured."""
+    tx = optax.adam(0.1)
+    key = jax.random.PRNGKey(3)
+    state = trainer.init_train_state(LinearLMWithInit(), tx, key, {"targets": 3}, None)
+    params_key, dropout_key = jax.random.split(key)
+    assert state.step.dtype == jnp.int32 and int(state.step) == 0
+    np.testing.assert_array_equal(state.params["w"].value, jax.random.normal(params_key, (3,)))
+    np.testing.assert_array_equal(jax.random.key_data(state.rng), jax.random.key_data(dropout_key))
+    assert state.params["w"].names == ("embed",) and state.opt_state[0].mu["w"].names == ("embed",)
+    assert state.loss_scale is None and state.fp8_state == {"scale": jnp.ones(1)}
+    scaled = trainer.init_train_state(LinearLMWithInit(), tx, key, {"targets": 3},
+                                      trainer.LossScaleConfig(initial_scale_power=5, hysteresis=3))
+    assert float(scaled.loss_scale.scale) == 32.0 and scaled.loss_scale.scale.dtype == jnp.float32
+    assert int(scaled.loss_scale.good_steps) == 0 and int(scaled.loss_scale.hysteresis_left) == 3
+
+
+class RecordingLinearLM(LinearLM):
+    """The stand-in, recording the loss settings each loss_sums call was given."""
+
+    def __init__(self):
+        self.seen = []
+
+    def loss_sums(self, params, batch, rng=None, **settings):
+        self.seen.append((settings["cross_entropy"], settings["loss_chunk_size"], settings["z_loss"]))
+        return super().loss_sums(params, batch, rng, **settings)
+
+
+def test_train_step_passes_the_loss_settings_to_the_linear_model():
+    tx = optax.sgd(optax.constant_schedule(0.1))  # a stateless optimizer has no leaves for leaf_finite to stack
+    model = RecordingLinearLM()
+    config = trainer.StepConfig(grad_accum_steps=2, z_loss=0.5, cross_entropy="full_logits", loss_chunk_size=64)
+    w0 = np.array([0.5, -1.0, 2.0], np.float32)
+    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
+                               rng=jax.random.PRNGKey(0))
+    step = trainer.make_train_step(model, tx, optax.constant_schedule(0.1), config)
+    step(state, linear_batch())
+    assert set(model.seen) == {("full_logits", 64, 0.5)}
+    with pytest.raises(ValueError, match=r"a batch of 3 rows does not split into GRAD_ACCUM_STEPS=2; make the rows "
+                                         r"per step a multiple of GRAD_ACCUM_STEPS"):
+        step(state, linear_batch(rows=3))
+
+
+class Fp8LinearLM(LinearLM):
+    """The stand-in with a scalar 'FP8 state' s scaling the prediction (s·x·w, no dropout noise): the step
+    overwrites s with its gradient, as flax's FP8 ops return a scale's next value as its gradient."""
+
+    def loss_sums(self, params, batch, rng=None, *, z_loss=0.0, fp8_state=None, **settings):
+        pred, w = fp8_state["s"] * (batch["x"] @ params["w"]), batch["weights"]
+        return (w * 0.5 * (pred - batch["y"]) ** 2).sum(), jnp.zeros(()), w.sum()
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_fp8_state_of_the_linear_model_takes_its_gradient_maximum_over_microbatches(accum):
+    """The next FP8 state is the gradient of the step's mean loss with respect to it (numpy, 1e-5 relative),
+    the elementwise maximum over microbatches; a skipped step keeps the old state."""
+    tx = optax.sgd(optax.constant_schedule(0.1))
+    w0, s0 = np.array([0.5, -1.0, 2.0], np.float32), np.array([1.5], np.float32)
+    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
+                               rng=jax.random.PRNGKey(0), fp8_state={"s": s0})
+    step = jax.jit(trainer.make_train_step(Fp8LinearLM(), tx, optax.constant_schedule(0.1),
+                                           trainer.StepConfig(grad_accum_steps=accum)))
+    batch = linear_batch()
+    new, _ = step(state, batch)
+    xw = batch["x"] @ w0
+    per_row = batch["weights"] * (s0[0] * xw - batch["y"]) * xw / batch["weights"].sum()
+    want = max(per_row[i::accum].sum() for i in range(accum))
+    np.testing.assert_allclose(new.fp8_state["s"], [want], rtol=1e-5)
+    skipped, metrics = step(new, dict(batch, y=np.array([np.inf, 0, 0, 0], np.float32)))
+    assert int(metrics["skipped"]) == 1
+    np.testing.assert_array_equal(skipped.fp8_state["s"], new.fp8_state["s"])

@@ -197,3 +197,63 @@ def test_a_data_split_without_validation_names_eval_every():
     with pytest.raises(UserError, match=r"corpus: DATA_SPLIT=.100,0,0. leaves the validation split none of its 10 documents; "
                                         r"give it a larger ratio \(or train without validation: EVAL_EVERY=0\)"):
         split_documents("100,0,0", 10, "validation", "corpus")
+
+
+def test_walk_rows_crosses_plan_windows(monkeypatch):
+    """The packing plan's walk, a window of jumps at a time, equals a plain walk whatever the window."""
+    from t5x_like.data import loader
+    rng = np.random.default_rng(0)
+    n = 100
+    next_row = np.minimum(np.arange(n + 1) + rng.integers(1, 5, n + 1), n)
+    want, i = [], 0
+    while i < n:
+        want.append(i)
+        i = int(next_row[i])
+    for window in (7, 1 << 20):
+        monkeypatch.setattr(loader, "_PLAN_WINDOW", window)
+        got = loader.walk_rows(next_row)
+        assert got.dtype == np.int64 and got.tolist() == want + [n], window
+
+
+def test_packed_rows_and_their_arrays_equal_a_next_fit_reference():
+    """Documents of 5, 7, 18 and 10 tokens in rows of 10 (SEQ_LEN 9): the 18 splits into 10 + 8 and each row
+    takes pieces while they fit (next fit); int32 tokens, segments 1, 2, ... (0 = padding), positions per
+    piece; packed_arrays / window_arrays shift them into inputs and targets."""
+    from t5x_like.data import loader
+    tokens = np.arange(1, 41, dtype=np.uint16)
+    rows = loader.PackedRows(tokens, np.array([0, 5, 12, 30, 40]), 9)
+    pieces_per_row = [[(0, 5)], [(5, 12)], [(12, 22)], [(22, 30)], [(30, 40)]]
+    assert len(rows) == len(pieces_per_row)
+    for i, pieces in enumerate(pieces_per_row):
+        row = rows[i]
+        want_tokens = np.concatenate([tokens[a:b] for a, b in pieces]).astype(np.int32)
+        want_segments = np.concatenate([np.full(b - a, k + 1) for k, (a, b) in enumerate(pieces)])
+        want_positions = np.concatenate([np.arange(b - a) for a, b in pieces])
+        n = len(want_tokens)
+        for name, want in (("tokens", want_tokens), ("segments", want_segments), ("positions", want_positions)):
+            assert row[name].dtype == np.int32, name
+            np.testing.assert_array_equal(row[name], np.pad(want, (0, 10 - n)), err_msg=f"row {i} {name}")
+    two = loader.PackedRows(tokens[:9], np.array([0, 3, 9]), 9)[0]  # documents of 3 and 6 share one row
+    np.testing.assert_array_equal(two["segments"], [1, 1, 1, 2, 2, 2, 2, 2, 2, 0])
+    np.testing.assert_array_equal(two["positions"], [0, 1, 2, 0, 1, 2, 3, 4, 5, 0])
+    batch = {k: np.stack([two[k], rows[0][k]]) for k in two}
+    packed = loader.packed_arrays(batch)
+    np.testing.assert_array_equal(packed[DECODER_LOSS_WEIGHTS],
+                                  [[1, 1, 0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed[DECODER_TARGET_TOKENS], batch["tokens"][:, 1:])
+    np.testing.assert_array_equal(packed[DECODER_SEGMENT_IDS], batch["segments"][:, :-1])
+    np.testing.assert_array_equal(packed[DECODER_POSITIONS], batch["positions"][:, :-1])
+    windows = loader.window_arrays({"tokens": batch["tokens"]})
+    np.testing.assert_array_equal(windows[DECODER_INPUT_TOKENS], batch["tokens"][:, :-1])
+    np.testing.assert_array_equal(windows[DECODER_TARGET_TOKENS], batch["tokens"][:, 1:])
+    assert windows[DECODER_LOSS_WEIGHTS].dtype == np.float32
+    np.testing.assert_array_equal(windows[DECODER_LOSS_WEIGHTS], np.ones((2, 9)))
+
+
+def test_a_split_shorter_than_one_row_names_the_file_and_split(tmp_path, write_token_file):
+    from t5x_like.errors import UserError
+    prefix = write_token_file(tmp_path / "tiny", [[1, 2, 3], [4, 5, 6, 7]])
+    with pytest.raises(UserError) as raised:
+        source(prefix, seq_len=16, data_split="100,0,0")
+    assert str(raised.value) == (f"{prefix} (train): 7 tokens, fewer than one row of SEQ_LEN+1 = 17; lower SEQ_LEN "
+                                 "or give the split more documents")

@@ -385,3 +385,81 @@ def test_worker_processes_give_the_same_batches(corpus):
         assert_same_batches(take(src, 3), expected)
     finally:
         src.close()
+
+
+def test_pairs_errors_name_the_file_the_line_and_the_fix(tmp_path, tokenizer_path, pairs):
+    (tmp_path / "empty_record.jsonl").write_text("{}\n")
+    with pytest.raises(UserError) as raised:
+        pair_source(str(tmp_path / "empty_record.jsonl"), tokenizer=tokenizer_path)
+    assert str(raised.value) == (f"{tmp_path / 'empty_record.jsonl'}:1: no field 'inputs' (fields: none); each line "
+                                 "needs string fields 'inputs' and 'targets'")
+    path = write_pairs(tmp_path / "few.jsonl", pairs[:10], "jsonl")
+    with pytest.raises(UserError, match=rf"^{path}: DATA_SPLIT=.100,0,0. leaves the validation split none"):
+        pair_source(path, "validation", tokenizer=tokenizer_path, data_split="100,0,0")
+
+
+@pytest.mark.parametrize("append_eod, side", [(True, "inputs"), (True, "targets"), (False, None)])
+def test_pair_token_files_made_with_eod_are_refused(tmp_path, tokenizer_path, append_eod, side):
+    """Token files of pairs must hold no EOD (preprocess --noappend_eod): the loader appends EOS after cutting."""
+    prefix = str(tmp_path / "pairs")
+    for name in ("inputs", "targets"):
+        metadata = {"tokenizer": made_with(tokenizer_path), "append_eod": append_eod and name == side}
+        with TokenFileWriter(f"{prefix}.{name}", np.uint16, metadata) as writer:
+            writer.write(np.array([5, 6, 7, 8], np.int64), np.array([2, 2]))
+    if side is None:
+        inputs, targets = objectives._open_pair_files(prefix)
+        assert inputs.num_documents == targets.num_documents == 2
+        return
+    with pytest.raises(UserError) as raised:
+        objectives._open_pair_files(prefix)
+    assert str(raised.value) == (f"{prefix}.{side}.json: made with EOD appended, but the loader appends EOS after "
+                                 "cutting to FEATURE_LENGTHS; re-run preprocess with --noappend_eod")
+
+
+@pytest.mark.parametrize("lengths", [{"inputs": 2}, {"targets": 8}, {"inputs": 8, "targets": 8}])
+def test_encoder_only_feature_lengths_are_checked_naming_the_fix(lengths):
+    with pytest.raises(UserError) as raised:
+        objectives.make_mlm_source("train", batch_size=4, feature_lengths=lengths, seed=0, shard_index=0,
+                                   shard_count=1)
+    assert str(raised.value) == (f"FEATURE_LENGTHS={lengths!r}: an encoder-only objective needs {{'inputs': N}} "
+                                 "with N >= 3, e.g. {'inputs': 512}")
+
+
+def test_mlm_vocabulary_uses_the_tokenizers_pieces_and_needs_all_three(tmp_path):
+    bert = load_tokenizer(word_tokenizer(tmp_path / "bert.json", [("[CLS]", 5), ("[SEP]", 6), ("[MASK]", 7)]))
+    assert objectives.mlm_vocabulary(bert) == objectives.MLMVocabulary(
+        VOCAB, 5, 6, 7, 0, VOCAB, tuple(sorted({0, 5, 6, 7, bert.eod_id})))
+    partial = load_tokenizer(word_tokenizer(tmp_path / "partial.json", [("[CLS]", 5), ("[SEP]", 6)]))
+    with pytest.raises(UserError, match=r"partial\.json: has \[CLS\], \[SEP\] but not \[MASK\]; masked-LM training "
+                                        r"needs all of \[CLS\], \[SEP\], \[MASK\]"):
+        objectives.mlm_vocabulary(partial)
+
+
+def test_mlm_sources_are_blended_by_their_weights(tmp_path, write_token_file):
+    """Two token files (ids 100..299 and 600..799): blend_weights [1, 1e-6] draws the masked-LM rows from the
+    first, no weights from both (a weight of 0 passes loader.blend's check, but grain's mix refuses it)."""
+    path = word_tokenizer(tmp_path / "bert.json", [("[CLS]", 5), ("[SEP]", 6), ("[MASK]", 7)])
+    rng = np.random.default_rng(0)
+    files = [write_token_file(tmp_path / name, [list(rng.integers(low, low + 200, 30)) for _ in range(20)],
+                              tokenizer=made_with(path)) for name, low in (("a", 100), ("b", 600))]
+
+    def words(weights):
+        src = objectives.make_mlm_source("train", batch_size=4, feature_lengths={"inputs": 16}, seed=0,
+                                         shard_index=0, shard_count=1, data_path=files, blend_weights=weights)
+        batches = take(src, 3)
+        targets = np.concatenate([b["encoder_target_tokens"][b["encoder_segment_ids"] > 0] for b in batches])
+        return targets[targets >= 100]
+
+    first = words([1.0, 1e-6])
+    assert len(first) and (first < 300).all()
+    both = words(None)
+    assert (both < 300).any() and (both >= 600).any()
+
+
+def test_default_labels():
+    def examples(*labels):
+        return [objectives.LabelledText(text="w3", text_pair=None, label=label) for label in labels]
+
+    assert objectives.default_labels(examples("True", "True")) == ["False", "True"]
+    assert objectives.default_labels(examples("2", "0", "2")) == ["0", "1", "2"]
+    assert objectives.default_labels(examples("neutral", "entailment", "neutral")) == ["entailment", "neutral"]
