@@ -217,8 +217,9 @@ def endless_rows(source, name: str, split: str, seed: int) -> grain.MapDataset:
 def blend(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None) -> grain.MapDataset:
     if weights is not None and len(weights) != len(datasets):
         raise UserError(f"blend_weights={list(weights)}: {len(weights)} weights for {len(datasets)} data paths")
-    if weights is not None and (min(weights) < 0 or sum(weights) <= 0):
-        raise UserError(f"blend_weights={list(weights)}: weights must be non-negative with a positive sum")
+    if weights is not None and min(weights) <= 0:
+        raise UserError(f"blend_weights={list(weights)}: every weight must be positive; leave out a data path "
+                        "instead of giving it weight 0")
     return datasets[0] if len(datasets) == 1 else grain.MapDataset.mix(list(datasets), weights)
 
 

@@ -169,33 +169,6 @@ def test_applied_updates_needs_a_schedule():
         optim.applied_updates(optax.sgd(0.1).init({"w": jnp.ones(2)}))
 
 
-def test_adafactor_on_a_scanned_stack_equals_each_layer_on_its_own():
-    """per_layer: a [layers, ...] parameter under 'blocks' gets, layer by layer, the update and state that
-    Adafactor gives each layer's parameter alone (factored: both dims >= 128); 1e-6 relative."""
-    rng = np.random.default_rng(1)
-    stacked = {"blocks": {"w": rng.normal(size=(3, 130, 140)).astype(np.float32)},
-               "head": rng.normal(size=(130, 140)).astype(np.float32)}
-    unrolled = {**{f"block_{i}": {"w": stacked["blocks"]["w"][i]} for i in range(3)}, "head": stacked["head"]}
-    g_stacked = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), stacked)
-    g_unrolled = {**{f"block_{i}": {"w": g_stacked["blocks"]["w"][i]} for i in range(3)}, "head": g_stacked["head"]}
-    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor",
-                               decay="rsqrt", clip_grad_norm=0.0)
-    s_stacked, s_unrolled = opt.tx.init(stacked), opt.tx.init(unrolled)
-    for _ in range(2):
-        u_stacked, s_stacked = opt.tx.update(g_stacked, s_stacked, stacked)
-        u_unrolled, s_unrolled = opt.tx.update(g_unrolled, s_unrolled, unrolled)
-    for i in range(3):
-        np.testing.assert_allclose(u_stacked["blocks"]["w"][i], u_unrolled[f"block_{i}"]["w"], rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(u_stacked["head"], u_unrolled["head"], rtol=1e-6, atol=1e-9)
-    v_row = lambda state: next(s.v_row for s in jax.tree.leaves(  # noqa: E731
-        state, is_leaf=lambda x: hasattr(x, "v_row")) if hasattr(s, "v_row"))
-    assert v_row(s_stacked)["blocks"]["w"].shape == (3, 130)
-    for i in range(3):
-        np.testing.assert_allclose(v_row(s_stacked)["blocks"]["w"][i], v_row(s_unrolled)[f"block_{i}"]["w"],
-                                   rtol=1e-6)
-    assert int(optim.applied_updates(s_stacked)) == 2
-
-
 def test_adafactor_is_per_layer_so_scanned_and_unrolled_layers_update_alike():
     """A scanned stack's [layers, ...] leaves get the updates and the state (stacked) of the same layers
     unrolled, bit for bit: factored moments, update clipping and parameter scale per layer, one count.

@@ -8,6 +8,7 @@ import pytest
 from t5x_like.data import make_source
 from t5x_like.data.loader import split_documents
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
+from t5x_like.errors import UserError
 
 
 def source(path, split="train", *, batch_size=4, seq_len=16, seed=0, shard_index=0, shard_count=1, **configured):
@@ -135,6 +136,8 @@ def test_blend_proportions_follow_the_weights(tmp_path, write_token_file):
     rows = np.concatenate([x[DECODER_INPUT_TOKENS] for x in take(source([a, b], blend_weights=[0.25, 0.75], batch_size=50), 8)])
     share_of_a = np.mean(rows[:, 0] == 1)
     assert share_of_a == pytest.approx(0.25, abs=0.03)
+    with pytest.raises(UserError, match=r"blend_weights=\[0\.0, 1\.0\]: every weight must be positive"):
+        source([a, b], blend_weights=[0.0, 1.0], batch_size=50)
 
 
 def test_validation_repeats_in_order_logs_epochs_and_resets(numbered_file, caplog):
@@ -192,7 +195,6 @@ def test_worker_processes_give_the_same_batches_and_resume(numbered_file):
 
 
 def test_a_data_split_without_validation_names_eval_every():
-    from t5x_like.errors import UserError
 
     with pytest.raises(UserError, match=r"corpus: DATA_SPLIT=.100,0,0. leaves the validation split none of its 10 documents; "
                                         r"give it a larger ratio \(or train without validation: EVAL_EVERY=0\)"):
@@ -251,7 +253,6 @@ def test_packed_rows_and_their_arrays_equal_a_next_fit_reference():
 
 
 def test_a_split_shorter_than_one_row_names_the_file_and_split(tmp_path, write_token_file):
-    from t5x_like.errors import UserError
     prefix = write_token_file(tmp_path / "tiny", [[1, 2, 3], [4, 5, 6, 7]])
     with pytest.raises(UserError) as raised:
         source(prefix, seq_len=16, data_split="100,0,0")
