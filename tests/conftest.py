@@ -110,11 +110,18 @@ def random_hf_neox():
 
 
 @pytest.fixture(autouse=True)
-def no_gin_bindings_left_behind():
-    """Every test starts and ends without gin bindings: a CLI test that parsed a run file (its macros,
-    a bad TOKENIZER) must not configure the functions a later test in the same worker calls."""
+def no_cli_state_left_behind():
+    """Every test starts and ends without gin bindings, and ends with absl's logger at the level it
+    found: a CLI test that parsed a run file (its macros, a bad TOKENIZER) and absl flags (which set
+    absl's verbosity) must not configure the functions, or silence the log, of a later test in the
+    same worker."""
+    import logging
+
     import gin
 
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
     gin.clear_config()
     yield
     gin.clear_config()
+    absl_logger.setLevel(level)

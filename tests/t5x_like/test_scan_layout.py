@@ -124,7 +124,7 @@ def test_a_run_resumes_across_scan_layers_with_the_same_losses(tmp_path, synthet
     np.testing.assert_allclose([switched[s] for s in (3, 4)], [straight[s] for s in (3, 4)], rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["t5"])  # its two stacks; GPT-2's one is covered by the resume test above
 def test_adafactor_from_one_checkpoint_trains_alike_scanned_and_unrolled(tmp_path, synthetic_source, family):
     """RESTORE_FROM one checkpoint, 5 Adafactor steps scanned and unrolled: the same losses (1e-5)."""
     config, lengths = FAMILIES[family]

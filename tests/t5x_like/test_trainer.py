@@ -68,7 +68,9 @@ def test_same_losses_on_every_mesh(synthetic_source, config):
     reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, config=config)
     want = [m["loss"] for m in reference]
     assert want[-1] < want[0]  # it learns
-    for name, (sizes, rules, settings) in MESHES.items():
+    # GPT-2 runs every mesh; NeoX (the same runtime, another family file) the two that split its layers
+    meshes = MESHES if config is CONFIG else {k: MESHES[k] for k in ("tensor=8", "data=2,fsdp=2,tensor=2")}
+    for name, (sizes, rules, settings) in meshes.items():
         got = [m["loss"] for m in run(make_mesh(**sizes), rules, data, config=config, **settings)[0]]
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
 
