@@ -316,7 +316,7 @@ class Checkpointer:
     newest step that verifies."""
 
     def __init__(self, model_dir: str, *, keep: int = 3, async_save: bool = True):
-        self.directory = os.path.join(model_dir, CHECKPOINT_SUBDIR)
+        self.directory = os.path.join(os.path.abspath(model_dir), CHECKPOINT_SUBDIR)  # orbax wants absolute paths
         self.keep = keep
         self._saving: int | None = None
         self._manager = _manager(self.directory, keep=keep, async_save=async_save,
