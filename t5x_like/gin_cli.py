@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import os
 import re
 from typing import Any, Callable, Iterator
 
@@ -95,6 +96,30 @@ def _bound_value(name: str) -> Any:
         return gin.query_parameter(name)
     except ValueError:
         return None
+
+
+EXTRA_GIN_ENV = "T5X_LIKE_EXTRA_GIN"
+
+
+def apply_extra_file() -> str | None:
+    """Parse the gin file that $T5X_LIKE_EXTRA_GIN names, if any, after every --gin_file and --gin.NAME=VALUE,
+    so its bindings have the last word (its model_config.overrides merge key by key, as command-line ones
+    do). The documentation's command tests shrink each documented command with it; returns the path."""
+    path = os.environ.get(EXTRA_GIN_ENV)
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise UserError(f"{EXTRA_GIN_ENV}={path}: no such file; name a gin file or unset {EXTRA_GIN_ENV}.")
+    previous = {name: _bound_value(name) for name in MERGED_BINDINGS}
+    try:
+        gin.parse_config_file(path)
+    except (ValueError, SyntaxError, ImportError) as e:
+        raise UserError(f"{EXTRA_GIN_ENV}={path}: {str(e).splitlines()[0]}") from None
+    for name, old in previous.items():
+        new = _bound_value(name)
+        if isinstance(old, dict) and isinstance(new, dict):
+            gin.bind_parameter(name, {**old, **new})
+    return path
 
 
 def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

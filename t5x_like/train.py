@@ -463,6 +463,9 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
                 raise UserError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
                                 "(`--help` and gin/base.gin list the macros).") from None
     gin_cli.apply_bindings(bindings)
+    extra = gin_cli.apply_extra_file()
+    if extra:
+        logging.info("%s=%s: applied after the command line", gin_cli.EXTRA_GIN_ENV, extra)
     try:
         gin.finalize()
     except ValueError as e:

@@ -176,3 +176,19 @@ def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path,
     got = jax.device_get(checkpoints.restore_params(str(tmp_path / "finetune"), None))
     want = jax.device_get(checkpoints.restore_params(str(tmp_path / "imported"), None))
     jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_the_extra_gin_file_of_the_environment_has_the_last_word(clean_gin, tmp_path, monkeypatch):
+    """T5X_LIKE_EXTRA_GIN (docs/configure.md): parsed after --gin_file and --gin.NAME=VALUE, its overrides merged."""
+    extra = tmp_path / "last.gin"
+    extra.write_text("TRAIN_STEPS = 2\nmodel_config.overrides = {'mlp_dim': 64}\n")
+    monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(extra))
+    train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPS=500",
+                                         "model_config.overrides={'dropout_rate': 0.05}"], [])
+    assert gin.query_parameter("%TRAIN_STEPS") == 2
+    assert gin.query_parameter("model_config.overrides") == {
+        "dropout_rate": 0.05, "attention_dropout_rate": 0.0, "mlp_dim": 64}
+    gin.clear_config()
+    monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(tmp_path / "missing.gin"))
+    with pytest.raises(UserError, match=f"{gin_cli.EXTRA_GIN_ENV}=.*missing.gin: no such file"):
+        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'"], [])
