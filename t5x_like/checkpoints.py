@@ -28,6 +28,7 @@ falls back to the newest step that passes (`Checkpointer.restore_newest`).
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import glob
 import json
 import os
@@ -43,10 +44,10 @@ from etils import epath
 from absl import logging
 
 from models.layers import STACKED, UNROLLED
-from t5x_like import distributed
+from t5x_like import distributed, validate
 from t5x_like.errors import UserError
 
-CHECKPOINT_SUBDIR = "checkpoints"
+CHECKPOINT_SUBDIR = validate.CHECKPOINT_SUBDIR
 MANIFEST = "checksums.json"  # process 0's: the files it wrote and the shared ones (metadata, JSON items)
 PROCESS_MANIFEST = "checksums.process_{}.json"  # process N > 0's: the files it wrote
 # Files orbax writes at a step's top level after the manifest (they change when it finalises).
@@ -146,9 +147,10 @@ def _read_manifests(step_dir: str) -> dict[str, dict]:
     return expected
 
 
-def verify_manifest(step_dir: str) -> bool:
+def verify_manifest(step_dir: str, *, sizes_only: bool = False) -> bool:
     """Check every file of the step against its manifest: False when the step has none (written by an
-    older version, or a params-only converter); raises CorruptCheckpointError naming the first bad file."""
+    older version, or a params-only converter); raises CorruptCheckpointError naming the first bad file.
+    `sizes_only`: every file present at its recorded size (no checksums read: cheap, and no collective)."""
     if not os.path.exists(os.path.join(step_dir, MANIFEST)):
         return False
     expected = _read_manifests(step_dir)
@@ -164,6 +166,8 @@ def verify_manifest(step_dir: str) -> bool:
         size = os.path.getsize(os.path.join(step_dir, name))
         if size != want["size"]:
             raise CorruptCheckpointError(step_dir, name, f"{size} bytes, {want['size']} when written (truncated?)")
+    if sizes_only:
+        return True
     names = sorted(expected)
     mine = names[jax.process_index()::jax.process_count()]  # each host hashes its share of the files
     bad = [name for name, got in _digests(step_dir, mine).items() if got["crc32"] != expected[name]["crc32"]]
@@ -321,6 +325,7 @@ class Checkpointer:
         self._saving: int | None = None
         self._manager = _manager(self.directory, keep=keep, async_save=async_save,
                                  on_finalise=self._on_finalise if async_save else None)
+        self._folder = os.stat(self.directory).st_ino  # to tell a failed save from a folder removed under it
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -442,10 +447,22 @@ class Checkpointer:
     def wait(self) -> None:
         """Until the save in flight is committed; then a process other than 0 writes the manifest of the
         files it wrote into the step."""
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - orbax fails in its own words when the files vanish
+            if self._folder_removed():
+                raise FileNotFoundError(errno.ENOENT, f"removed while step {self._saving} was being saved",
+                                        self.directory) from e
+            raise
         if self._saving is not None and not distributed.is_primary() and os.path.isdir(self.step_dir(self._saving)):
             write_manifest(self.step_dir(self._saving), jax.process_index())
         self._saving = None
+
+    def _folder_removed(self) -> bool:
+        try:
+            return os.stat(self.directory).st_ino != self._folder
+        except FileNotFoundError:
+            return True
 
     def close(self) -> None:
         self.wait()

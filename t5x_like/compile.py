@@ -226,7 +226,7 @@ def main(argv: list[str]) -> None:
     if f.device_memory_gib is not None:
         validate.finite_float("--device_memory_gib", f.device_memory_gib, minimum=0.0, exclusive_minimum=True)
     if f.output:
-        validate.writable_file("--output", f.output)
+        validate.output_file("--output", f.output)
     if f.num_slices < 1 or (f.num_slices > 1 and not (f.topology or "").startswith("v")):
         raise UserError(f"--num_slices={f.num_slices}: a positive count of TPU slices, with a TPU --topology.")
     devices = target_devices(f.topology, f.num_slices)

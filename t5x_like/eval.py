@@ -497,7 +497,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     validate.positive_int("--batch_size", args.batch_size)
     inference.check_flags(args)
     if args.output:
-        validate.writable_file("--output", args.output)
+        validate.output_file("--output", args.output)
     if args.split and args.task != "tokens":
         raise UserError(f"--split applies to --task=tokens (a token file split by DATA_SPLIT), not {args.task}.")
     if args.task == "tokens":

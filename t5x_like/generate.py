@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from partitioning import Partitioner
 from t5x_like import distributed, inference, validate
@@ -126,6 +127,12 @@ class Generator:
         model's room (decoder-only: max_len - max_new_tokens) keep their last tokens; an empty prompt
         starts from end-of-document."""
         prompts = [self.lm.prompt_ids(p, self.eod_id) for p in prompts]
+        for number, ids in enumerate(prompts, 1):
+            if self.room is not None and len(ids) > self.room:
+                logging.warning("prompt %d is %d tokens but the model's max_len %d less --max_new_tokens=%d leaves "
+                                "room for %d: its first %d tokens are dropped; shorten it or lower --max_new_tokens",
+                                number, len(ids), self.room + self.max_new_tokens, self.max_new_tokens, self.room,
+                                len(ids) - self.room)
         prompts = [p[-(self.room or len(p)):] if p else [self.eod_id] for p in prompts]
         results = []
         sharding = self.partitioner.batch_sharding()
@@ -189,7 +196,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     validate.finite_float("--length_penalty", args.length_penalty)
     inference.check_flags(args)
     if args.output:
-        validate.writable_file("--output", args.output)
+        validate.output_file("--output", args.output)
 
 
 def check_model_fits(config, args: argparse.Namespace) -> None:

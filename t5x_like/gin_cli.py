@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
+import glob
 import inspect
+import io
 import os
 import re
+import tokenize
 from typing import Any, Callable, Iterator
 
 import gin
 from gin import config as gin_config
+from gin import config_parser
 
 from t5x_like.errors import UserError
 
@@ -120,6 +125,117 @@ def apply_extra_file() -> str | None:
         if isinstance(old, dict) and isinstance(new, dict):
             gin.bind_parameter(name, {**old, **new})
     return path
+
+
+# ---------------------------------------------------------------- gin files
+
+
+GIN_LOCATION = re.compile(r'\n\s*In file "([^"]*)", line (\d+)')
+GIN_STATEMENTS = "a gin line is NAME = VALUE, configurable.parameter = VALUE, include 'file.gin' or import module"
+
+
+def parse_files(files: list[str]) -> None:
+    """Parse `--gin_file`s in order (gin's search paths must be set). Every file and include is found,
+    decoded and syntax-checked first, then bound: any mistake is one UserError naming file:line and the fix."""
+    for name in files:
+        check_file(name, resolve(name, f"--gin_file={name}"))
+    for name in files:
+        try:
+            gin.parse_config_file(name)
+        except (ValueError, ImportError, OSError, LookupError) as e:
+            raise UserError(_located(e)) from None
+
+
+def resolve(name: str, where: str) -> str:
+    """The path gin reads for `name` (a path, or a name in one of its search paths), or a UserError."""
+    prefixes = [""] if os.path.isabs(name) else _search_paths()
+    for prefix in prefixes:
+        path = os.path.join(prefix, name)
+        if os.path.isfile(path):
+            return path
+    if any(os.path.isdir(os.path.join(prefix, name)) for prefix in prefixes):
+        raise UserError(f"{where}: {name} is a directory; give a .gin file{_example(name)}.")
+    searched = ", ".join(dict.fromkeys(os.path.abspath(p or ".") for p in prefixes))
+    raise UserError(f"{where}: no gin file {name} (looked in {searched}){_did_you_mean(name, prefixes)}")
+
+
+def check_file(name: str, path: str) -> None:
+    """UTF-8, gin syntax and closed brackets in `path` and, recursively, in the files it includes."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8; save the file as UTF-8.") from None
+    try:
+        statements = list(config_parser.ConfigParser(io.StringIO(text), _SyntaxOnly()))
+    except SyntaxError as e:
+        words = (e.text or "").split()
+        hint = ("; did you mean `include`?" if words and words[0] != "include"
+                and difflib.get_close_matches(words[0], ["include"], cutoff=0.7) else ".")
+        raise UserError(f"{path}:{e.lineno}: {e.msg.rstrip('.')} in `{(e.text or '').strip()}` "
+                        f"({GIN_STATEMENTS}){hint}") from None
+    except tokenize.TokenError:
+        raise UserError(f"{path}:{_unclosed(text)}") from None
+    for statement in statements:
+        if isinstance(statement, config_parser.IncludeStatement):
+            location = f"{path}:{statement.location.line_num}: include {statement.filename!r}"
+            check_file(statement.filename, resolve(statement.filename, location))
+
+
+class _SyntaxOnly(config_parser.ParserDelegate):
+    """Parses references and macros without resolving them (a syntax check)."""
+
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        return scoped_configurable_name
+
+    def macro(self, macro_name):
+        return macro_name
+
+
+def _unclosed(text: str) -> str:
+    """'LINE: ...' for the bracket a gin file leaves open (tokenize reports only the end of the file)."""
+    opened: list[tuple[str, int]] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.string in "([{" and token.type == tokenize.OP:
+                opened.append((token.string, token.start[0]))
+            elif token.string in ")]}" and token.type == tokenize.OP and opened:
+                opened.pop()
+    except tokenize.TokenError:
+        pass
+    if not opened:
+        return f"{text.count(chr(10)) + 1}: the file ends inside a statement (an unclosed string?); close it."
+    bracket, line = opened[-1]
+    closing = {"(": ")", "[": "]", "{": "}"}[bracket]
+    return f"{line}: `{bracket}` is never closed (the file ends inside it); add the `{closing}`."
+
+
+def _located(error: Exception) -> str:
+    """gin's message for a statement it could not bind, as 'file:line: message; fix'."""
+    message = str(error.args[0] if isinstance(error, OSError) and error.args else error)
+    match = GIN_LOCATION.search(message)
+    first = message.split("\n")[0].rstrip(".")
+    if not match:
+        return f"{first}."
+    return f"{match[1]}:{match[2]}: {first}; check the spelling (--print_config lists every configurable parameter)."
+
+
+def _search_paths() -> list[str]:
+    return list(dict.fromkeys(gin_config._LOCATION_PREFIXES))
+
+
+def _example(directory: str) -> str:
+    found = sorted(glob.glob(os.path.join(directory, "*.gin")))
+    return f", e.g. {found[0]}" if found else ""
+
+
+def _did_you_mean(name: str, prefixes: list[str]) -> str:
+    known = {os.path.relpath(path, prefix or ".") for prefix in prefixes for pattern in ("*.gin", "*/*.gin")
+             for path in glob.glob(os.path.join(prefix or ".", pattern))}
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else "; give a path, or a name from gin/ such as quickstart.gin."
 
 
 def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 
 from models.layers import STACKED
 from t5x_like import validate
@@ -80,6 +81,9 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
     if name not in OPTIMIZERS:
         raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
     validate.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
+    if learning_rate == 0:
+        logging.warning("LEARNING_RATE=0: every update is zero, so training leaves the parameters as they start "
+                        "(weight decay too); set a positive LEARNING_RATE, e.g. --gin.LEARNING_RATE=3e-4")
     validate.non_negative_int("WARMUP_STEPS", warmup_steps)
     validate.non_negative_int("TRAIN_STEPS", total_steps)
     validate.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,

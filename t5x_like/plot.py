@@ -98,7 +98,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    validate.writable_file("--output", args.output, suffixes=IMAGE_SUFFIXES)
+    validate.output_file("--output", args.output, suffixes=IMAGE_SUFFIXES)
     points = plot(args.model_dirs, args.output)
     print(f"wrote {args.output}: {len(args.model_dirs)} run(s), {points} points")
 

@@ -78,8 +78,12 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._holder, f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._holder, f)
+        except OSError as e:  # a full disk: no empty lock left behind, and the error names the file
+            os.unlink(self.path)
+            raise OSError(e.errno, e.strerror, self.path) from None
         return True
 
     def _read(self) -> tuple[dict | None, float]:

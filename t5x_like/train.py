@@ -27,8 +27,8 @@ from absl import flags, logging
 import configs
 import models
 from partitioning import make_mesh
-from t5x_like import (checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, stopping, trainer,
-                      validate)
+from t5x_like import (checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, stopping, storage,
+                      trainer, validate)
 from t5x_like.data import loader
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import Experiment, build_experiment
@@ -113,6 +113,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
                    restore_from=restore_from, log_every=log_every, on_corrupt_checkpoint=on_corrupt_checkpoint)
     primary = distributed.is_primary()
     with contextlib.ExitStack() as run:
+        run.enter_context(storage.one_line_errors(model_dir))  # a full disk: one line, not orbax's tracebacks
         if primary:
             run.push(no_empty_folders_after_failure(model_dir))  # runs last, after the lock is released
             run.enter_context(run_lock.RunLock(model_dir))
@@ -453,7 +454,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
         gin.add_config_file_search_path(path)
     if not files:
         raise UserError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
-    gin.parse_config_files_and_bindings(files, None, finalize_config=False)
+    gin_cli.parse_files(files)
     for binding in bindings:
         name = binding.split("=", 1)[0].strip()
         if re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
@@ -541,6 +542,8 @@ def quiet_library_logs() -> None:
 
     def keep(record: std_logging.LogRecord) -> bool:
         if "gin" in record.pathname and record.pathname.endswith("resource_reader.py"):
+            return False
+        if record.exc_info and storage.aftermath(record.exc_info[1]):  # a failed save: train's StorageError says it
             return False
         return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 

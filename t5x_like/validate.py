@@ -4,6 +4,7 @@ value and the fix. CLIs and gin configurables call them where the value enters, 
     positive_int('--batch_size', args.batch_size)
     finite_float('LEARNING_RATE', learning_rate, minimum=0.0)
     writable_file('--output', args.output)      # before the work, not after it
+    output_file('--output', args.output)        # the same, outside any run's checkpoints, its folder made
 """
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ import tempfile
 from typing import Any
 
 from t5x_like.errors import UserError
+
+CHECKPOINT_SUBDIR = "checkpoints"
+"""MODEL_DIR/checkpoints/<step>/ (named here so that checking an output path imports no checkpoint library)."""
+STEP_MARKER = "_CHECKPOINT_METADATA"  # orbax writes it into every step directory
+RUN_MARKERS = ("metrics.jsonl", "run.lock", "config.gin")
 
 
 def integer(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
@@ -95,6 +101,72 @@ def writable_file(name: str, path: str, *, suffixes: tuple[str, ...] = (), value
     parent = os.path.dirname(os.path.abspath(path))
     _probe(name, parent if os.path.isdir(parent) else _nearest_existing(name, parent, value), value)
     return path
+
+
+def output_file(name: str, path: str, *, suffixes: tuple[str, ...] = (), value: str | None = None) -> str:
+    """`path` is a file this CLI may write (writable_file), not inside any run's checkpoints; its folder is
+    created now, before the work, so a result is never computed only to be lost."""
+    writable_file(name, path, suffixes=suffixes, value=value)
+    outside_checkpoints(name, path, value=value)
+    _make_dirs(name, os.path.dirname(os.path.abspath(path)), path if value is None else value)
+    return path
+
+
+def output_dir(name: str, path: str, *, new_folder_for: str = "") -> str:
+    """`path` is a directory this CLI may write into (writable_dir), not inside any run's checkpoints, and,
+    when `new_folder_for` names what goes there (e.g. 'the Hugging Face files'), not a run's MODEL_DIR."""
+    writable_dir(name, path)
+    outside_checkpoints(name, path)
+    if new_folder_for and os.path.isdir(path) and _is_run(path):
+        raise UserError(f"{name}={path} is a training run's MODEL_DIR: {new_folder_for} would mix with the run's "
+                        f"files; give a new directory, e.g. {name}={os.path.join(path, 'hf')}")
+    return path
+
+
+def outside_checkpoints(name: str, path: str, *, value: str | None = None) -> str:
+    """Refuse `path` (a file or folder to write) inside a run's checkpoints folder or one of its steps: a
+    reader then finds the checkpoint damaged (or holding files that are not its own)."""
+    value = path if value is None else value
+    ancestor = os.path.realpath(path)
+    while True:
+        checkpoints_dir = ancestor if _is_checkpoints(ancestor) else \
+            os.path.dirname(ancestor) if _is_step(ancestor) else None
+        if checkpoints_dir:
+            run = os.path.dirname(checkpoints_dir)
+            base = os.path.basename(os.path.normpath(path))
+            base = f"export_{base}" if base == CHECKPOINT_SUBDIR or base.isdigit() else base
+            raise UserError(f"{name}={value} is inside {checkpoints_dir}, the checkpoints of the run in {run}: "
+                            "writing there changes a checkpoint that every reader verifies; write outside it, "
+                            f"e.g. {name}={os.path.join(run, base)}")
+        parent = os.path.dirname(ancestor)
+        if parent == ancestor:
+            return path
+        ancestor = parent
+
+
+def _is_step(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, STEP_MARKER))
+
+
+def _is_checkpoints(directory: str) -> bool:
+    if os.path.basename(directory) != CHECKPOINT_SUBDIR or not os.path.isdir(directory):
+        return False
+    try:
+        return any(_is_step(entry.path) for entry in os.scandir(directory) if entry.is_dir())
+    except OSError:
+        return False
+
+
+def _is_run(directory: str) -> bool:
+    return _is_checkpoints(os.path.join(directory, CHECKPOINT_SUBDIR)) or \
+        any(os.path.exists(os.path.join(directory, marker)) for marker in RUN_MARKERS)
+
+
+def _make_dirs(name: str, directory: str, value: str) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{name}={value}: cannot create {directory} ({e.strerror}); give a writable path.") from None
 
 
 def _nearest_existing(name: str, start: str, value: str) -> str:

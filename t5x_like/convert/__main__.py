@@ -56,13 +56,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad values and unwritable outputs before converting anything."""
     if args.command == "to-hf":
-        validate.writable_dir("DST", args.dst)
+        validate.output_dir("DST", args.dst, new_folder_for="the Hugging Face files")
     elif args.command == "to-torch":
-        validate.writable_file("FILE", args.file)
+        validate.output_file("FILE", args.file)
     else:
         validate.non_negative_int("--step", args.step)
         validate.positive_int("--vocab_pad_multiple", args.vocab_pad_multiple)
-        validate.writable_dir("DST", args.dst)
+        validate.output_dir("DST", args.dst)
         refuse_existing_checkpoints(args.dst)
 
 

@@ -13,6 +13,7 @@ Bad input raises `InputError` naming the file (and line), the value and the fix.
 from __future__ import annotations
 
 import codecs
+import collections
 import glob
 import gzip
 import io
@@ -32,6 +33,7 @@ FORMATS = ["auto", "text", "jsonl", "json_array", "wikiextractor", "wikitext"]
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 _WIKIEXTRACTOR_NAME = re.compile(r"^wiki_\d+$")
 _CHUNK = 1 << 20
+BOM = "\ufeff"
 
 
 class InputError(UserError):
@@ -59,12 +61,27 @@ def _files_under(path: str) -> list[str]:
 
 
 def read_documents(paths: Sequence[str], fmt: str = "auto", json_keys: Sequence[str] = ("text",),
-                   decode_errors: str = "strict") -> Iterator[str]:
-    """Yields the non-empty documents of `paths` in order; a file without any is an error."""
+                   decode_errors: str = "strict", stats: collections.Counter | None = None) -> Iterator[str]:
+    """Yields the non-empty documents of `paths` in order; a file without any is an error.
+
+    A UTF-8 byte-order mark (U+FEFF) opening a file or a document is dropped, as `utf-8-sig` readers drop
+    it; `stats` (when given) counts them ('bom'), the NUL characters the documents keep ('nul', in
+    'nul_documents'; 'nul_first': the first file holding one)."""
+    stats = collections.Counter() if stats is None else stats
     for path in paths:
         reader = _READERS[detect_format(path) if fmt == "auto" else fmt]
+        with _open_decompressed(path) as f:
+            stats["bom"] += _starts_with_bom(f)
         count = 0
         for document in reader(path, json_keys, decode_errors):
+            if document.startswith(BOM):
+                document = document[1:]
+                stats["bom"] += 1
+            nul = document.count("\0")
+            if nul:
+                stats["nul"] += nul
+                stats["nul_documents"] += 1
+                stats.setdefault("nul_first", path)
             if document:
                 count += 1
                 yield document
@@ -97,13 +114,24 @@ def _strip_compression(name: str) -> str:
 
 
 def open_binary(path: str) -> BinaryIO:
-    """The file's bytes, decompressed when it ends in .gz or .zst."""
+    """The file's bytes, decompressed when it ends in .gz or .zst, without a leading UTF-8 byte-order mark."""
+    f = _open_decompressed(path)
+    if _starts_with_bom(f):
+        f.read(len(codecs.BOM_UTF8))
+    return f
+
+
+def _open_decompressed(path: str) -> BinaryIO:
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.endswith(".zst"):
         decompressor = zstandard.ZstdDecompressor(max_window_size=1 << 31)  # files made with zstd --long
         return io.BufferedReader(decompressor.stream_reader(open(path, "rb"), read_across_frames=True))
     return open(path, "rb")
+
+
+def _starts_with_bom(f) -> bool:
+    return f.peek(len(codecs.BOM_UTF8))[:len(codecs.BOM_UTF8)] == codecs.BOM_UTF8
 
 
 def _decode(data: bytes, path: str, line: int, errors: str) -> str:

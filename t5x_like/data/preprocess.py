@@ -91,14 +91,15 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                decode_errors: str = "strict", progress: bool = False) -> dict:
     """Tokenizes `inputs` into the token file `output_prefix`; returns its metadata plus timing."""
     validate.positive_int("--workers", workers)
-    validate.writable_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
+    validate.output_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
     paths = formats.expand_inputs(inputs)
     tokenizer = validate.tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
     metadata = {"tokenizer": {"path": tokenizer_path, "sha256": tokenizer.sha256,
                               "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id},
                 "append_eod": append_eod, "sources": paths}
-    documents = formats.read_documents(paths, fmt, json_keys, decode_errors)
+    stats = collections.Counter()
+    documents = formats.read_documents(paths, fmt, json_keys, decode_errors, stats)
     start = time.perf_counter()
     with VocabularyCheckedWriter(output_prefix, dtype, metadata, tokenizer) as writer, \
             tqdm.tqdm(unit=" docs", disable=not progress, smoothing=0.1) as bar:
@@ -109,7 +110,22 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                                 refresh=False)
     seconds = time.perf_counter() - start
     return {"num_documents": writer.num_documents, "num_tokens": writer.num_tokens, "seconds": seconds,
-            "dtype": dtype.name, "files": len(paths), "max_id": writer.max_id, "vocab_size": tokenizer.vocab_size}
+            "dtype": dtype.name, "files": len(paths), "max_id": writer.max_id, "vocab_size": tokenizer.vocab_size,
+            "byte_order_marks": stats["bom"], "nul_characters": stats["nul"],
+            "nul_documents": stats["nul_documents"], "nul_first_file": stats.get("nul_first")}
+
+
+def unusual_characters(summary: dict) -> list[str]:
+    """Lines for the summary about what the corpus held that users rarely mean to train on."""
+    lines = []
+    if summary["byte_order_marks"]:
+        lines.append(f"note: {summary['byte_order_marks']:,} UTF-8 byte-order marks (U+FEFF) opening files or "
+                     "documents were dropped, as utf-8-sig readers drop them")
+    if summary["nul_characters"]:
+        lines.append(f"warning: {summary['nul_characters']:,} NUL characters (U+0000) in "
+                     f"{summary['nul_documents']:,} documents (first in {summary['nul_first_file']}) were tokenized "
+                     "as text; a binary or UTF-16 file among the inputs? Remove them from the corpus if unintended")
+    return lines
 
 
 @exit_on_user_error
@@ -124,6 +140,8 @@ def main(argv: list[str]) -> None:
           f"{summary['vocab_size']:,}-id vocabulary) from {summary['files']} files in "
           f"{seconds:.1f}s: {summary['num_documents'] / seconds:,.0f} documents/s, "
           f"{summary['num_tokens'] / seconds:,.0f} tokens/s")
+    for line in unusual_characters(summary):
+        print(line)
 
 
 def define_flags() -> None:

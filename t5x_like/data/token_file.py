@@ -44,10 +44,63 @@ class TokenFileError(UserError):
     """A token file that is missing, truncated or inconsistent; the message names the file and the fix."""
 
 
+class MappedTokens:
+    """The ids of `P.bin`, memory-mapped; indexing returns a copy, read after checking that the file still holds
+    every id it held when opened. A mapped file cut short while it is read (rewritten in place, truncated)
+    would otherwise kill the process with SIGBUS, naming nothing, at the first read past its new end."""
+
+    def __init__(self, path: str, dtype: np.dtype, count: int):
+        self.path, self.dtype, self.shape = path, np.dtype(dtype), (count,)
+        self._bytes = count * self.dtype.itemsize
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_RDONLY)  # the inode mapped: a file replaced by rename stays readable
+        self._array = np.memmap(self.path, self.dtype, mode="r", shape=self.shape) if self._bytes else \
+            np.zeros(0, self.dtype)
+
+    def check(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if size < self._bytes:
+            raise TokenFileError(f"{self.path}: now {size} bytes, {self._bytes} when opened: the file was cut short "
+                                 "while being read (rewritten in place or truncated); restore it, or write a new "
+                                 "token file under another prefix, then resume from the last checkpoint")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        self.check()
+        return np.array(self._array[key])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self[:] if dtype is None else self[:].astype(dtype)
+
+    def max(self, initial=None, chunk: int = 1 << 24):
+        """The largest id (read a chunk at a time)."""
+        best = initial
+        for start in range(0, len(self), chunk):
+            value = self[start:start + chunk].max()
+            best = value if best is None else max(best, value)
+        return best
+
+    def __getstate__(self) -> dict:  # grain's worker processes: map the file again there
+        return {"path": self.path, "dtype": self.dtype, "shape": self.shape, "_bytes": self._bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._open()
+        self.check()
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
 class TokenFile:
     """A memory-mapped token file: documents are `tokens[offsets[i]:offsets[i+1]]`."""
 
-    def __init__(self, prefix: str, tokens: np.ndarray, offsets: np.ndarray, metadata: dict | None):
+    def __init__(self, prefix: str, tokens: MappedTokens, offsets: np.ndarray, metadata: dict | None):
         self.prefix = prefix
         self.tokens = tokens
         self.offsets = offsets
@@ -85,8 +138,7 @@ def open_token_file(prefix: str | os.PathLike) -> TokenFile:
                              f"({offsets[-1]} {dtype.name} tokens); the file is truncated or from another "
                              "run: re-run preprocess")
     metadata = _read_metadata(json_path, dtype, len(sizes), int(offsets[-1])) if os.path.exists(json_path) else None
-    tokens = np.memmap(bin_path, dtype=dtype, mode="r") if expected_bytes else np.zeros(0, dtype)
-    return TokenFile(prefix, tokens, offsets, metadata)
+    return TokenFile(prefix, MappedTokens(bin_path, dtype, int(offsets[-1])), offsets, metadata)
 
 
 def _read_index(idx_path: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:

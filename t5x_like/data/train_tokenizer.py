@@ -25,7 +25,7 @@ from pathlib import Path
 
 import sentencepiece
 import tokenizers
-from absl import app, flags
+from absl import app, flags, logging
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from t5x_like.data import formats
@@ -36,6 +36,7 @@ from t5x_like.errors import UserError, exit_on_user_error
 
 FLAGS = flags.FLAGS
 SENTENCEPIECE_MAX_LINES = 10_000_000  # sentencepiece holds its training lines in memory
+SENTENCEPIECE_MAX_BYTES = 4192  # sentencepiece's max_sentence_length: it skips longer lines (all: an INTERNAL error)
 
 
 def train_byte_level_bpe(texts: Iterable[str], vocab_size: int) -> tokenizers.Tokenizer:
@@ -62,14 +63,15 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str, spec
     trained on the texts' non-empty lines (a sample of SENTENCEPIECE_MAX_LINES of them when there are more)."""
     if not output.endswith(".model"):
         raise UserError(f"--output={output}: a sentencepiece model path must end in .model")
-    lines = (line for text in texts for line in text.splitlines() if line.strip())
+    split = [0]
+    lines = bounded_lines(texts, SENTENCEPIECE_MAX_BYTES, split)
     with tempfile.TemporaryDirectory(dir=Path(output).parent) as tmp:
         try:
             sentencepiece.SentencePieceTrainer.train(
                 sentence_iterator=lines, model_prefix=os.path.join(tmp, "model"), vocab_size=vocab_size,
                 model_type="unigram", byte_fallback=True, user_defined_symbols=list(user_symbols),
                 input_sentence_size=SENTENCEPIECE_MAX_LINES, shuffle_input_sentence=True, minloglevel=1,
-                **special_ids)
+                max_sentence_length=SENTENCEPIECE_MAX_BYTES, **special_ids)
         except RuntimeError as e:
             smallest = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", str(e))
             if smallest:
@@ -82,6 +84,34 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, output: str, spec
             raise UserError(f"--vocab_size={vocab_size}: this corpus yields at most {largest[1]} sentencepiece ids; "
                             f"pass --vocab_size={largest[1]} or less, or train on more text.") from None
         os.replace(os.path.join(tmp, "model.model"), output)
+    if split[0]:
+        logging.warning("%d lines longer than %d bytes (sentencepiece's limit) were cut into pieces at spaces to "
+                        "train on", split[0], SENTENCEPIECE_MAX_BYTES)
+
+
+def bounded_lines(texts: Iterable[str], max_bytes: int, split: list[int]) -> Iterator[str]:
+    """The texts' non-empty lines, each of at most `max_bytes` UTF-8 bytes: a longer line is cut at its last
+    space before the limit (inside a character-only run, between characters); split[0] counts cut lines."""
+    for text in texts:
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if len(line) * 4 <= max_bytes or len(line.encode()) <= max_bytes:
+                yield line
+                continue
+            split[0] += 1
+            data, start = line.encode(), 0
+            while start < len(data):
+                end = min(start + max_bytes, len(data))
+                if end < len(data):
+                    space = data.rfind(b" ", start + 1, end)
+                    end = space if space > start else end
+                    while end > start and data[end] & 0xC0 == 0x80:  # not inside a character's bytes
+                        end -= 1
+                piece = data[start:end].decode().strip()
+                if piece:
+                    yield piece
+                start = end
 
 
 def cpm_segmented(texts: Iterable[str]) -> Iterator[str]:
@@ -165,10 +195,9 @@ def main(argv: list[str]) -> None:
     del argv
     validate.positive_int("--vocab_size", FLAGS.vocab_size)
     validate.positive_int("--min_count", FLAGS.min_count)
-    validate.writable_file("--output", FLAGS.output)
+    validate.output_file("--output", FLAGS.output)
     texts = formats.read_documents(formats.expand_inputs(FLAGS.input), FLAGS.format, FLAGS.json_keys,
                                    FLAGS.decode_errors)
-    Path(FLAGS.output).parent.mkdir(parents=True, exist_ok=True)
     size = train(texts, FLAGS.type, FLAGS.vocab_size, FLAGS.output, min_count=FLAGS.min_count,
                  lowercase=FLAGS.lowercase)
     print(f"wrote {FLAGS.output}: {FLAGS.type}, {size} ids")

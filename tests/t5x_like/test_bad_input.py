@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.conftest import cpu_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPT2_BPE = os.path.join(os.path.dirname(REPO), "shared", "data", "gpt2-bpe")
 
@@ -336,6 +338,40 @@ CASES = [
                              "--vocab_size=300"], "{binary}", writes=["{tmp}/t.model"]),
     case("train_tokenizer", ["--input={text}", "--output={tmp}/v.txt", "--type=char", "--min_count=0"],
          "--min_count=0", writes=["{tmp}/v.txt"]),
+    # issue 29: mistakes inside gin files name file:line and the fix, as --gin. flags do
+    case("train", ["--gin_file={gin_open_paren}", *QUICK[1:]], "{gin_open_paren}:3: `(` is never closed"),
+    case("train", ["--gin_file={gin_open_brace}", *QUICK[1:]], "{gin_open_brace}:2: `{{` is never closed"),
+    case("train", ["--gin_file={gin_includ}", *QUICK[1:]], "{gin_includ}:1: "),
+    case("train", ["--gin_file={gin_unknown}", *QUICK[1:]],
+         "{gin_unknown}:2: Configurable 'train' doesn't have a parameter named 'bogus'"),
+    case("train", ["--gin_file={gin_latin1}", *QUICK[1:]], "{gin_latin1}:2: byte 0xe9 is not UTF-8"),
+    case("train", ["--gin_file={gin_bad_include}", *QUICK[1:]], "{gin_bad_include}:1: include 'nothere.gin'"),
+    case("train", ["--gin_file={gin_dir}", *QUICK[1:]], "--gin_file={gin_dir}: {gin_dir} is a directory"),
+    case("train", ["--gin_file={gin_dir}/nothere.gin", *QUICK[1:]], "--gin_file={gin_dir}/nothere.gin: no gin file"),
+    case("train", ["--gin_file=quikstart.gin", *QUICK[1:]], "did you mean quickstart.gin?"),
+    case("compile", ["--gin_file={gin_open_brace}"], "{gin_open_brace}:2: `{{` is never closed"),
+    # issue 29: no output inside a run's checkpoints (`run` is a copy of the good run)
+    case("convert", ["to-torch", "{good}", "{run}/checkpoints/2/params/_METADATA"],
+         "FILE={run}/checkpoints/2/params/_METADATA is inside {run}/checkpoints"),
+    case("convert", ["to-hf", "{good}", "{run}"], "DST={run} is a training run's MODEL_DIR",
+         writes=["{run}/config.json", "{run}/model.safetensors"]),
+    case("convert", ["to-hf", "{good}", "{run}/checkpoints/2"], "DST={run}/checkpoints/2 is inside {run}/checkpoints",
+         writes=["{run}/checkpoints/2/config.json"]),
+    case("convert", ["from-hf", "{hf}", "{run}/checkpoints/imported"], "is inside {run}/checkpoints",
+         writes=["{run}/checkpoints/imported"]),
+    case("generate", GEN + ["--output={run}/checkpoints/out.jsonl"], "--output={run}/checkpoints/out.jsonl is inside",
+         writes=["{run}/checkpoints/out.jsonl"]),
+    case("eval", EVAL + ["--output={run}/checkpoints/2/eval.json"], "is inside {run}/checkpoints",
+         writes=["{run}/checkpoints/2/eval.json"]),
+    case("plot", ["{good}", "--output={run}/checkpoints/1/p.png"], "is inside {run}/checkpoints",
+         writes=["{run}/checkpoints/1/p.png"]),
+    case("compile", ["--gin_file=quickstart.gin", "--output={run}/checkpoints/report.json"], "is inside",
+         writes=["{run}/checkpoints/report.json"]),
+    case("preprocess", ["--input={text}", "--output_prefix={run}/checkpoints/2/tok", "--tokenizer={tok}",
+                        "--workers=1"], "--output_prefix={run}/checkpoints/2/tok is inside",
+         writes=["{run}/checkpoints/2/tok.bin"]),
+    case("train_tokenizer", ["--input={text}", "--output={run}/checkpoints/t.json"],
+         "--output={run}/checkpoints/t.json is inside", writes=["{run}/checkpoints/t.json"]),
 ]
 
 
@@ -346,6 +382,8 @@ def placeholders(runs: dict, tmp: str) -> dict:
     hf_dir = lambda name, config=None, truncate=False: _hf_variant(runs["hf"], os.path.join(tmp, name), config,
                                                                    truncate)
     good_copy = os.path.join(tmp, "good_copy")
+    if not os.path.isdir(good_copy):
+        shutil.copytree(runs["good"], good_copy)
     return dict(
         tmp=tmp, good=runs["good"], tokens=runs["tokens"], other_tokens=runs["other_tokens"], hf=runs["hf"],
         tok=GPT2_BPE, afile=write("afile", b"a file\n"), binary=write("binary.txt", bytes(range(256)) * 64),
@@ -356,8 +394,30 @@ def placeholders(runs: dict, tmp: str) -> dict:
         text=write("corpus.txt", b"some text to tokenize\n" * 20),
         hf_list=hf_dir("hf_list", config=[1, 2]), hf_fields=hf_dir("hf_fields", config={"model_type": "gpt2"}),
         hf_truncated=hf_dir("hf_truncated", truncate=True),
-        good_copy=good_copy if os.path.isdir(good_copy) else shutil.copytree(runs["good"], good_copy),
+        good_copy=good_copy, run=good_copy,
+        **gin_files(tmp),
     )
+
+
+GIN_FILES = {  # issue 29: mistakes inside gin files (each includes the quickstart run file first)
+    "gin_open_paren": b"include 'quickstart.gin'\n\nTRAIN_STEPS = (3\n",
+    "gin_open_brace": b"include 'quickstart.gin'\nmodel_config.overrides = {'num_layers': 1,\n  'embed_dim': 32\n",
+    "gin_includ": b"includ 'quickstart.gin'\n",
+    "gin_unknown": b"include 'quickstart.gin'\ntrain.bogus = 3\n",
+    "gin_latin1": b"include 'quickstart.gin'\n# caf\xe9\nTRAIN_STEPS = 3\n",
+    "gin_bad_include": b"include 'nothere.gin'\n",
+}
+
+
+def gin_files(tmp: str) -> dict:
+    """{name: path} of the GIN_FILES written under tmp/gin/, and gin_dir: that folder."""
+    os.makedirs(os.path.join(tmp, "gin"), exist_ok=True)
+    paths = {}
+    for name, text in GIN_FILES.items():
+        paths[name] = os.path.join(tmp, "gin", name + ".gin")
+        with open(paths[name], "wb") as f:
+            f.write(text)
+    return {**paths, "gin_dir": os.path.join(tmp, "gin")}
 
 
 def _hf_variant(source: str, path: str, config, truncate: bool) -> str:
@@ -409,7 +469,245 @@ def test_bad_inputs_of_the_data_tools_are_one_error_line(runs, tmp_path, cli):
         check_case(*c.values, outcome, line, values)
 
 
-if __name__ == "__main__":  # the subprocess of test_bad_inputs_of_the_data_tools_are_one_error_line
+# ---------------------------------------------------------------- issue 29: outputs, warnings, native faults
+
+
+def test_a_refused_output_leaves_the_checkpoint_as_it_was(runs, tmp_path):
+    """`convert to-torch RUN RUN/checkpoints/2/params/_METADATA` wrote over a file of the checkpoint; now refused,
+    the step still verifies (every file's checksum) and reads."""
+    from t5x_like import checkpoints
+
+    values = placeholders(runs, str(tmp_path))
+    step = os.path.join(values["run"], "checkpoints", "2")
+    for argv in (["to-torch", values["good"], os.path.join(step, "params", "_METADATA")],
+                 ["to-hf", values["good"], step], ["to-hf", values["good"], values["run"]]):
+        assert judge("convert", argv)[0] == "clear"
+    assert checkpoints.verify_manifest(step)
+    assert judge("convert", ["to-torch", values["run"], str(tmp_path / "state.pt")])[0] == "silent"
+
+
+def test_outputs_go_into_new_folders_made_before_the_work(runs, tmp_path):
+    """generate / eval / plot / to-torch --output=NEWDIR/x: the folder is made first (they did all the work, then
+    died on FileNotFoundError)."""
+    good, tokens = runs["good"], runs["tokens"]
+    for cli, argv, out in (
+            ("generate", [f"--checkpoint={good}", "--prompt=hi", "--max_new_tokens=2"], "new/a/out.jsonl"),
+            ("eval", [f"--checkpoint={good}", "--task=tokens", f"--data={tokens}", "--seq_len=16"], "new/b/eval.json"),
+            ("plot", [good], "new/c/plot.png"),
+            ("convert", ["to-torch", good], "new/d/state.pt")):
+        path = str(tmp_path / out)
+        outcome, line = judge(cli, argv + ([path] if cli == "convert" else [f"--output={path}"]))
+        assert outcome == "silent" and os.path.getsize(path) > 0, (cli, outcome, line)
+
+
+def test_learning_rate_zero_is_warned(tmp_path, caplog):
+    outcome, line = judge("train", [a.format(tmp=tmp_path) for a in QUICK] + ["--gin.LEARNING_RATE=0.0"])
+    assert outcome == "silent", line
+    assert [r.getMessage() for r in caplog.records if "LEARNING_RATE=0" in r.getMessage()] == [
+        "LEARNING_RATE=0: every update is zero, so training leaves the parameters as they start (weight decay too); "
+        "set a positive LEARNING_RATE, e.g. --gin.LEARNING_RATE=3e-4"]
+
+
+def test_a_prompt_cut_to_the_context_is_warned(runs, tmp_path, caplog):
+    """The checkpoint's max_len is 32: with --max_new_tokens=4 a prompt keeps its last 28 tokens, saying so."""
+    from t5x_like.data.tokenizer import load_tokenizer
+
+    prompt = "the quick brown fox jumps over the lazy dog " * 5
+    length = len(load_tokenizer(GPT2_BPE).encode(prompt))
+    outcome, line = judge("generate", [f"--checkpoint={runs['good']}", f"--prompt={prompt}", "--prompt=short",
+                                       "--max_new_tokens=4", "--temperature=0", f"--output={tmp_path}/out.jsonl"])
+    assert outcome == "silent", line
+    warnings = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert warnings == [f"prompt 1 is {length} tokens but the model's max_len 32 less --max_new_tokens=4 leaves room "
+                        f"for 28: its first {length - 28} tokens are dropped; shorten it or lower --max_new_tokens"]
+
+
+def run_module(module: str, argv: list[str], cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+
+
+def test_preprocess_counts_nul_characters_and_drops_byte_order_marks(tmp_path):
+    """A BOM opening a file (or a JSON document) is dropped as utf-8-sig readers drop it; NULs are kept and
+    counted; both are reported in the summary (they went into the tokens without a word)."""
+    from t5x_like.data import open_token_file
+    from t5x_like.data.tokenizer import load_tokenizer
+
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello world\x00 and more\n")
+    (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "\\ufeffjson doc"}\n{"text": "x\\u0000y\\u0000"}\n')
+    done = run_module("t5x_like.data.preprocess", ["--input=a.txt,b.jsonl", "--output_prefix=out/tok",
+                                                   f"--tokenizer={GPT2_BPE}", "--workers=1"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == [
+        "note: 3 UTF-8 byte-order marks (U+FEFF) opening files or documents were dropped, as utf-8-sig readers "
+        "drop them",
+        "warning: 3 NUL characters (U+0000) in 2 documents (first in a.txt) were tokenized as text; a binary or "
+        "UTF-16 file among the inputs? Remove them from the corpus if unintended"]
+    tokenizer, file = load_tokenizer(GPT2_BPE), open_token_file(tmp_path / "out" / "tok")
+    texts = [tokenizer.decode(file.document(i)[:-1].tolist()) for i in range(file.num_documents)]
+    assert texts == ["hello world\x00 and more\n", "json doc", "x\x00y\x00"]
+
+
+def test_sentencepiece_trains_on_a_line_longer_than_its_limit(tmp_path):
+    """One 1 MB line (sentencepiece skips lines over 4192 bytes, so it had no sentence left: an INTERNAL error) is
+    cut at spaces into lines it takes, saying so."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 7))) for _ in range(200)]
+    (tmp_path / "long.txt").write_text(" ".join(rng.choice(words, size=200_000)) + "\n")
+    done = run_module("t5x_like.data.train_tokenizer", ["--input=long.txt", "--type=sentencepiece",
+                                                        "--output=tok/sp.model", "--vocab_size=300"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 lines longer than 4192 bytes (sentencepiece's limit) were cut into pieces at spaces" in done.stderr
+    from t5x_like.data.tokenizer import load_tokenizer
+    assert load_tokenizer(str(tmp_path / "tok" / "sp.model")).vocab_size == 300
+
+
+def test_a_token_file_cut_short_while_training_reads_it_is_named(tmp_path):
+    """A mapped file truncated under a reader was a SIGBUS naming nothing; now the next read names it. The
+    batches come from the loader training uses (make_source), and its grain worker processes map it anew."""
+    import pickle
+
+    from t5x_like.data import make_source, open_token_file
+    from t5x_like.data.token_file import TokenFileError, TokenFileWriter
+
+    prefix = str(tmp_path / "tok")
+    made_with = {"path": "t", "sha256": "0" * 64, "vocab_size": 1000, "eod_id": 0}
+    with TokenFileWriter(prefix, np.uint16, {"tokenizer": made_with}) as writer:
+        writer.write(np.arange(100_000, dtype=np.uint16) % 1000, np.full(50, 2000))
+    source = make_source("train", batch_size=4, feature_lengths={"targets": 32}, seed=0, shard_index=0,
+                         shard_count=1, data_path=prefix, data_split="1,0,0")
+    try:
+        next(source)
+        os.truncate(prefix + ".bin", 1000)
+        with pytest.raises(TokenFileError, match=f"{prefix}.bin: now 1000 bytes, 200000 when opened: the file was "
+                                                 "cut short while being read"):
+            for _ in range(100):
+                next(source)
+    finally:
+        source.close()
+    with pytest.raises(TokenFileError, match=f"{prefix}.bin: 1000 bytes but {prefix}.idx describes 200000"):
+        open_token_file(prefix)
+    os.truncate(prefix + ".bin", 200_000)
+    tokens = open_token_file(prefix).tokens
+    assert pickle.loads(pickle.dumps(tokens))[5:8].tolist() == [5, 6, 7]
+
+
+# ---------------------------------------------------------------- issue 29: storage faults while training
+
+TINY = ["--gin_file=quickstart.gin", "--gin.MODEL_DIR='run'", "--gin.BATCH_SIZE=2", "--gin.SEQ_LEN=16",
+        "--gin.TRAIN_STEPS=6", "--gin.WARMUP_STEPS=1", "--gin.CHECKPOINT_EVERY=2", "--gin.EVAL_EVERY=0",
+        "--gin.model_config.overrides={'num_layers': 1, 'embed_dim': 32, 'num_heads': 2, 'mlp_dim': 64}"]
+FILE_SIZE_LIMIT = 64 << 10  # bytes: metrics.jsonl and the TensorBoard file stay below; a checkpoint's data does not
+
+
+def train_with_fault(fault: str, cwd) -> subprocess.CompletedProcess:
+    """`python -m t5x_like.train TINY` in `cwd` with a storage fault injected in the process (see __main__)."""
+    return subprocess.run([sys.executable, __file__, "train_with_fault", fault, json.dumps(TINY)], cwd=cwd,
+                          capture_output=True, text=True, timeout=600,
+                          env={**cpu_env(1), "PYTHONPATH": REPO})
+
+
+def inject(fault: str) -> None:
+    """Storage faults, as a real run meets them: 'full_at_start' (every write past a byte fails from the start),
+    'full_after_first_checkpoint' (past FILE_SIZE_LIMIT bytes, once step 2 is committed: the next save fails in
+    tensorstore's native writers), 'checkpoints_removed' (checkpoints/ deleted while step 4's save is in flight).
+    The size limit is RLIMIT_FSIZE (EFBIG, "File too large"), standing in for a full disk (ENOSPC), which needs
+    a mounted filesystem of limited size: both fail the same writes with an errno."""
+    import resource
+    from t5x_like import checkpoints
+
+    if fault == "full_at_start":
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))
+    elif fault == "full_after_first_checkpoint":
+        finalise = checkpoints.Checkpointer._on_finalise
+
+        def _on_finalise(self):
+            finalise(self)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+        checkpoints.Checkpointer._on_finalise = _on_finalise
+    else:
+        save = checkpoints.Checkpointer.save
+
+        def save_then_remove(self, step, **items):
+            save(self, step, **items)
+            if step == 4:
+                shutil.rmtree(self.directory, ignore_errors=True)
+        checkpoints.Checkpointer.save = save_then_remove
+
+
+def last_line(stderr: str) -> str:
+    return [line for line in stderr.splitlines() if line.strip()][-1]
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("full_at_start", ["error: cannot write run/run.lock: File too large; there is no checkpoint ({cwd}/run/"
+                       "checkpoints does not exist). To go on, allow larger files (a file size limit was reached), "
+                       "then run the same command again: it starts the run from step 0."]),
+    ("full_after_first_checkpoint", ["error: the checkpoint of step 4 could not be written in {cwd}/run/checkpoints: "
+                                     "File too large; the last good checkpoint is {cwd}/run/checkpoints/2 (every file "
+                                     "present at its recorded size). To go on, allow larger files"]),
+    ("checkpoints_removed", ["error: ", "{cwd}/run/checkpoints", "To go on, a folder was removed while the run wrote "
+                             "into it: keep MODEL_DIR in place"]),
+])
+def test_a_storage_fault_while_training_is_one_line(tmp_path, fault, expected):
+    """A full disk at start or mid-run, or checkpoints/ removed during an async save: one line naming the path and
+    the fix (no orbax or tensorstore traceback), the last good checkpoint intact (every checksum)."""
+    from t5x_like import checkpoints
+
+    done = train_with_fault(fault, tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = last_line(done.stderr)
+    assert line.startswith(expected[0].format(cwd=tmp_path)), done.stderr[-3000:]
+    assert all(part.format(cwd=tmp_path) in line for part in expected), line
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
+    if fault == "full_after_first_checkpoint":
+        assert checkpoints.verify_manifest(str(tmp_path / "run" / "checkpoints" / "2"))
+    if fault == "full_at_start":
+        assert not os.path.exists(tmp_path / "run")
+
+
+def test_storage_faults_are_read_from_what_orbax_and_tensorstore_raise(runs, tmp_path):
+    """The errors a full disk, a removed folder and a read-only folder raised in real runs (tensorstore's status
+    text, a Python OSError) give the path and the fix; a damaged newest step is passed over."""
+    from t5x_like import storage
+
+    step = "/r/checkpoints/4.orbax-checkpoint-tmp/params.orbax-checkpoint-tmp/ocdbt.process_0"
+    full = ValueError(f'RESOURCE_EXHAUSTED: Error writing "b/0.0" in OCDBT database at local file "{step}/": Failed '
+                      f'writing: "{step}/d/3a": Failed to write 954368 bytes to file 11: No space left on device '
+                      "[os_error_code='28']")
+    removed = ValueError(f'NOT_FOUND: Error writing "b/0.0" in OCDBT database at local file "{step}/": Error reading '
+                         f'Byte range [0, 549) of local file "{step}/d/31"')
+    assert storage.fault(RuntimeError("wrapped")) is None
+    assert storage.fault(ValueError("NOT_FOUND: no such key")) is None
+    assert storage.fault(full) == (28, f"{step}/d/3a", "No space left on device")
+    try:
+        raise RuntimeError("a save failed") from removed
+    except RuntimeError as e:
+        assert storage.fault(e) == (2, f"{step}/d/31", "No such file or directory")
+    gone = ValueError("No ArrayMetadata found for process_index=0 in the checkpoint directory: /r/checkpoints/"
+                      "4.orbax-checkpoint-tmp/train_state.orbax-checkpoint-tmp. But input PyTree ...")
+    assert storage.fault(gone) is None and storage.aftermath(gone)  # orbax's own error when the files vanished
+    denied = PermissionError(13, "Permission denied", "/r/metrics.jsonl")
+    assert storage.message("/r", *storage.fault(denied)) == (
+        "cannot write /r/metrics.jsonl: Permission denied; there is no checkpoint (/r/checkpoints does not exist). "
+        "To go on, make it writable, then run the same command again: it starts the run from step 0.")
+    run = placeholders(runs, str(tmp_path))["run"]
+    data = max((os.path.join(r, f) for r, _, fs in os.walk(os.path.join(run, "checkpoints", "2")) for f in fs),
+               key=os.path.getsize)
+    os.truncate(data, 10)
+    assert storage.last_good_checkpoint(run) == (
+        f"the last good checkpoint is {run}/checkpoints/1 (every file present at its recorded size); step(s) [2] are "
+        f"damaged", f"{run}/checkpoints/1")
+
+
+if __name__ == "__main__" and sys.argv[1] == "train_with_fault":  # the subprocess of train_with_fault
+    from t5x_like import train
+    from t5x_like.errors import run_absl_app
+
+    inject(sys.argv[2])
+    sys.argv[1:] = json.loads(sys.argv[3])
+    run_absl_app(train.main, flags_parser=train.parse_flags)
+elif __name__ == "__main__":  # the subprocess of test_bad_inputs_of_the_data_tools_are_one_error_line
     tool = sys.argv[1]
     __import__(f"t5x_like.data.{tool}", fromlist=["define_flags"]).define_flags()
     print(json.dumps([judge(tool, argv) for argv in json.loads(sys.argv[2])]))
