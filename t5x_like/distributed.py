@@ -2,7 +2,9 @@
 
 `initialize()` works out who this process is, from (in order) explicit flags, the JAX_* environment
 variables, a SLURM `srun` step, or a Cloud TPU VM (jax's own cluster detection), and starts
-`jax.distributed` with bounded timeouts; with none of these it does nothing (one process).
+`jax.distributed` with bounded timeouts; with none of these it does nothing (one process). A process
+that waits longer than `--initialization_timeout_seconds` for the others exits with one line naming
+who is missing; once connected, t5x_like.agreement watches the others (`--heartbeat_timeout_seconds`).
 `is_primary()` says whether this process writes metrics, TensorBoard and the config.
 """
 from __future__ import annotations
@@ -12,15 +14,21 @@ import glob
 import importlib.util
 import os
 import re
+import sys
+import threading
 from collections.abc import Mapping
 
 import jax
 from absl import logging
 
+from t5x_like import agreement, validate
+
 # jax's SLURM convention: a port derived from the job id, in the top 4096 ports, unless
 # JAX_COORDINATOR_PORT says otherwise; every task of the step computes the same one.
 _SLURM_PORT_BASE = 65536 - 4096
 HEARTBEAT_TIMEOUT_SECONDS = 100
+INITIALIZATION_TIMEOUT_SECONDS = 300
+BACKSTOP_S = 30  # jax's own connection timeout comes this much after ours (it aborts with a C++ stack dump)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +46,7 @@ class ClusterSpec:
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, initialization_timeout: int = 300,
+               process_id: int | None = None, *, initialization_timeout: int = INITIALIZATION_TIMEOUT_SECONDS,
                heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_SECONDS) -> None:
     """Starts jax.distributed for this process, or does nothing for a single-process run.
 
@@ -49,10 +57,13 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       coordinator_address: 'host:port' of process 0's coordination service.
       num_processes: total number of processes in the job.
       process_id: this process's index, 0 <= process_id < num_processes.
-      initialization_timeout: seconds to wait for every process to connect before failing.
+      initialization_timeout: seconds to wait for every process to connect; then this process exits
+        with one line naming the missing process and --initialization_timeout_seconds.
       heartbeat_timeout_seconds: seconds without a heartbeat after which a process is declared dead
-        and the coordination service makes every other process exit with an error.
+        and every other process exits with one line naming it (t5x_like.agreement).
     """
+    validate.positive_int("--initialization_timeout_seconds", initialization_timeout)
+    validate.positive_int("--heartbeat_timeout_seconds", heartbeat_timeout_seconds)
     if jax.distributed.is_initialized():
         logging.info('distributed: already initialised (process %d of %d); nothing to do.',
                      jax.process_index(), jax.process_count())
@@ -64,19 +75,52 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     logging.info('distributed: %s -> coordinator=%s num_processes=%s process_id=%s local_device_ids=%s',
                  spec.source, spec.coordinator_address, spec.num_processes, spec.process_id,
                  spec.local_device_ids)
-    jax.distributed.initialize(
-        coordinator_address=spec.coordinator_address,
-        num_processes=spec.num_processes,
-        process_id=spec.process_id,
-        local_device_ids=list(spec.local_device_ids) if spec.local_device_ids is not None else None,
-        # Once we have resolved the job ourselves, stop jax from re-detecting SLURM, which would
-        # restrict every process to one GPU even when one process drives all GPUs of its node.
-        cluster_detection_method=None if spec.coordinator_address is None else 'deactivate',
-        initialization_timeout=initialization_timeout,
-        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-    )
+    deadline = threading.Timer(initialization_timeout, _not_connected, (spec, initialization_timeout))
+    deadline.daemon = True
+    deadline.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=spec.coordinator_address,
+            num_processes=spec.num_processes,
+            process_id=spec.process_id,
+            local_device_ids=list(spec.local_device_ids) if spec.local_device_ids is not None else None,
+            # Once we have resolved the job ourselves, stop jax from re-detecting SLURM, which would
+            # restrict every process to one GPU even when one process drives all GPUs of its node.
+            cluster_detection_method=None if spec.coordinator_address is None else 'deactivate',
+            # jax's own timeouts abort the process with a C++ stack dump: ours come first.
+            initialization_timeout=initialization_timeout + BACKSTOP_S,
+            heartbeat_timeout_seconds=agreement.jax_heartbeat_timeout(heartbeat_timeout_seconds),
+        )
+    finally:
+        deadline.cancel()
+    agreement.watch(heartbeat_timeout_seconds)
     logging.info('distributed: process %d of %d connected; %d local / %d global devices.',
                  jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def _not_connected(spec: ClusterSpec, timeout: int) -> None:
+    """The initialisation deadline passed: one line naming who did not connect, then exit 1 (jax's own
+    timeout, later, would abort with a C++ stack dump)."""
+    print(f"error: {not_connected_message(spec, timeout)}", file=sys.stderr, flush=True)
+    logging.flush()
+    os._exit(1)
+
+
+def not_connected_message(spec: ClusterSpec, timeout: int) -> str:
+    """Which process(es) did not connect within `timeout` s, as far as this process can tell."""
+    count, me = spec.num_processes, spec.process_id
+    where = f"the coordinator at {spec.coordinator_address}" if spec.coordinator_address else "the coordinator"
+    if me is None:
+        missing = "not every process of the TPU slice connected"
+    elif me == 0:
+        missing = "process 1 did not connect" if count == 2 else f"not all of processes 1-{count - 1} connected"
+    else:
+        missing = (f"process 0 ({where}) did not answer" if count == 2 else
+                   f"process 0 ({where}) or another of the {count} processes did not connect")
+    return (f"{'this process' if me is None else f'process {me}'}: {missing} within {timeout} s: a process did not "
+            f"start, or cannot reach {where}. Start every process with the same --coordinator_address and "
+            "--num_processes and a distinct --process_id, or raise --initialization_timeout_seconds "
+            f"(now {timeout}) if some start later.")
 
 
 def detect_cluster(coordinator_address: str | None, num_processes: int | None,

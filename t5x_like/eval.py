@@ -45,7 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioning import Partitioner
-from t5x_like import checkpoints, distributed, generate, inference, validate
+from t5x_like import agreement, checkpoints, distributed, generate, inference, validate
 from t5x_like.data import loader, objectives
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_START_ID,
@@ -553,6 +553,7 @@ def run_data_split(checkpoint: str) -> str:
                     "t5x_like.train run?); pass --data_split=TRAIN,VALIDATION,TEST as the run had it.")
 
 
+@agreement.stop_together  # several processes: one failing stops all, naming it
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inference.join_cluster(args)

@@ -63,6 +63,9 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process_id", type=int, default=None, help="multi-host: this process's index")
     parser.add_argument("--heartbeat_timeout_seconds", type=int, default=distributed.HEARTBEAT_TIMEOUT_SECONDS,
                         help="multi-host: a process silent this long is declared dead; the others exit")
+    parser.add_argument("--initialization_timeout_seconds", type=int,
+                        default=distributed.INITIALIZATION_TIMEOUT_SECONDS,
+                        help="multi-host: how long to wait for every process to connect; then exit naming the missing")
     parser.add_argument("--data_parallel", type=int, default=-1, help="mesh 'data' size (-1 = fill)")
     parser.add_argument("--fsdp_parallel", type=int, default=1, help="mesh 'fsdp' size")
     parser.add_argument("--tensor_parallel", type=int, default=1, help="mesh 'tensor' size")
@@ -79,6 +82,7 @@ def check_flags(args: argparse.Namespace) -> None:
     from partitioning import rules
 
     validate.positive_int("--heartbeat_timeout_seconds", args.heartbeat_timeout_seconds)
+    validate.positive_int("--initialization_timeout_seconds", args.initialization_timeout_seconds)
     if args.num_processes is not None:
         validate.positive_int("--num_processes", args.num_processes)
     if args.process_id is not None:
@@ -112,6 +116,7 @@ def join_cluster(args: argparse.Namespace) -> None:
     Every process then loads the model sharded over all processes' devices and computes the same
     results; only process 0 (distributed.is_primary) prints and writes files."""
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                           initialization_timeout=args.initialization_timeout_seconds,
                            heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
 
 

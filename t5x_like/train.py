@@ -27,8 +27,8 @@ from absl import flags, logging
 import configs
 import models
 from partitioning import make_mesh
-from t5x_like import (checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock, stopping, storage,
-                      trainer, validate)
+from t5x_like import (agreement, checkpoints, data, distributed, experiment, gin_cli, metrics, optim, run_lock,
+                      stopping, storage, trainer, validate)
 from t5x_like.data import loader
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import Experiment, build_experiment
@@ -46,6 +46,8 @@ flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
 flags.DEFINE_integer("heartbeat_timeout_seconds", distributed.HEARTBEAT_TIMEOUT_SECONDS,
                      "Multi-host: a process silent this long is declared dead and the others exit with an error.")
+flags.DEFINE_integer("initialization_timeout_seconds", distributed.INITIALIZATION_TIMEOUT_SECONDS,
+                     "Multi-host: how long processes wait for all of them to connect before exiting with an error.")
 flags.DEFINE_bool("print_config", False, "Print every effective setting (defaults included) and the model "
                   "(shape, parameter count), checked as training would, then exit without touching MODEL_DIR.")
 
@@ -121,6 +123,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         run.callback(ckpt.close)
         latest = ckpt.latest_step()
         if latest is not None and latest >= train_steps and ckpt.intact(latest):
+            agree_on_settings(latest)
             return finished_run(ckpt, latest, train_steps, model_dir)
         stored = ckpt.model_info() if latest is not None else (
             checkpoints.read_model_info(restore_from) if restore_from else None)
@@ -131,6 +134,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         eval_source = open_source(data_source, "validation", exp) if eval_every else None
         if eval_source is not None:
             run.callback(eval_source.close)
+        agree_on_settings(latest)  # before the first collective: a process that failed or differs stops all
         # A resumed state is read straight into its shardings: nothing is initialised only to be replaced.
         target = exp.sharded_abstract_state()
         run.enter_context(exp.partitioner.activate())
@@ -195,6 +199,14 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
             logging.info("%s", summary(model_dir, step - first_step, step, train_steps, exp.tokens_per_step,
                                        time.perf_counter() - start))
     return TrainResult(step, stop.signum)
+
+
+def agree_on_settings(latest: int | None) -> None:
+    """Several processes: each one's settings, data files and checkpoint step must be process 0's."""
+    if not agreement.active():
+        return
+    bound = gin.get_bindings(make_source)
+    agreement.agree(agreement.run_facts(latest, [bound.get("data_path"), bound.get("tokenizer")]))
 
 
 def no_empty_folders_after_failure(model_dir: str) -> Callable[..., None]:
@@ -551,11 +563,13 @@ def quiet_library_logs() -> None:
 
 
 @exit_on_user_error
+@agreement.stop_together
 @gin_cli.plain_user_errors
 def main(argv: list[str]) -> None:
     del argv
     quiet_library_logs()
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           initialization_timeout=FLAGS.initialization_timeout_seconds,
                            heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds)
     parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
     if FLAGS.print_config:
