@@ -22,6 +22,10 @@ ENCODER_TARGET_TOKENS = "encoder_target_tokens"
 ENCODER_LOSS_WEIGHTS = "encoder_loss_weights"
 CLASSIFICATION_LABELS = "classification_labels"
 
+LOSS_WEIGHTS = (DECODER_LOSS_WEIGHTS, ENCODER_LOSS_WEIGHTS)
+NO_LABEL = -1
+"""classification_labels of a row that counts nothing (the padding rows that fill a validation pass's last batch)."""
+
 DECODER_START_ID = 0
 """An encoder-decoder's first decoder input: the targets are shifted right with it (seqio, T5)."""
 

@@ -33,7 +33,7 @@ from t5x_like.errors import UserError
 from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
                                DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS, DECODER_START_ID, ENCODER_INPUT_TOKENS,
                                ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS, ENCODER_TARGET_TOKENS,
-                               ENCODER_TOKEN_TYPES)
+                               ENCODER_TOKEN_TYPES, NO_LABEL)
 
 Batch = dict[str, jax.Array]
 Lengths = Mapping[str, int]
@@ -425,8 +425,8 @@ class EncoderOnlyLM(LanguageModel):
                             f"with OBJECTIVE={self.objectives(self.config)[0]!r} (a RESTORE_FROM checkpoint brings "
                             "its own head: README, 'BERT and RoBERTa', shows how to give it a classification head).")
         if self.classifies:
-            labels = batch[CLASSIFICATION_LABELS][:, 0]
-            return labels, jnp.ones(labels.shape, jnp.float32)
+            labels = batch[CLASSIFICATION_LABELS][:, 0]  # NO_LABEL: a padding row, weight 0
+            return jnp.maximum(labels, 0), (labels != NO_LABEL).astype(jnp.float32)
         return batch[ENCODER_TARGET_TOKENS], batch[ENCODER_LOSS_WEIGHTS].astype(jnp.float32)
 
     def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,

@@ -31,7 +31,7 @@ class SyntheticSource:
         self.split, self.batch_size, self.seed = split, batch_size, seed
         self.seq_len = feature_lengths["targets"]
         self.shard_index, self.vocab_size = shard_index, vocab_size
-        self.eod_id, self.tokenizer_path, self.index = 0, None, 0
+        self.eod_id, self.tokenizer_path, self.index, self.num_batches = 0, None, 0, None
 
     def __iter__(self):
         return self

@@ -72,7 +72,7 @@ def layout(config: GPT2Config) -> tuple[tuple[Entry, ...], list[Stack]]:
 
 def tokenizer_config(config: GPT2Config, tokenizer) -> dict:
     """tokenizer_config.json entries besides tokenizer_class: the end-of-document token throughout."""
-    eod = tokenizer.decode([tokenizer.eod_id])
+    eod = tokenizer.id_to_token(tokenizer.eod_id)
     return {"bos_token": eod, "eos_token": eod, "unk_token": eod, "model_max_length": config.max_len}
 
 

@@ -7,11 +7,9 @@
 from __future__ import annotations
 
 import dataclasses
-import glob
 import importlib
 import json
 import os
-import shutil
 from typing import Iterator
 
 import jax
@@ -21,6 +19,7 @@ from t5x_like import checkpoints
 from t5x_like import inference
 import models
 from t5x_like.convert import mapping
+from t5x_like.data.tokenizer import save_tokenizer, tokenizer_record
 from t5x_like.errors import UserError
 
 # One converter module per registered family: t5x_like/convert/<family>.py.
@@ -28,10 +27,8 @@ FAMILIES = {name: importlib.import_module(f"t5x_like.convert.{name}") for name i
 """Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
 entries and block stacks), config_to_hf, config_from_hf, tokenizer_config; optionally tied(config) (to-torch),
 copied(config) (to-hf) and config_for_tensors(config, tensors) (from-hf, T5's head)."""
-HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "spiece.model", "vocab.txt",
-                      "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
-OPENAI_BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt", "vocab.json": "vocab.json",
-                  "merges.txt": "merges.txt"}
+HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "spiece.model", "tokenizer.model", "vocab.txt")
+"""Files of which a Hugging Face model directory with a tokenizer holds at least one."""
 
 
 def converter_for(family: str):
@@ -61,12 +58,13 @@ def restore_on_host(src: str, config) -> dict:
     return jax.tree.map(np.asarray, params)
 
 
-def to_hf(src: str, dst: str) -> None:
-    """Write dst/config.json + dst/model.safetensors (+ tokenizer files when src records a tokenizer)."""
+def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
+    """Write dst/config.json + dst/model.safetensors + the tokenizer's files (`tokenizer`, else the one src
+    records; none when it records none)."""
     from safetensors.numpy import save_file
 
-    config, tokenizer_path = inference.read_config(src)
-    tokenizer = inference.open_tokenizer(tokenizer_path, config) if tokenizer_path else None
+    config, recorded = inference.read_config(src)
+    tokenizer = inference.checkpoint_tokenizer(src, config, tokenizer) if tokenizer or recorded else None
     tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}  # verified
     converter = converter_for(config.family)
     if hasattr(converter, "copied"):  # T5: a tied but unscaled head is written as an equal untied one
@@ -77,7 +75,7 @@ def to_hf(src: str, dst: str) -> None:
     hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:
-        write_hf_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))
+        save_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))
 
 
 def to_torch(src: str, file: str) -> None:
@@ -99,7 +97,7 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     """Convert the HF directory `src` into a params-only checkpoint dst/checkpoints/<step>; returns its path.
 
     `choices` are our own config fields (scan_layers, vocab_pad_multiple, dtype, attention, remat_policy).
-    The HF tokenizer files, when present, are copied to dst/tokenizer and recorded in the checkpoint.
+    The HF tokenizer, when the directory has one, is recorded in the checkpoint (its files included).
     """
     config_file = os.path.join(src, "config.json")
     if not os.path.isfile(config_file):
@@ -119,7 +117,7 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     except (KeyError, TypeError) as e:  # a field missing or of the wrong type in the user's file
         raise UserError(f"{config_file}: {type(e).__name__}: {e} (a field missing or of the wrong type); "
                         "re-download or repair the model's config.json.") from None
-    tokenizer_path = copy_hf_tokenizer(src, os.path.join(dst, "tokenizer"), config)
+    tokenizer = hf_tokenizer_record(src, config)
     tensors = read_hf_weights(src)
     if hasattr(family, "renamed_tensors"):  # BERT: Google's original weights say LayerNorm gamma / beta
         tensors = family.renamed_tensors(tensors)
@@ -128,7 +126,7 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)
     del tensors
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
-    checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer_path})
+    checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
     return os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR, str(step))
 
 
@@ -173,56 +171,19 @@ MAX_UNUSED_VOCAB_ROWS = 1024
 32100 -> 32128), but by fewer rows than this."""
 
 
-def copy_hf_tokenizer(src: str, dst: str, config) -> str | None:
-    """Copy the HF tokenizer files in `src` to `dst` and return `dst`, or None when there are none."""
-    present = [name for name in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(src, name))]
-    enough = {"tokenizer.json", "spiece.model", "vocab.txt"}
-    if not ({"vocab.json", "merges.txt"} <= set(present) or enough & set(present)):
+def hf_tokenizer_record(src: str, config) -> dict | None:
+    """The record (tokenizer_record) of the tokenizer in the HF directory `src`, or None when it has none;
+    a tokenizer far smaller than the model's vocabulary is refused (another model's files)."""
+    if not any(os.path.isfile(os.path.join(src, name)) for name in HF_TOKENIZER_FILES):
         return None
-    os.makedirs(dst, exist_ok=True)
-    for name in present:
-        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    tokenizer = inference.open_tokenizer(dst, config)
+    tokenizer = inference.open_tokenizer(src, config, flag=f"the tokenizer in {src}")
     unused = config.vocab_size - tokenizer.vocab_size
     if unused > MAX_UNUSED_VOCAB_ROWS:
-        shutil.rmtree(dst)
         raise UserError(
             f"{src}: the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {config.vocab_size}, "
             f"so {unused} embedding rows would never be used: these are not the model's tokenizer files. Put the "
             "model's own tokenizer files in the directory, or remove them (and pass --tokenizer to eval and generate).")
-    return os.path.abspath(dst)
-
-
-def write_hf_tokenizer(tokenizer, dst: str, special: dict) -> None:
-    """The tokenizer files transformers' AutoTokenizer reads: GPT-2 BPE files, a sentencepiece model
-    (as spiece.model) or tokenizer.json; `special` (the converter's tokenizer_config) goes into
-    tokenizer_config.json and may name its own tokenizer_class. A tokenizer that names its own files (a BERT
-    vocab.txt, CPM's spiece.model) writes them with its own tokenizer_config entries."""
-    if own_files := tokenizer.hf_files():
-        for name, source in own_files.items():
-            shutil.copyfile(source, os.path.join(dst, name))
-        write_json(os.path.join(dst, "tokenizer_config.json"), {**special, **tokenizer.hf_tokenizer_config()})
-        return
-    path = tokenizer.path
-    if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n)) for n in ("encoder.json", "vocab.json")) \
-            and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        for name, hf_name in OPENAI_BPE_FILES.items():
-            if os.path.isfile(os.path.join(path, name)):
-                shutil.copyfile(os.path.join(path, name), os.path.join(dst, hf_name))
-        write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "GPT2Tokenizer", **special})
-        return
-    sp_models = sorted(glob.glob(os.path.join(path, "*.model"))) if os.path.isdir(path) else [path]
-    if len(sp_models) == 1 and sp_models[0].endswith(".model") and not os.path.isfile(
-            os.path.join(path, "tokenizer.json")):
-        shutil.copyfile(sp_models[0], os.path.join(dst, "spiece.model"))
-        write_json(os.path.join(dst, "tokenizer_config.json"), special)
-        return
-    source = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    if not source.endswith(".json"):
-        raise UserError(f"tokenizer {path}: only GPT-2 BPE files, a sentencepiece model and tokenizer.json can "
-                        "be written for Hugging Face; convert it to tokenizer.json first.")
-    shutil.copyfile(source, os.path.join(dst, "tokenizer.json"))
-    write_json(os.path.join(dst, "tokenizer_config.json"), {"tokenizer_class": "PreTrainedTokenizerFast", **special})
+    return tokenizer_record(tokenizer)
 
 
 def write_json(path: str, value: dict) -> None:

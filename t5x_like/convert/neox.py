@@ -28,6 +28,7 @@ from models.neox import NeoXConfig
 from t5x_like import checkpoints, inference
 from t5x_like.errors import UserError
 from t5x_like.convert import gpt2, mapping
+from t5x_like.data.tokenizer import tokenizer_record
 from t5x_like.convert.mapping import Entry, Stack, Transform
 
 HF_MODEL_TYPE = "gpt_neox"
@@ -177,8 +178,7 @@ def from_neox(src: str, dst: str, config: NeoXConfig, *, tokenizer: str | None =
     into a params-only checkpoint dst/checkpoints/<step>; returns its path. `tokenizer` (e.g.
     20B_tokenizer.json) is checked against the model and recorded."""
     if tokenizer:
-        inference.open_tokenizer(tokenizer, config)
-        tokenizer = os.path.abspath(tokenizer)
+        tokenizer = tokenizer_record(inference.open_tokenizer(tokenizer, config))
     tensors = neox_checkpoint_as_hf(src, config)
     flat = mapping.from_hf_tensors(tensors, config, *layout(config), src)
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))

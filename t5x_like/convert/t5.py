@@ -114,9 +114,9 @@ def copied(config: T5Config) -> dict[str, str]:
 
 
 def tokenizer_config(config: T5Config, tokenizer) -> dict:
-    """tokenizer_config.json for T5's sentencepiece tokenizer (its pieces <pad>, </s>, <unk>); the ids
+    """tokenizer_config.json entries for T5's sentencepiece tokenizer (its pieces <pad>, </s>, <unk>); the ids
     past the tokenizer's own are its sentinels (<extra_id_0> the highest)."""
-    return {"tokenizer_class": "T5Tokenizer", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+    return {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
             "extra_ids": config.vocab_size - tokenizer.vocab_size, "model_max_length": 512}
 
 

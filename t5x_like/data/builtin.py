@@ -23,7 +23,7 @@ import numpy as np
 import pydoc_data.topics
 
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
-from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.data.tokenizer import cache_root, load_tokenizer
 from t5x_like.data.train_tokenizer import train_byte_level_bpe
 
 BUILTIN_VOCAB_SIZE = 8192
@@ -34,8 +34,7 @@ _ENCODE_CHUNK = 256  # documents per encode_batch call
 
 def cache_dir() -> Path:
     """Where the builtin corpus lives: one directory per recipe version and Python version."""
-    root = Path(os.environ.get("T5X_LIKE_CACHE") or Path.home() / ".cache" / "t5x_like")
-    return root / f"builtin-v{_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
+    return cache_root() / f"builtin-v{_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def builtin_corpus() -> tuple[str, str]:

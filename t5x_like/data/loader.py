@@ -3,13 +3,14 @@
 Every row is a pure function of its global index, so a host reads only its own rows and a resumed run
 continues from a step number with no replay:
 
-    rows of a token file split -> shuffle (seeded, reshuffled every epoch; train only) -> repeat forever
-      -> mix blended files by weight -> batch(rows per host) -> every shard_count-th batch from shard_index
+    rows of a token file split -> shuffle (seeded, reshuffled every epoch) -> repeat forever -> mix blended
+      files by weight -> batch(rows per host) -> every shard_count-th batch from shard_index
       -> decoder_input_tokens / decoder_target_tokens / decoder_loss_weights (+ decoder_segment_ids /
          decoder_positions when packing): t5x_like/features.py
 
 Global batch k is the concatenation of host batches k of hosts 0..shard_count-1, i.e. exactly batch k of
-a single host reading batch_size * shard_count rows.
+a single host reading batch_size * shard_count rows. Validation and test read their rows once, in order, the
+files one after the other, and end after the last global batch (filled up with rows that count nothing).
 
 Rows are SEQ_LEN+1 tokens: inputs are `row[:-1]`, targets `row[1:]`. Without packing a row is a window of
 the concatenated documents (windows overlap by one token), every target counts. With packing a row holds
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import array
 import logging
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import grain
@@ -30,8 +32,8 @@ from absl import flags
 
 from t5x_like.data.token_file import TokenFile
 from t5x_like.errors import UserError
-from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
-                               DECODER_TARGET_TOKENS)
+from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
+                               DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS, LOSS_WEIGHTS, NO_LABEL)
 
 SPLITS = ("train", "validation", "test")
 _PLAN_WINDOW = 1 << 20  # pieces per step of the packing plan's walk
@@ -43,6 +45,8 @@ class BatchSource(Protocol):
     vocab_size: int
     eod_id: int
     tokenizer_path: str | None
+    num_batches: int | None
+    """Batches in one pass over the split (validation, test), None when the batches never end (training)."""
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
 
@@ -63,10 +67,12 @@ class BatchSource(Protocol):
 class GrainBatchSource:
     """A `BatchSource` over a grain dataset whose iterator state is a JSON-serialisable dict."""
 
-    def __init__(self, dataset: grain.IterDataset, *, vocab_size: int, eod_id: int, tokenizer_path: str | None):
+    def __init__(self, dataset: grain.IterDataset, *, vocab_size: int, eod_id: int, tokenizer_path: str | None,
+                 num_batches: int | None = None):
         self.vocab_size = vocab_size
         self.eod_id = eod_id
         self.tokenizer_path = tokenizer_path
+        self.num_batches = num_batches
         self._iterator = iter(dataset)
         self._initial_state = self._iterator.get_state()
 
@@ -206,28 +212,71 @@ def split_rows(file: TokenFile, split: str, *, data_split: str, seq_len: int, pa
     return source
 
 
-def endless_rows(source, name: str, split: str, seed: int) -> grain.MapDataset:
-    """A grain data source's rows forever: shuffled per epoch when training, in order otherwise."""
+def split_pass(source, name: str, split: str, seed: int) -> grain.MapDataset:
+    """A grain data source's rows as `split` reads them: training shuffled per epoch, forever; validation and
+    test once, in order (every row counted once)."""
     rows = grain.MapDataset.source(source)
-    if split == "train":
-        rows = rows.shuffle(seed=seed)
-    return rows.repeat().map_with_index(_LogEpochs(name, len(source)))
+    if split != "train":
+        return rows
+    return rows.shuffle(seed=seed).repeat().map_with_index(_LogEpochs(name, len(source)))
 
 
-def blend(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None) -> grain.MapDataset:
+def combine(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None, split: str) -> grain.MapDataset:
+    """Several files' rows as one: training mixes them by `weights`; validation and test take each file's rows
+    once, one file after the other."""
     if weights is not None and len(weights) != len(datasets):
         raise UserError(f"blend_weights={list(weights)}: {len(weights)} weights for {len(datasets)} data paths")
     if weights is not None and min(weights) <= 0:
         raise UserError(f"blend_weights={list(weights)}: every weight must be positive; leave out a data path "
                         "instead of giving it weight 0")
-    return datasets[0] if len(datasets) == 1 else grain.MapDataset.mix(list(datasets), weights)
+    if len(datasets) == 1:
+        return datasets[0]
+    return grain.MapDataset.mix(list(datasets), weights) if split == "train" else \
+        grain.MapDataset.concatenate(list(datasets))
 
 
-def host_batches(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int,
-                 packing: bool, worker_count: int) -> grain.IterDataset:
-    """This host's slice of every global batch, as training arrays."""
+def batch_source(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int, worker_count: int,
+                 vocab_size: int, eod_id: int, tokenizer_path: str | None,
+                 arrays: Callable[[dict], dict] | None = None) -> GrainBatchSource:
+    """This host's slice of every global batch of `rows` (`arrays` turns a batch of rows into the features,
+    when the rows are not features already). Endless rows (training) give endless batches; one pass over a
+    split gives ceil(rows / global batch) batches, the last filled up with padding rows that count nothing
+    (zero loss weights, no label)."""
+    num_rows = len(rows) if len(rows) < sys.maxsize else None
+    global_batch = batch_size * shard_count
+    if num_rows is not None:
+        rows = rows.repeat(-(-global_batch // num_rows) + 1)[:-(-num_rows // global_batch) * global_batch]
     batches = host_slice(rows, batch_size=batch_size, shard_index=shard_index, shard_count=shard_count)
-    return prefetched(batches.map(packed_arrays if packing else window_arrays), worker_count)
+    if arrays is not None:
+        batches = batches.map(arrays)
+    if num_rows is not None:
+        batches = batches.map_with_index(PaddingRows(num_rows, batch_size, shard_index, shard_count))
+    return GrainBatchSource(prefetched(batches, worker_count), vocab_size=vocab_size, eod_id=eod_id,
+                            tokenizer_path=tokenizer_path, num_batches=None if num_rows is None else len(batches))
+
+
+class PaddingRows:
+    """map_with_index over one pass's host batches: the rows past the split's end (repeats that fill the last
+    global batch) get zero loss weights and no classification label."""
+
+    def __init__(self, num_rows: int, batch_size: int, shard_index: int, shard_count: int):
+        self._num_rows, self._batch_size, self._shard_index, self._shard_count = \
+            num_rows, batch_size, shard_index, shard_count
+
+    def __call__(self, index: int, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        first = (index * self._shard_count + self._shard_index) * self._batch_size
+        real = np.arange(first, first + self._batch_size) < self._num_rows
+        if real.all():
+            return batch
+        return {name: without_padding_rows(name, array, real) for name, array in batch.items()}
+
+
+def without_padding_rows(name: str, array: np.ndarray, real: np.ndarray) -> np.ndarray:
+    if name in LOSS_WEIGHTS:
+        return array * real.reshape(-1, *[1] * (array.ndim - 1)).astype(array.dtype)
+    if name == CLASSIFICATION_LABELS:
+        return np.where(real.reshape(-1, *[1] * (array.ndim - 1)), array, NO_LABEL).astype(array.dtype)
+    return array
 
 
 def host_slice(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int) -> grain.MapDataset:

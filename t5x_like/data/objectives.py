@@ -303,8 +303,8 @@ def make_span_corruption_source(split: str, *, batch_size: int, feature_lengths:
                                packed=packing, seed=seed, salt=salt)
         source = _span_examples(file, split, data_split, raw_length, lengths, packing,
                                 (noise_density, mean_noise_span_length))
-        rows.append(loader.endless_rows(source, f"{file.prefix} ({split})", split, seed).map_with_index(corrupt))
-    return _batch_source(rows, blend_weights, batch_size=batch_size, shard_index=shard_index,
+        rows.append(loader.split_pass(source, f"{file.prefix} ({split})", split, seed).map_with_index(corrupt))
+    return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count, vocab_size=vocab_size,
                          eod_id=loaded.eod_id, tokenizer_path=tokenizer_path)
 
@@ -382,8 +382,8 @@ def make_seq2seq_source(split: str, *, batch_size: int, feature_lengths: dict[st
     for path in paths:
         inputs, targets = token_files[path] if path in token_files else _tokenized_pairs(path, loaded)
         source = _pair_examples(inputs, targets, path, split, None if whole else data_split, lengths, packing)
-        rows.append(loader.endless_rows(source, f"{path} ({split})", split, seed).map(trim))
-    return _batch_source(rows, blend_weights, batch_size=batch_size, shard_index=shard_index,
+        rows.append(loader.split_pass(source, f"{path} ({split})", split, seed).map(trim))
+    return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count, vocab_size=vocab_size,
                          eod_id=loaded.eod_id, tokenizer_path=tokenizer)
 
@@ -524,13 +524,9 @@ def _load_tokenizer(path: str, data: str) -> Tokenizer:
                         "was made with") from None
 
 
-def _batch_source(rows: list[grain.MapDataset], blend_weights: list[float] | None, *, batch_size: int,
-                  shard_index: int, shard_count: int, worker_count: int, vocab_size: int, eod_id: int,
-                  tokenizer_path: str) -> GrainBatchSource:
-    batches = loader.host_slice(loader.blend(rows, blend_weights), batch_size=batch_size, shard_index=shard_index,
-                                shard_count=shard_count)
-    return GrainBatchSource(loader.prefetched(batches, worker_count), vocab_size=vocab_size, eod_id=eod_id,
-                            tokenizer_path=tokenizer_path)
+def _batch_source(rows: list[grain.MapDataset], blend_weights: list[float] | None, split: str, **kwargs
+                  ) -> GrainBatchSource:
+    return loader.batch_source(loader.combine(rows, blend_weights, split), **kwargs)
 
 
 # -- Masked-LM pre-training (BERT, RoBERTa): OBJECTIVE = 'mlm' ----------------------------------------------
@@ -686,8 +682,8 @@ def make_mlm_source(split: str, *, batch_size: int, feature_lengths: dict[str, i
         mask = MaskTokens(vocab=vocab, starts_word=starts_word, rate=mask_rate, length=lengths["inputs"],
                           packed=packing, seed=seed, salt=salt)
         source = _mlm_pieces(file, split, data_split, lengths["inputs"], packing, loaded.eod_id)
-        rows.append(loader.endless_rows(source, f"{file.prefix} ({split})", split, seed).map_with_index(mask))
-    return _batch_source(rows, blend_weights, batch_size=batch_size, shard_index=shard_index,
+        rows.append(loader.split_pass(source, f"{file.prefix} ({split})", split, seed).map_with_index(mask))
+    return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count, vocab_size=vocab.vocab_size,
                          eod_id=loaded.eod_id, tokenizer_path=tokenizer_path)
 
@@ -900,7 +896,7 @@ def make_classification_source(split: str, *, batch_size: int, feature_lengths: 
         first, last = (0, len(ids)) if whole else loader.split_documents(data_split, len(ids), split, path)
         source = ClassificationRows(ids[first:last], label_index[first:last], lengths["inputs"],
                                     mlm_vocabulary(loaded).pad_id)
-        rows.append(loader.endless_rows(source, f"{path} ({split})", split, seed))
-    return _batch_source(rows, blend_weights, batch_size=batch_size, shard_index=shard_index,
+        rows.append(loader.split_pass(source, f"{path} ({split})", split, seed))
+    return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count,
                          vocab_size=mlm_vocabulary(loaded).vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer)

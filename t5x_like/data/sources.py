@@ -5,9 +5,9 @@ import logging
 
 from t5x_like.data import builtin, loader
 from t5x_like.errors import UserError
-from t5x_like.data.loader import BatchSource, GrainBatchSource
+from t5x_like.data.loader import BatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, check_ids, open_token_file
-from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.data.tokenizer import load_tokenizer, recorded_tokenizer_path
 from t5x_like.features import decoder_only_length
 
 
@@ -101,11 +101,11 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     passes = [loader.split_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing) for f in files]
     logging.info("data: %s split (DATA_SPLIT=%s, SEQ_LEN=%d%s)\n%s", split, data_split, seq_len,
                  ", packed" if packing else "", split_table(files, passes, split, data_split, blend_weights))
-    rows = [loader.endless_rows(p, f"{f.prefix} ({split})", split, seed) for f, p in zip(files, passes)]
-    batches = loader.host_batches(loader.blend(rows, blend_weights), batch_size=batch_size,
-                                  shard_index=shard_index, shard_count=shard_count, packing=packing,
-                                  worker_count=worker_count)
-    return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path)
+    rows = [loader.split_pass(p, f"{f.prefix} ({split})", split, seed) for f, p in zip(files, passes)]
+    return loader.batch_source(loader.combine(rows, blend_weights, split), batch_size=batch_size,
+                               shard_index=shard_index, shard_count=shard_count, worker_count=worker_count,
+                               vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
+                               arrays=loader.packed_arrays if packing else loader.window_arrays)
 
 
 def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,
@@ -171,4 +171,4 @@ def _vocabulary_from_metadata(files: list[TokenFile]) -> tuple[int, int, str]:
     if len({t["sha256"] for t in made_with}) > 1:
         raise TokenFileError(f"{', '.join(f.prefix for f in files)}: made with different tokenizers "
                              f"({', '.join(t['path'] for t in made_with)}); blend only files of one tokenizer")
-    return made_with[0]["vocab_size"], made_with[0]["eod_id"], made_with[0]["path"]
+    return made_with[0]["vocab_size"], made_with[0]["eod_id"], recorded_tokenizer_path(made_with[0])

@@ -17,11 +17,14 @@ Documents are encoded without special tokens; the end-of-document id is the toke
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -68,14 +71,19 @@ class Tokenizer:
         """The id of the piece spelled `token`, None when the vocabulary has no such piece."""
         raise NotImplementedError
 
-    def hf_files(self) -> dict[str, str]:
-        """Files a Hugging Face directory needs for this tokenizer (name there -> source), when the
-        tokenizer names them itself; {} leaves it to convert/hf.py's rules for BPE, sentencepiece and JSON."""
-        return {}
+    def id_to_token(self, token_id: int) -> str:
+        """The spelling of piece `token_id` (a special token's name, e.g. `</s>`, where decoding gives "")."""
+        raise NotImplementedError
+
+    def hf_files(self) -> dict[str, bytes]:
+        """The files of a Hugging Face tokenizer directory holding this tokenizer (name -> contents), besides
+        tokenizer_config.json: what transformers' AutoTokenizer and `load_tokenizer` both load as this
+        tokenizer (same ids, same sha256)."""
+        raise NotImplementedError
 
     def hf_tokenizer_config(self) -> dict:
-        """tokenizer_config.json entries this tokenizer needs in a Hugging Face directory (with hf_files)."""
-        return {}
+        """The tokenizer_config.json entries that go with `hf_files` (the tokenizer class, its own specials)."""
+        raise NotImplementedError
 
     def encode_documents(self, texts: Sequence[str], append_eod: bool) -> tuple[np.ndarray, np.ndarray]:
         """The documents' ids back to back (EOD after each when `append_eod`) and their lengths."""
@@ -109,25 +117,38 @@ class HuggingFaceTokenizer(Tokenizer):
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str:
+        return self._tokenizer.id_to_token(token_id)
+
+    def hf_files(self) -> dict[str, bytes]:
+        return {"tokenizer.json": self._tokenizer.to_str().encode()}
+
+    def hf_tokenizer_config(self) -> dict:
+        return {"tokenizer_class": "PreTrainedTokenizerFast"}
+
 
 class WordPieceTokenizer(HuggingFaceTokenizer):
     """A BERT WordPiece tokenizer (a vocab.txt, or a tokenizer.json with a WordPiece model). Decoding joins
     `##` pieces and writes CJK characters and full-width punctuation without spaces between them."""
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, path: str, vocab_file: str | None = None,
-                 lowercase: bool = True):
+                 options: dict | None = None):
         super().__init__(tokenizer, path)
-        self._vocab_file, self._lowercase = vocab_file, lowercase
+        self._vocab_file, self._options = vocab_file, dict(options or {})
 
     def decode(self, ids: Sequence[int]) -> str:
         return _join_cjk(super().decode(ids))
 
-    def hf_files(self) -> dict[str, str]:
-        return {"vocab.txt": self._vocab_file} if self._vocab_file else {}
+    def hf_files(self) -> dict[str, bytes]:
+        if not self._vocab_file:  # a tokenizer.json with a WordPiece model
+            return super().hf_files()
+        return {"vocab.txt": Path(self._vocab_file).read_bytes()}
 
     def hf_tokenizer_config(self) -> dict:
-        return {"tokenizer_class": "BertTokenizer", "do_lower_case": self._lowercase, "unk_token": "[UNK]",
-                "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+        if not self._vocab_file:
+            return super().hf_tokenizer_config()
+        return {"tokenizer_class": "BertTokenizer", **self._options, "unk_token": "[UNK]", "sep_token": "[SEP]",
+                "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
 
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u2010-\u2027"  # ideographs, kana, CJK, full-width and
@@ -195,6 +216,24 @@ class SentencePieceTokenizer(Tokenizer):
         piece_id = self._processor.piece_to_id(token)  # the unknown piece's id when there is no such piece
         return piece_id if self._processor.id_to_piece(piece_id) == token else None
 
+    def id_to_token(self, token_id: int) -> str:
+        return self._sentinel_name(token_id) or self._processor.id_to_piece(token_id)
+
+    def _byte_fallback(self) -> bool:
+        return any(self._processor.is_byte(i) for i in range(self.vocab_size))
+
+    def hf_files(self) -> dict[str, bytes]:
+        """T5's file name for a model T5Tokenizer encodes alike; a byte-fallback model (train_tokenizer's), which
+        T5Tokenizer maps to <unk>, as `tokenizer.model`: transformers then converts the model by its own settings."""
+        name = "tokenizer.model" if self._byte_fallback() else "spiece.model"
+        return {name: self._processor.serialized_model_proto()}
+
+    def hf_tokenizer_config(self) -> dict:
+        unk = {"unk_token": self._processor.id_to_piece(self._processor.unk_id())}
+        if self._byte_fallback():
+            return {"tokenizer_class": "PreTrainedTokenizerFast", **unk}
+        return {"tokenizer_class": T5_TOKENIZER_CLASS, **unk}
+
 
 class CpmTokenizer(Tokenizer):
     """CPM-1's tokenizer as CPM-Generate implements it: text is cut into words by jieba
@@ -218,7 +257,6 @@ class CpmTokenizer(Tokenizer):
                             "token in tokenizer_config.json's added_tokens_decoder); train it with "
                             "`train_tokenizer --type=cpm`, which adds one")
         self.eod_id = self._special["<eod>"]
-        self._model_file = model_file
         identity = self._processor.serialized_model_proto() + json.dumps(sorted(self._added.items())).encode()
         self.sha256 = hashlib.sha256(b"cpm:" + identity).hexdigest()
 
@@ -250,8 +288,11 @@ class CpmTokenizer(Tokenizer):
         piece_id = self._processor.piece_to_id(token)
         return piece_id if self._processor.id_to_piece(piece_id) == token else None
 
-    def hf_files(self) -> dict[str, str]:
-        return {"spiece.model": self._model_file}
+    def id_to_token(self, token_id: int) -> str:
+        return self._special_names.get(token_id) or self._processor.id_to_piece(token_id)
+
+    def hf_files(self) -> dict[str, bytes]:
+        return {"spiece.model": self._processor.serialized_model_proto()}
 
     def hf_tokenizer_config(self) -> dict:
         unk = self._processor.id_to_piece(self._processor.unk_id())
@@ -372,10 +413,11 @@ def tokenizer_config(directory: Path) -> dict:
 def wordpiece_tokenizer(vocab_file: Path, path: str) -> WordPieceTokenizer:
     """A vocab.txt, lower-cased as transformers' default unless a tokenizer_config.json beside it says not."""
     config = tokenizer_config(vocab_file.parent)
-    lowercase = config.get("do_lower_case", True)
-    tokenizer = bert_wordpiece(str(vocab_file), lowercase, config.get("strip_accents"),
-                               config.get("tokenize_chinese_chars", True))
-    return WordPieceTokenizer(tokenizer, path, str(vocab_file), lowercase)
+    options = {"do_lower_case": config.get("do_lower_case", True), "strip_accents": config.get("strip_accents"),
+               "tokenize_chinese_chars": config.get("tokenize_chinese_chars", True)}
+    tokenizer = bert_wordpiece(str(vocab_file), options["do_lower_case"], options["strip_accents"],
+                               options["tokenize_chinese_chars"])
+    return WordPieceTokenizer(tokenizer, path, str(vocab_file), options)
 
 
 def huggingface_tokenizer(json_file: str, path: str) -> HuggingFaceTokenizer:
@@ -454,3 +496,75 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         "vocab.json+merges.txt, encoder.json+vocab.bpe or gpt2-vocab.json+gpt2-merges.txt (GPT-2 BPE), "
         "vocab.txt (BERT WordPiece) or one *.model (sentencepiece), the path of such a file, "
         "or cpm:PATH for CPM's tokenizer")
+
+
+RECORD_FORMAT = "t5x_like.tokenizer/1"
+T5_TOKENIZER_CLASS = "T5Tokenizer"
+
+
+def cache_root() -> Path:
+    """Where t5x_like caches what it builds or unpacks: `$T5X_LIKE_CACHE`, default `~/.cache/t5x_like`."""
+    return Path(os.environ.get("T5X_LIKE_CACHE") or Path.home() / ".cache" / "t5x_like")
+
+
+def hf_tokenizer_files(tokenizer: Tokenizer, family_config: dict | None = None) -> dict[str, bytes]:
+    """The files of a Hugging Face tokenizer directory for `tokenizer`, tokenizer_config.json included: the
+    tokenizer's own entries over `family_config` (a model family's special tokens and length). Its `extra_ids`
+    (T5's sentinels above the tokenizer's ids, `<extra_id_0>` the highest) stay as T5Tokenizer's `extra_ids`, and
+    become added tokens at those ids for every other tokenizer class."""
+    config = dict(family_config or {})
+    extra_ids = config.pop("extra_ids", 0)
+    config.update(tokenizer.hf_tokenizer_config())
+    if config["tokenizer_class"] == T5_TOKENIZER_CLASS:
+        config["extra_ids"] = extra_ids
+    elif extra_ids:
+        config["added_tokens_decoder"] = {
+            **config.get("added_tokens_decoder", {}),
+            **{str(tokenizer.vocab_size + extra_ids - 1 - i): _added_token(f"<extra_id_{i}>") for i in range(extra_ids)}}
+    return {**tokenizer.hf_files(), "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode()}
+
+
+def _added_token(content: str) -> dict:
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": True}
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: str | os.PathLike, family_config: dict | None = None) -> None:
+    """Write `tokenizer` as a Hugging Face tokenizer directory (see hf_tokenizer_files)."""
+    os.makedirs(directory, exist_ok=True)
+    for name, contents in hf_tokenizer_files(tokenizer, family_config).items():
+        Path(directory, name).write_bytes(contents)
+
+
+def tokenizer_record(tokenizer: Tokenizer) -> dict:
+    """What a checkpoint or a token file records of its tokenizer: where it was loaded from, its identity, and
+    its files (a Hugging Face tokenizer directory), so it loads again wherever the run or the data moves."""
+    files = hf_tokenizer_files(tokenizer)
+    return {"format": RECORD_FORMAT, "path": _absolute(tokenizer.path), "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id,
+            "files": {name: base64.b64encode(contents).decode("ascii") for name, contents in files.items()}}
+
+
+def _absolute(path: str) -> str:
+    prefix = "cpm:" if path.startswith("cpm:") else ""
+    return prefix + os.path.abspath(path[len(prefix):])
+
+
+def recorded_tokenizer_path(record: dict | str | None) -> str | None:
+    """A path `load_tokenizer` opens for a recorded tokenizer: its files unpacked once into the cache
+    (`cache_root()/tokenizers/<sha256>`), or, for records older than the files, the path it recorded."""
+    if record is None or isinstance(record, str):
+        return record
+    if "files" not in record:
+        return record["path"]
+    directory = cache_root() / "tokenizers" / record["sha256"]
+    if not directory.is_dir():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{record['sha256'][:12]}-", dir=directory.parent)
+        for name, contents in record["files"].items():
+            Path(tmp, name).write_bytes(base64.b64decode(contents))
+        try:
+            os.rename(tmp, directory)
+        except OSError:  # another process unpacked it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(directory)

@@ -124,46 +124,61 @@ def test_bad_examples_are_refused(tokenizer_path, tmp_path, line, message):
         classification_examples(str(path), load_tokenizer(tokenizer_path), ["neg", "pos"], 16)
 
 
-def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_path, tmp_path):
+def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_path, tmp_path, caplog):
+    """... and validation during training counts every dev example once: EVAL_STEPS x BATCH_SIZE = 96 rows over
+    70 questions reads them once (said once), its loss is transformers' mean over the 70."""
     torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
     transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
     from t5x_like.convert import hf
 
     data = {"train": synthetic(tmp_path / "train.jsonl", 512, 0),
-            "validation": synthetic(tmp_path / "dev.jsonl", 64, 1)}
+            "validation": synthetic(tmp_path / "dev.jsonl", 70, 1)}
     source = functools.partial(make_source, objective="classification", data_path=data, tokenizer=tokenizer_path,
                                labels=["neg", "pos"])
     experiment = functools.partial(
         build_experiment, model=CONFIG, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=16,
         optimizer=optim.make_optimizer(learning_rate=2e-3, warmup_steps=5, total_steps=80, weight_decay=0.01),
         feature_lengths=LENGTHS)
-    train.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
-                eval_every=80, eval_steps=4, log_every=20, checkpoint_every=80)
+    with caplog.at_level("WARNING"):
+        train.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
+                    eval_every=40, eval_steps=6, log_every=20, checkpoint_every=40)
+    said = [r.getMessage() for r in caplog.records if "EVAL_STEPS=6" in r.getMessage()]
+    assert len(said) == 1 and "holds only 5 global batches" in said[0]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r for r in rows if "eval_accuracy" in r][-1]["eval_accuracy"] >= 0.95  # validation: label accuracy
+    halfway, validation = [r for r in rows if "eval_accuracy" in r]
+    assert validation["eval_accuracy"] >= 0.95  # validation: label accuracy
 
     result = eval_cli.main(["--task=classification", f"--checkpoint={tmp_path / 'run'}", f"--data={data['validation']}",
                             f"--output={tmp_path / 'res.json'}", "--batch_size=16"])
-    assert result["accuracy"] >= 0.95 and result["num_examples"] == 64 and "f1" in result
+    assert result["accuracy"] >= 0.95 and result["num_examples"] == 70 and "f1" in result
+    assert validation["eval_accuracy"] == result["accuracy"]
     written = json.loads((tmp_path / "res.json").read_text())
-    assert written["accuracy"] == result["accuracy"] and len(written["predictions"]) == 64
+    assert written["accuracy"] == result["accuracy"] and len(written["predictions"]) == 70
     assert {p["prediction"] for p in written["predictions"]} <= {"neg", "pos"}
 
-    hf.to_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
-    model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
-    assert model.config.id2label == {0: "neg", 1: "pos"}
     ids, gold, _ = classification_examples(data["validation"], load_tokenizer(tokenizer_path), ["neg", "pos"], 24)
     length = max(len(t) for t, _ in ids)
     tokens = np.zeros((len(ids), length), np.int64)
     types, mask = np.zeros_like(tokens), np.zeros_like(tokens)
     for i, (t, tt) in enumerate(ids):
         tokens[i, :len(t)], types[i, :len(t)], mask[i, :len(t)] = t, tt, 1
-    with torch.no_grad():
-        theirs = model(torch.tensor(tokens), attention_mask=torch.tensor(mask),
-                       token_type_ids=torch.tensor(types)).logits.argmax(-1).numpy()
+
+    def transformers_logits(checkpoint):
+        hf.to_hf(checkpoint, str(tmp_path / "hf"))
+        model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+        assert model.config.id2label == {0: "neg", 1: "pos"}
+        with torch.no_grad():
+            return model(torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                         token_type_ids=torch.tensor(types)).logits
+
+    theirs = transformers_logits(str(tmp_path / "run")).argmax(-1).numpy()
     ours = [["neg", "pos"].index(p["prediction"]) for p in written["predictions"]]
     np.testing.assert_array_equal(ours, theirs)
     assert float((theirs == gold).mean()) == result["accuracy"]
+    logits = transformers_logits(str(tmp_path / "run" / "checkpoints" / "40"))  # not yet sure of every answer
+    mean_nll = float(torch.nn.functional.cross_entropy(logits, torch.tensor(gold, dtype=torch.long)))  # 70, once each
+    assert halfway["eval_loss"] == pytest.approx(mean_nll, rel=1e-4)
+    assert halfway["eval_accuracy"] == float((logits.argmax(-1).numpy() == gold).mean())
 
 
 def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):

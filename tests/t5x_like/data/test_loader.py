@@ -123,7 +123,8 @@ def test_empty_split_and_bad_ratio_are_clear_errors(numbered_file):
 
 def test_train_and_validation_documents_are_disjoint(numbered_file):
     def documents(split):
-        rows = np.concatenate([b[DECODER_INPUT_TOKENS] for b in take(source(numbered_file, split, data_split="8,1,1"), 30)])
+        src = source(numbered_file, split, data_split="8,1,1")
+        rows = np.concatenate([b[DECODER_INPUT_TOKENS] for b in take(src, src.num_batches or 30)])
         return set((rows // 1000).ravel().tolist())
     train, validation, test = documents("train"), documents("validation"), documents("test")
     assert max(train) < min(validation) and max(validation) < min(test)
@@ -140,17 +141,39 @@ def test_blend_proportions_follow_the_weights(tmp_path, write_token_file):
         source([a, b], blend_weights=[0.0, 1.0], batch_size=50)
 
 
-def test_validation_repeats_in_order_logs_epochs_and_resets(numbered_file, caplog):
-    src = source(numbered_file, "validation", data_split="1,1,0", batch_size=2, seq_len=64)
-    first = take(src, 3)
-    with caplog.at_level(logging.INFO):
-        later = take(src, 200)
-    assert any("epoch 1 begins" in r.getMessage() for r in caplog.records)
-    assert any(np.array_equal(b[DECODER_INPUT_TOKENS], first[0][DECODER_INPUT_TOKENS]) for b in later)
-    src.reset()
-    assert_same_batches(take(src, 3), first)
-    inputs = np.concatenate([b[DECODER_INPUT_TOKENS] for b in first])
-    assert (np.diff(inputs[:, 0].astype(np.int64)) > 0).all()  # in file order, not shuffled
+@pytest.mark.parametrize("packing", [False, True])
+def test_validation_reads_every_row_once_in_order_on_every_host(numbered_file, packing):
+    """One pass, in file order: the batches end after ceil(rows / global batch); the rows that fill up the
+    last global batch count nothing; the hosts' real rows are the split's rows, each once; reset starts over."""
+    whole = source(numbered_file, "validation", data_split="1,1,0", batch_size=1000, seq_len=64, packing=packing)
+    (everything,) = take(whole, whole.num_batches)
+    real = everything[DECODER_LOSS_WEIGHTS].sum(axis=1) > 0
+    rows = everything[DECODER_INPUT_TOKENS][real]
+    assert 20 < len(rows) < 1000
+    hosts = [source(numbered_file, "validation", data_split="1,1,0", batch_size=3, seq_len=64, packing=packing,
+                    shard_index=i, shard_count=2) for i in range(2)]
+    assert hosts[0].num_batches == hosts[1].num_batches == -(-len(rows) // 6)
+    batches = [take(host, host.num_batches) for host in hosts]
+    with pytest.raises(StopIteration):
+        next(hosts[0])
+    seen = np.concatenate([np.concatenate([a[DECODER_INPUT_TOKENS], b[DECODER_INPUT_TOKENS]])
+                           for a, b in zip(*batches)])
+    weights = np.concatenate([np.concatenate([a[DECODER_LOSS_WEIGHTS], b[DECODER_LOSS_WEIGHTS]])
+                              for a, b in zip(*batches)])
+    np.testing.assert_array_equal(seen[:len(rows)], rows)
+    np.testing.assert_array_equal(weights[:len(rows)], everything[DECODER_LOSS_WEIGHTS][real])
+    assert len(seen) > len(rows) and not weights[len(rows):].any()  # filled up, counting nothing
+    hosts[0].reset()
+    assert_same_batches(take(hosts[0], 1), batches[0][:1])
+
+
+def test_validation_of_blended_files_reads_each_file_once(tmp_path, write_token_file):
+    a = write_token_file(tmp_path / "a", [[1] * 40] * 20, vocab_size=10)
+    b = write_token_file(tmp_path / "b", [[2] * 40] * 30, vocab_size=10)
+    src = source([a, b], "validation", blend_weights=[0.9, 0.1], data_split="0,1,0", batch_size=7, seq_len=10)
+    batches = take(src, src.num_batches)
+    counted = np.concatenate([x[DECODER_INPUT_TOKENS][x[DECODER_LOSS_WEIGHTS].sum(axis=1) > 0] for x in batches])
+    assert (np.sum(counted[:, 0] == 1), np.sum(counted[:, 0] == 2)) == (20 * 40 // 10 - 1, 30 * 40 // 10 - 1)
 
 
 def test_tokenizer_other_than_the_files_is_an_error(numbered_file, shared_data):

@@ -10,6 +10,7 @@ import pytest
 from t5x_like.data import load_tokenizer, make_source, open_token_file
 from t5x_like.data.formats import InputError
 from t5x_like.data.preprocess import preprocess
+from t5x_like.data.tokenizer import recorded_tokenizer_path
 from t5x_like.data.train_tokenizer import train_byte_level_bpe, train_sentencepiece
 from t5x_like.features import DECODER_INPUT_TOKENS
 
@@ -42,8 +43,10 @@ def test_token_file_holds_each_document_with_eod_in_input_order(tmp_path, corpus
     tokens = open_token_file(tmp_path / "out" / "p")
     assert tokens.num_documents == summary["num_documents"] == 300
     assert [tokens.document(i).tolist() for i in range(300)] == [tokenizer.encode(t) + [0] for t in TEXTS]
-    assert tokens.metadata["tokenizer"] == {"path": tokenizer_path, "sha256": tokenizer.sha256,
-                                            "vocab_size": 400, "eod_id": 0}
+    recorded = tokens.metadata["tokenizer"]
+    assert {k: recorded[k] for k in ("path", "sha256", "vocab_size", "eod_id")} == {
+        "path": tokenizer_path, "sha256": tokenizer.sha256, "vocab_size": 400, "eod_id": 0}
+    assert load_tokenizer(recorded_tokenizer_path(recorded)).sha256 == tokenizer.sha256  # the files travel with it
     assert tokens.metadata["sources"][:2] == corpus[:2] and len(tokens.metadata["sources"]) == 102
     assert tokens.tokens.dtype == np.uint16
 
@@ -64,7 +67,8 @@ def test_make_source_reads_the_preprocessed_file_with_its_tokenizer(tmp_path, co
     preprocess(corpus, str(tmp_path / "p"), tokenizer_path)
     src = make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
                       data_path=str(tmp_path / "p"))
-    assert (src.vocab_size, src.eod_id, src.tokenizer_path) == (400, 0, tokenizer_path)
+    assert (src.vocab_size, src.eod_id, load_tokenizer(src.tokenizer_path).sha256) == (
+        400, 0, load_tokenizer(tokenizer_path).sha256)
     assert next(src)[DECODER_INPUT_TOKENS].max() < 400
 
 
