@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import hashlib
@@ -56,7 +57,8 @@ LINK_KEY = PREFIX + "link"          # the port of process 0's link server
 SETTINGS_DIR = PREFIX + "settings/"
 AGREED_DIR = PREFIX + "agreed/"
 STOPPED, DONE = "stopped", "done"
-GRACE_S = 3.0       # a failure seen by the watcher: how long the main thread has to stop on its own
+INTERRUPT_S = 1.0   # a failure another thread saw: how long it waits to see the main thread interrupted
+GRACE_S = 10.0      # ... and then, for the main thread's clean-up
 ACK_WAIT_S = 10.0   # process 0 failing: how long it keeps the service up for the others to read why
 COMMUNICATION_ERRORS = re.compile(r"gloo|nccl|connection reset|socket closed|unavailable|deadline_exceeded|"
                                   r"coordination service|heartbeat|barrier", re.I)
@@ -76,7 +78,13 @@ class Failure:
 
 
 class PeerFailed(UserError):
-    """Another process failed or died: this one stops too."""
+    """Another process failed or died: this one stops too. Made in the main thread (raised there by a
+    watching thread, or by `agree`), it tells the watching threads that the main thread is stopping."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        if _cluster is not None:
+            _cluster.main_stopping.set()
 
 
 class Cluster:
@@ -94,6 +102,7 @@ class Cluster:
         self.links: list[socket.socket] = []
         self.exit_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.main_stopping = threading.Event()
         self.threads = [threading.Thread(target=self._watch, name="t5x_like-heartbeat", daemon=True),
                         threading.Thread(target=self._serve_links if process_id == 0 else self._hold_link,
                                          name="t5x_like-links", daemon=True)]
@@ -151,6 +160,7 @@ class Cluster:
                     self.failure = self.coordinator_lost()
             failure = self.read_failure()
             if failure is not None:
+                self.main_stopping.set()
                 raise PeerFailed(failure.summary)
 
     # ------------------------------------------------------------------------------- heartbeat
@@ -270,18 +280,24 @@ class Cluster:
     # ------------------------------------------------------------------------------- stopping
 
     def _on_failure(self, failure: Failure) -> None:
-        """A thread learned of a failure: the main thread gets GRACE_S to stop on its own (it may be waiting
-        in `agree`, and can then run its clean-up); if it is stuck in a collective, this thread stops the process."""
+        """A thread learned of a failure: PeerFailed is raised in the main thread, which then gets GRACE_S to
+        stop and run its clean-up (the run lock, empty folders) as for any error; if it waits in native code
+        (a collective, a compilation), the exception cannot reach it, and this thread stops the process."""
         self.failure = failure
         if failure.process == self.me and failure.summary.startswith(f"process {self.me} failed"):
             return  # this process's own failure: its main thread is already stopping
-        self.stopping.wait(GRACE_S)
+        if not self.main_stopping.is_set():
+            _interrupt_main_thread()
+            self.main_stopping.wait(INTERRUPT_S)
+        if self.main_stopping.is_set():
+            self.stopping.wait(GRACE_S)
         if self.exit_lock.acquire(blocking=False):
             self._exit(failure.summary)
 
     def stop_on(self, error: Exception) -> NoReturn:
         """The main thread's exception, in a job of several processes: every process stops, each naming why.
         Another process's failure comes first (a PeerFailed, or this process's error was its consequence)."""
+        self.main_stopping.set()
         known = self.read_failure()
         if known is not None and known.process != self.me:
             self._stop(known, None)
@@ -357,6 +373,12 @@ class Cluster:
             thread.join(timeout=self.poll_s + 2)
 
 
+def _interrupt_main_thread() -> None:
+    """PeerFailed in the main thread at its next Python instruction (at once unless it waits in native code)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
+                                               ctypes.py_object(PeerFailed))
+
+
 def _receive(connection: socket.socket) -> bytes:
     """What the other end sent; b'' once it has closed (or reset) the connection."""
     try:
@@ -398,7 +420,11 @@ def stop_together(main: F) -> F:
         except Exception as e:
             if _cluster is None:
                 raise
-            _cluster.stop_on(e)
+            while True:
+                try:
+                    _cluster.stop_on(e)  # never returns
+                except PeerFailed as interrupted:  # raised by a watching thread while this one was stopping
+                    e = interrupted
 
     return wrapped  # type: ignore[return-value]
 

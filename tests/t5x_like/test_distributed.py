@@ -251,7 +251,7 @@ def test_two_processes_sum_a_global_array(tmp_path):
 @pytest.mark.parametrize('victim, signum, named, within_s', [
     (1, signal.SIGKILL, 'process 1 died: its connection to process 0 closed', 5),
     (0, signal.SIGKILL, 'process 0 (the coordinator, 127.0.0.1:', 5),
-    (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + agreement.GRACE_S + 3),
+    (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + agreement.INTERRUPT_S + 3),
 ], ids=['worker_dies', 'coordinator_dies', 'worker_hangs'])
 def test_a_dead_process_makes_the_other_exit_naming_it(tmp_path, victim, signum, named, within_s):
     """Killed mid-collective (the kernel closes its connections: noticed at once) or hung (SIGSTOP: only its
