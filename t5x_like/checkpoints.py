@@ -411,10 +411,18 @@ class Checkpointer:
             return (step, *restored)
         return None
 
-    def _set_aside(self, steps: list[int]) -> None:
+    def set_aside_from(self, first: int, suffix: str) -> list[int]:
+        """Move every step from `first` on to `<step><suffix>` (kept for inspection, never resumed from);
+        returns those steps."""
+        self.wait()
+        steps = [step for step in sorted(self._manager.all_steps()) if step >= first]
+        self._set_aside(steps, suffix)
+        return steps
+
+    def _set_aside(self, steps: list[int], suffix: str = ".corrupt") -> None:
         if steps and distributed.is_primary():
             for step in steps:
-                os.replace(self.step_dir(step), self.step_dir(step) + ".corrupt")
+                os.replace(self.step_dir(step), self.step_dir(step) + suffix)
         if steps:
             if jax.process_count() > 1:
                 from jax.experimental import multihost_utils

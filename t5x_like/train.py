@@ -102,17 +102,23 @@ class TrainResult:
 @gin.configurable(denylist=["data_source", "experiment"])
 def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, on_corrupt_checkpoint: str = "fallback", data_source: Callable = make_source,
+          log_every: int = 10, on_corrupt_checkpoint: str = "fallback", nonfinite_in_a_row: int = 5,
+          restart_data: bool = False, data_source: Callable = make_source,
           experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
     """Train for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint. `experiment`
     assembles the run (gin binds build_experiment's arguments); it is called with the restored model config.
 
     A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
-    stops the run, nothing of that step saved; 'skip' goes on). `on_corrupt_checkpoint`: a damaged
-    checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop')."""
+    stops the run, nothing of that step saved; 'skip' goes on, and stops after `nonfinite_in_a_row` such steps
+    in a row: the state itself is bad). A stop sets aside the checkpoints holding the state that gave the
+    non-finite loss or gradients, so a restart resumes from an earlier one. `on_corrupt_checkpoint`: a damaged
+    checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop').
+    A resume continues the data where the checkpoint left it (at the next unseen row when BATCH_SIZE changed)
+    and refuses data other than the checkpoint's; `restart_data` starts the data over instead."""
     check_settings(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
                    keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_steps=eval_steps,
-                   restore_from=restore_from, log_every=log_every, on_corrupt_checkpoint=on_corrupt_checkpoint)
+                   restore_from=restore_from, log_every=log_every, on_corrupt_checkpoint=on_corrupt_checkpoint,
+                   nonfinite_in_a_row=nonfinite_in_a_row)
     primary = distributed.is_primary()
     with contextlib.ExitStack() as run:
         run.enter_context(storage.one_line_errors(model_dir))  # a full disk: one line, not orbax's tracebacks
@@ -134,6 +140,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         eval_source = open_source(data_source, "validation", exp) if eval_every else None
         if eval_source is not None:
             run.callback(eval_source.close)
+            eval_batches = validation_batches(eval_source, eval_steps)
         agree_on_settings(latest)  # before the first collective: a process that failed or differs stops all
         # A resumed state is read straight into its shardings: nothing is initialised only to be replaced.
         target = exp.sharded_abstract_state()
@@ -141,7 +148,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         resumed = restore_newest(ckpt, target, exp.shardings, on_corrupt_checkpoint) if latest is not None else None
         if resumed is not None:
             state, data_state = resumed
-            source.set_state(data_state)
+            resume_data(source, data_state, restart_data)
             logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
             warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step),
                                  int(optim.applied_updates(state.opt_state)))
@@ -152,7 +159,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         step = int(state.step)
         if primary:
             write_config(model_dir, step)
-        model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": source.tokenizer_path,
+        model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": tokenizer_record(source),
                       "train_steps": train_steps}
         writer = metrics.MetricsWriter(model_dir, enabled=primary, start_step=step)
         run.callback(writer.close)
@@ -161,7 +168,8 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         stop = stopping.StopSignal()
         run.callback(stop.restore)
-        check = NonfiniteCheck(state.params, exp.on_nonfinite)
+        check = NonfiniteCheck(state.params, exp.on_nonfinite, nonfinite_in_a_row)
+        run.push(set_aside_bad_states(ckpt))
         run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
         start, first_step = time.perf_counter(), step
         step_fn = exp.train_step
@@ -184,7 +192,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
             if saving:
                 save(ckpt, step, state, source, model_info, exp.optimizer)
             if evaluating:
-                evaluate(exp, state.params, eval_source, eval_steps, writer, step)
+                evaluate(exp, state.params, eval_source, eval_batches, writer, step)
                 throughput.reset()  # step times exclude evaluation (and its compilation)
         if pending:
             report(*pending, writer, throughput, train_steps, 1, check)
@@ -193,7 +201,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         if ckpt.latest_step() != step:
             save(ckpt, step, state, source, model_info, exp.optimizer)
         if eval_every and step % eval_every and step >= train_steps:
-            evaluate(exp, state.params, eval_source, eval_steps, writer, step)
+            evaluate(exp, state.params, eval_source, eval_batches, writer, step)
         ckpt.wait()
         if primary:
             logging.info("%s", summary(model_dir, step - first_step, step, train_steps, exp.tokens_per_step,
@@ -237,14 +245,16 @@ def no_empty_folders_after_failure(model_dir: str) -> Callable[..., None]:
 
 
 def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps,
-                   restore_from, log_every, on_corrupt_checkpoint, **_) -> None:
+                   restore_from, log_every, on_corrupt_checkpoint, nonfinite_in_a_row, **_) -> None:
     """train()'s settings in range and MODEL_DIR writable: run by train() and by --print_config."""
     validate.non_negative_int("TRAIN_STEPS", train_steps)
     validate.positive_int("CHECKPOINT_EVERY", checkpoint_every)
     validate.positive_int("train.keep_checkpoints", keep_checkpoints)
     validate.non_negative_int("EVAL_EVERY", eval_every, fix="0 = no periodic validation")
-    validate.positive_int("EVAL_STEPS", eval_steps)
+    if eval_steps != ALL_BATCHES:
+        validate.positive_int("EVAL_STEPS", eval_steps, fix=f"or {ALL_BATCHES} for the whole validation split")
     validate.positive_int("train.log_every", log_every)
+    validate.positive_int("train.nonfinite_in_a_row", nonfinite_in_a_row)
     validate.one_of("train.on_corrupt_checkpoint", on_corrupt_checkpoint, checkpoints.ON_CORRUPT)
     for name, value in (("MODEL_DIR", model_dir), ("RESTORE_FROM", "-" if restore_from is None else restore_from)):
         if not isinstance(value, str) or not value.strip():
@@ -362,6 +372,28 @@ def open_source(data_source: Callable, split: str, exp: Experiment):
     return source
 
 
+def resume_data(source, data_state: dict, restart_data: bool) -> None:
+    """The data source at the checkpoint's position, or (`restart_data`) at its start, said so."""
+    if not restart_data:
+        source.set_state(data_state)
+        return
+    logging.warning("train.restart_data=True: the data starts over from its first batch (the model, optimizer and "
+                    "step continue from the checkpoint)")
+
+
+def tokenizer_record(source) -> dict | None:
+    """What checkpoints record of the data's tokenizer: its files, so readers find it wherever the run moves
+    (nothing, said once, when the data names a tokenizer that does not load: older token files)."""
+    if not source.tokenizer_path:
+        return None
+    try:
+        return data.tokenizer_record(data.load_tokenizer(source.tokenizer_path))
+    except UserError as e:
+        logging.warning("the checkpoints record no tokenizer: the data's tokenizer does not load (%s); generate, "
+                        "eval and convert will need --tokenizer", e)
+        return None
+
+
 def train_state_item(state: trainer.TrainState) -> dict:
     """The checkpoint's train_state: all but the parameters (the FP8 state only when the model has one)."""
     item = {"step": state.step, "opt_state": state.opt_state, "rng": state.rng, "loss_scale": state.loss_scale}
@@ -386,36 +418,81 @@ def restore_newest(ckpt, state, shardings, on_corrupt: str):
     return state.replace(params=params, **rest), data_state
 
 
+NONFINITE_SUFFIX = ".nonfinite"
+
+
+class NonfiniteLossError(UserError, FloatingPointError):
+    """A run stopped by a non-finite loss, gradients or update. `bad_from`: the first step whose state gave a
+    non-finite loss or gradients (its checkpoints and later ones are not resumed from); None when the state
+    was fine (only the update overflowed)."""
+
+    def __init__(self, message: str, bad_from: int | None):
+        super().__init__(message)
+        self.bad_from = bad_from
+
+
 class NonfiniteCheck:
     """What a step with a non-finite loss, gradients or update leads to (the step itself never applied
-    it): a warning ('skip') or a FloatingPointError naming the step, what was not finite and likely
-    causes. Every process reads the same replicated metrics, so every process stops at the same step."""
+    it): a warning ('skip', or a float16 loss scale that backs off), or a NonfiniteLossError naming the step,
+    what was not finite and likely causes: at once ('stop'), or after `in_a_row` steps in a row whose loss or
+    gradients were not finite (the state itself is bad: skipping cannot get past it). Every process reads the
+    same replicated metrics, so every process stops at the same step."""
 
-    def __init__(self, params, on_nonfinite: str):
+    def __init__(self, params, on_nonfinite: str, in_a_row: int = 5):
         self.leaf_names = [jax.tree_util.keystr(path, simple=True, separator="/")
                            for path, _ in jax.tree_util.tree_leaves_with_path(params)]
-        self.on_nonfinite = on_nonfinite
+        self.on_nonfinite, self.in_a_row = on_nonfinite, in_a_row
+        self.bad_since: int | None = None  # the first step of the current run of non-finite losses / gradients
 
     def __call__(self, step: int, values: dict, grad_finite: np.ndarray) -> None:
+        bad = [name for name, finite in zip(self.leaf_names, grad_finite) if not finite]
+        state_bad = values["skipped"] and (bad or not math.isfinite(values["loss"]))
+        self.bad_since = (self.bad_since or step) if state_bad else None
         if not values["skipped"]:
             return
-        bad = [name for name, finite in zip(self.leaf_names, grad_finite) if not finite]
         what = (f"loss is {values['loss']}" if not math.isfinite(values["loss"]) else
                 f"loss is {values['loss']:.4f} but the gradients are not finite" if bad else
                 f"loss is {values['loss']:.4f} and the gradients are finite, but the update overflowed (it would "
                 "have made parameters or optimizer statistics non-finite)")
         where = (f"; non-finite gradients in {len(bad)} of {len(self.leaf_names)} parameters: "
                  f"{', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}") if bad else ""
-        if self.on_nonfinite == "skip" or "loss_scale" in values:
+        skipping = self.on_nonfinite == "skip" or "loss_scale" in values
+        if skipping and not (state_bad and step - self.bad_since + 1 >= self.in_a_row):
             logging.warning("step %d: %s%s; update skipped%s", step, what, where,
                             f" at loss scale {values['loss_scale']:g}" if "loss_scale" in values else "")
             return
-        raise FloatingPointError(
-            f"step {step}: {what}{where}. The update was not applied and no checkpoint of this or a later step "
-            "was written: the run resumes from the last checkpoint. Likely causes: a learning rate too high for "
+        if skipping:
+            what = (f"{step - self.bad_since + 1} steps in a row (train.nonfinite_in_a_row) had a non-finite loss "
+                    f"or gradients, from step {self.bad_since}: the model's state itself is bad, skipping cannot get "
+                    f"past it; at step {step} the {what}")
+        raise NonfiniteLossError(
+            f"step {step}: {what}{where}. The update was not applied. Likely causes: a learning rate too high for "
             "this model or batch (lower LEARNING_RATE, lengthen WARMUP_STEPS, keep gradient clipping on); "
-            "float16 overflow (use bfloat16 or float32); bad input (token ids beyond the vocabulary, "
-            "NaN loss weights). Or set build_experiment.on_nonfinite='skip' to skip such steps.")
+            "float16 overflow (use bfloat16 or float32); bad input (token ids beyond the vocabulary, NaN loss "
+            "weights)." + ("" if skipping else " Or set build_experiment.on_nonfinite='skip' to skip such steps."),
+            bad_from=(self.bad_since - 1) if self.bad_since else None)
+
+
+def set_aside_bad_states(ckpt: checkpoints.Checkpointer) -> Callable[..., None]:
+    """An ExitStack callback: a run stopped by NonfiniteLossError sets aside the checkpoints that hold the
+    state which gave the non-finite loss or gradients (the step before it, and any later), so no restart
+    resumes from them, and its message says where a restart resumes."""
+
+    def on_exit(exc_type, error, _) -> None:
+        if not isinstance(error, NonfiniteLossError):
+            return
+        moved = ckpt.set_aside_from(error.bad_from, NONFINITE_SUFFIX) if error.bad_from is not None else []
+        latest = ckpt.latest_step()
+        resumes = (f"a restart resumes from step {latest}" if latest is not None else
+                   "there is no earlier checkpoint: a restart starts the run over")
+        if moved:
+            names = ", ".join(f"{s}{NONFINITE_SUFFIX}" for s in moved)
+            resumes = (f"checkpoint step(s) {', '.join(map(str, moved))} held that state and were set aside in "
+                       f"{ckpt.directory} as {names}; {resumes}")
+        raise NonfiniteLossError(f"{error} Nothing of this or a later step was saved; {resumes}.",
+                                 error.bad_from) from None
+
+    return on_exit
 
 
 def report(step, step_metrics, writer, throughput, total, log_every, check: NonfiniteCheck) -> None:
@@ -439,11 +516,36 @@ def save(ckpt: checkpoints.Checkpointer, step: int, state: trainer.TrainState, s
               model=info)
 
 
-def evaluate(exp: Experiment, params, source, eval_steps, writer, step) -> None:
-    """Validation loss and token accuracy over the first `eval_steps` batches of the validation split."""
+ALL_BATCHES = -1
+"""EVAL_STEPS = -1: every batch of the validation split."""
+
+
+def validation_batches(source, eval_steps: int) -> int:
+    """How many batches each evaluation reads: EVAL_STEPS, or the whole split (-1, or when the split holds fewer;
+    said here, once)."""
+    available = source.num_batches
+    if available is None:
+        if eval_steps == ALL_BATCHES:
+            raise UserError("EVAL_STEPS=-1 (the whole validation split) needs a split whose length is known ahead "
+                            "(token files, pair and labelled files); a TFDS source streams its split: give "
+                            "EVAL_STEPS a number of batches.")
+        return eval_steps
+    rows = f"{available} global batches of BATCH_SIZE rows, the last filled up with rows that count nothing"
+    if eval_steps == ALL_BATCHES:
+        logging.info("validation: the whole split every time: %s", rows)
+    elif eval_steps > available:
+        logging.warning("validation: EVAL_STEPS=%d, but the validation split holds only %s; every evaluation "
+                        "reads the whole split once (EVAL_STEPS=-1 says so)", eval_steps, rows)
+    else:
+        return eval_steps
+    return available
+
+
+def evaluate(exp: Experiment, params, source, batches: int, writer, step) -> None:
+    """Validation loss and token accuracy over the first `batches` batches of the validation split."""
     source.reset()
     sums = {"nll_sum": 0.0, "accuracy_sum": 0.0, "weight_sum": 0.0}
-    for _ in range(eval_steps):
+    for _ in range(batches):
         out = jax.device_get(exp.eval_step(params, exp.global_batch(next(source))))
         sums = {k: total + float(out[k]) for k, total in sums.items()}
     weight = max(sums["weight_sum"], 1.0)

@@ -28,6 +28,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_hf = commands.add_parser("to-hf", help="checkpoint -> Hugging Face directory")
     to_hf.add_argument("src", help="MODEL_DIR (latest step) or a step directory")
     to_hf.add_argument("dst", help="output directory")
+    to_hf.add_argument("--tokenizer", default=None,
+                       help="the tokenizer to write (default: the one the checkpoint records), in any form training "
+                            "takes: a directory or tokenizer.json, GPT-2 BPE files, vocab.txt, a sentencepiece .model")
     to_torch = commands.add_parser("to-torch", help="checkpoint -> torch state_dict file")
     to_torch.add_argument("src", help="MODEL_DIR (latest step) or a step directory")
     to_torch.add_argument("file", help="output .pt file")
@@ -80,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_arguments(args)
     if args.command == "to-hf":
-        hf.to_hf(args.src, args.dst)
-        print(f"wrote {args.dst} (config.json, model.safetensors)")
+        hf.to_hf(args.src, args.dst, args.tokenizer)
+        print(f"wrote {args.dst} (config.json, model.safetensors and the tokenizer's files)")
     elif args.command == "to-torch":
         hf.to_torch(args.src, args.file)
         print(f"wrote {args.file}")

@@ -30,6 +30,7 @@ import grain
 import numpy as np
 from absl import flags
 
+from t5x_like.data.fingerprint import describe_change
 from t5x_like.data.token_file import TokenFile
 from t5x_like.errors import UserError
 from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
@@ -64,32 +65,98 @@ class BatchSource(Protocol):
         """Release files and worker processes."""
 
 
-class GrainBatchSource:
-    """A `BatchSource` over a grain dataset whose iterator state is a JSON-serialisable dict."""
+DATA_STATE_FORMAT = "t5x_like.data_position/1"
 
-    def __init__(self, dataset: grain.IterDataset, *, vocab_size: int, eod_id: int, tokenizer_path: str | None,
-                 num_batches: int | None = None):
+
+class DataChangedError(UserError):
+    """A resume on data other than the checkpoint's (its fingerprint differs)."""
+
+
+class GrainBatchSource:
+    """A `BatchSource` over grain batches of a row stream (`batches(start_row)` builds them from a row on).
+
+    Its state says where it stands in rows, with what it reads: a resume with another global batch (BATCH_SIZE,
+    or the hosts) continues at the next unseen row; one with other FEATURE_LENGTHS reads rows of another length,
+    and starts about as many tokens in; one on other data (the `fingerprint`: files, tokenizer, split, blend) is
+    refused (DataChangedError)."""
+
+    def __init__(self, batches: Callable[[int], grain.IterDataset], *, vocab_size: int, eod_id: int,
+                 tokenizer_path: str | None, global_batch: int, lengths: dict[str, int],
+                 fingerprint: dict | None = None, data_paths: Sequence[str] = (), num_batches: int | None = None):
         self.vocab_size = vocab_size
         self.eod_id = eod_id
         self.tokenizer_path = tokenizer_path
         self.num_batches = num_batches
-        self._iterator = iter(dataset)
+        self.global_batch, self.lengths, self.fingerprint = global_batch, dict(lengths), fingerprint
+        self._batches, self._paths = batches, list(data_paths)
+        self._iterator = None
+        self._start(0)
         self._initial_state = self._iterator.get_state()
+
+    def _start(self, row: int) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+        self._start_row, self._read = row, 0
+        self._iterator = iter(self._batches(row))
 
     def __iter__(self) -> GrainBatchSource:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        return next(self._iterator)
+        batch = next(self._iterator)
+        self._read += 1
+        return batch
+
+    @property
+    def rows_read(self) -> int:
+        """Rows of the stream before the next batch (every host's: global batches times their rows)."""
+        return self._start_row + self._read * self.global_batch
 
     def get_state(self) -> dict:
-        return self._iterator.get_state()
+        return {"format": DATA_STATE_FORMAT, "rows": self.rows_read, "start_row": self._start_row,
+                "iterator": self._iterator.get_state(), "global_batch": self.global_batch, "lengths": self.lengths,
+                "fingerprint": self.fingerprint}
 
     def set_state(self, state: dict) -> None:
-        self._iterator.set_state(state)
+        if state.get("format") != DATA_STATE_FORMAT:  # written by an older version: grain's state alone
+            self._iterator.set_state(state)
+            return
+        self.check_same_data(state)
+        if state["lengths"] == self.lengths and state["global_batch"] == self.global_batch:
+            if state["start_row"] != self._start_row:
+                self._start(state["start_row"])
+            self._iterator.set_state(state["iterator"])
+            self._read = (state["rows"] - state["start_row"]) // self.global_batch
+            return
+        if state["lengths"] == self.lengths:
+            row = state["rows"]
+            logging.warning("data: the checkpoint's run read %d rows a step, this one reads %d (BATCH_SIZE, or the "
+                            "hosts): continuing at row %d, the first it has not trained on", state["global_batch"],
+                            self.global_batch, row)
+        else:
+            row = round(state["rows"] * sum(state["lengths"].values()) / sum(self.lengths.values()))
+            logging.warning("data: the checkpoint's run read rows of FEATURE_LENGTHS=%s, this one %s: rows of another "
+                            "length are another sequence of rows; continuing at row %d, about as many tokens into "
+                            "the data (%d rows of the old length were read)", state["lengths"], self.lengths, row,
+                            state["rows"])
+        self._start(row)
+
+    def check_same_data(self, state: dict) -> None:
+        """DataChangedError when `state` was saved reading other data than this source's."""
+        if self.fingerprint is None or not state.get("fingerprint"):
+            return
+        change = describe_change(state["fingerprint"], self.fingerprint, self._paths)
+        if change:
+            raise DataChangedError(
+                f"the data is not what the checkpoint trained on: {change}. Resuming would continue at row "
+                f"{state['rows']:,} of other data. Give DATA_PATH the data the run trained on, or set "
+                "--gin.train.restart_data=True to start the data over (the model keeps its training).")
 
     def reset(self) -> None:
-        self.set_state(self._initial_state)
+        if self._start_row:
+            self._start(0)
+        self._iterator.set_state(self._initial_state)
+        self._read = 0
 
     def close(self) -> None:
         """Stops loader worker processes now rather than at garbage collection."""
@@ -236,23 +303,31 @@ def combine(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | Non
 
 
 def batch_source(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int, worker_count: int,
-                 vocab_size: int, eod_id: int, tokenizer_path: str | None,
+                 vocab_size: int, eod_id: int, tokenizer_path: str | None, feature_lengths: dict[str, int],
+                 fingerprint: dict | None = None, data_paths: Sequence[str] = (),
                  arrays: Callable[[dict], dict] | None = None) -> GrainBatchSource:
     """This host's slice of every global batch of `rows` (`arrays` turns a batch of rows into the features,
     when the rows are not features already). Endless rows (training) give endless batches; one pass over a
     split gives ceil(rows / global batch) batches, the last filled up with padding rows that count nothing
-    (zero loss weights, no label)."""
+    (zero loss weights, no label). `fingerprint` identifies the data (fingerprint.data_fingerprint)."""
     num_rows = len(rows) if len(rows) < sys.maxsize else None
     global_batch = batch_size * shard_count
     if num_rows is not None:
         rows = rows.repeat(-(-global_batch // num_rows) + 1)[:-(-num_rows // global_batch) * global_batch]
-    batches = host_slice(rows, batch_size=batch_size, shard_index=shard_index, shard_count=shard_count)
-    if arrays is not None:
-        batches = batches.map(arrays)
-    if num_rows is not None:
-        batches = batches.map_with_index(PaddingRows(num_rows, batch_size, shard_index, shard_count))
-    return GrainBatchSource(prefetched(batches, worker_count), vocab_size=vocab_size, eod_id=eod_id,
-                            tokenizer_path=tokenizer_path, num_batches=None if num_rows is None else len(batches))
+
+    def batches(start_row: int) -> grain.IterDataset:
+        host = host_slice(rows[start_row:] if start_row else rows, batch_size=batch_size, shard_index=shard_index,
+                          shard_count=shard_count)
+        if arrays is not None:
+            host = host.map(arrays)
+        if num_rows is not None:
+            host = host.map_with_index(PaddingRows(num_rows, batch_size, shard_index, shard_count))
+        return prefetched(host, worker_count)
+
+    return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
+                            global_batch=global_batch, lengths=feature_lengths, fingerprint=fingerprint,
+                            data_paths=data_paths,
+                            num_batches=None if num_rows is None else -(-num_rows // global_batch))
 
 
 class PaddingRows:

@@ -54,6 +54,7 @@ import grain
 import numpy as np
 
 from t5x_like.data import builtin, loader
+from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource, GrainBatchSource
 from t5x_like.data.sources import token_files_vocabulary
 from t5x_like.data.token_file import TokenFile, open_token_file, token_dtype
@@ -304,9 +305,13 @@ def make_span_corruption_source(split: str, *, batch_size: int, feature_lengths:
         source = _span_examples(file, split, data_split, raw_length, lengths, packing,
                                 (noise_density, mean_noise_span_length))
         rows.append(loader.split_pass(source, f"{file.prefix} ({split})", split, seed).map_with_index(corrupt))
+    fingerprint = data_fingerprint([f.prefix for f in files], loaded.sha256, objective="span_corruption",
+                                   data_split=data_split, blend_weights=blend_weights, packing=packing, seed=seed,
+                                   noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
     return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count, vocab_size=vocab_size,
-                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path)
+                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path, feature_lengths=lengths,
+                         fingerprint=fingerprint, data_paths=[f.prefix for f in files])
 
 
 def _raw_length(lengths: dict[str, int], noise_density: float, mean_noise_span_length: float,
@@ -383,9 +388,14 @@ def make_seq2seq_source(split: str, *, batch_size: int, feature_lengths: dict[st
         inputs, targets = token_files[path] if path in token_files else _tokenized_pairs(path, loaded)
         source = _pair_examples(inputs, targets, path, split, None if whole else data_split, lengths, packing)
         rows.append(loader.split_pass(source, f"{path} ({split})", split, seed).map(trim))
+    files = [f"{p}.{side}" for p in paths if p in token_files for side in ("inputs", "targets")] + \
+        [p for p in paths if p not in token_files]
+    fingerprint = data_fingerprint(files, loaded.sha256, objective="seq2seq", data_split=None if whole else data_split,
+                                   blend_weights=blend_weights, packing=packing, seed=seed)
     return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count, vocab_size=vocab_size,
-                         eod_id=loaded.eod_id, tokenizer_path=tokenizer)
+                         eod_id=loaded.eod_id, tokenizer_path=tokenizer, feature_lengths=lengths,
+                         fingerprint=fingerprint, data_paths=files)
 
 
 def _split_paths(data_path, split: str) -> tuple[list[str], bool]:
@@ -683,9 +693,13 @@ def make_mlm_source(split: str, *, batch_size: int, feature_lengths: dict[str, i
                           packed=packing, seed=seed, salt=salt)
         source = _mlm_pieces(file, split, data_split, lengths["inputs"], packing, loaded.eod_id)
         rows.append(loader.split_pass(source, f"{file.prefix} ({split})", split, seed).map_with_index(mask))
+    fingerprint = data_fingerprint([f.prefix for f in files], loaded.sha256, objective="mlm", data_split=data_split,
+                                   blend_weights=blend_weights, packing=packing, seed=seed, mask_rate=mask_rate,
+                                   whole_word_masking=whole_word_masking)
     return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count, vocab_size=vocab.vocab_size,
-                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path)
+                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path, feature_lengths=lengths,
+                         fingerprint=fingerprint, data_paths=[f.prefix for f in files])
 
 
 def _mlm_pieces(file: TokenFile, split: str, data_split: str, length: int, packing: bool,
@@ -897,6 +911,10 @@ def make_classification_source(split: str, *, batch_size: int, feature_lengths: 
         source = ClassificationRows(ids[first:last], label_index[first:last], lengths["inputs"],
                                     mlm_vocabulary(loaded).pad_id)
         rows.append(loader.split_pass(source, f"{path} ({split})", split, seed))
+    fingerprint = data_fingerprint(paths, loaded.sha256, objective="classification",
+                                   data_split=None if whole else data_split, blend_weights=blend_weights, seed=seed,
+                                   labels=labels)
     return _batch_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
                          shard_count=shard_count, worker_count=worker_count,
-                         vocab_size=mlm_vocabulary(loaded).vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer)
+                         vocab_size=mlm_vocabulary(loaded).vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer,
+                         feature_lengths=lengths, fingerprint=fingerprint, data_paths=paths)

@@ -23,7 +23,7 @@ from absl import flags
 
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
-from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+from t5x_like.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_record
 from t5x_like import validate
 from t5x_like.errors import exit_on_user_error, run_absl_app
 
@@ -95,9 +95,8 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
     paths = formats.expand_inputs(inputs)
     tokenizer = validate.tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
-    metadata = {"tokenizer": {"path": tokenizer_path, "sha256": tokenizer.sha256,
-                              "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id},
-                "append_eod": append_eod, "sources": paths}
+    metadata = {"tokenizer": tokenizer_record(tokenizer), "append_eod": append_eod,
+                "sources": [os.path.abspath(p) for p in paths]}
     stats = collections.Counter()
     documents = formats.read_documents(paths, fmt, json_keys, decode_errors, stats)
     start = time.perf_counter()

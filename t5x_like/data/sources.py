@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 from t5x_like.data import builtin, loader
+from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.errors import UserError
 from t5x_like.data.loader import BatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, check_ids, open_token_file
@@ -102,10 +103,19 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     logging.info("data: %s split (DATA_SPLIT=%s, SEQ_LEN=%d%s)\n%s", split, data_split, seq_len,
                  ", packed" if packing else "", split_table(files, passes, split, data_split, blend_weights))
     rows = [loader.split_pass(p, f"{f.prefix} ({split})", split, seed) for f, p in zip(files, passes)]
+    fingerprint = data_fingerprint(prefixes, tokenizer_sha256(files, tokenizer_path), objective="causal_lm",
+                                   data_split=data_split, blend_weights=blend_weights, packing=packing, seed=seed)
     return loader.batch_source(loader.combine(rows, blend_weights, split), batch_size=batch_size,
                                shard_index=shard_index, shard_count=shard_count, worker_count=worker_count,
                                vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
+                               feature_lengths=dict(feature_lengths), fingerprint=fingerprint, data_paths=prefixes,
                                arrays=loader.packed_arrays if packing else loader.window_arrays)
+
+
+def tokenizer_sha256(files: list[TokenFile], tokenizer_path: str) -> str:
+    """The sha256 of the files' tokenizer: as their metadata records it, else (Megatron files) TOKENIZER's."""
+    recorded = (files[0].metadata or {}).get("tokenizer")
+    return recorded["sha256"] if recorded else load_tokenizer(tokenizer_path).sha256
 
 
 def tokenizer_vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,

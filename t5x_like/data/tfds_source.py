@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from t5x_like.data import loader
+from t5x_like.errors import UserError
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -82,5 +83,14 @@ def make_tfds_source(name: str, split: str, tfds_split: str, *, data_dir: str | 
     else:
         rows = grain.experimental.ConcatThenSplitIterDataset(stream, length_struct=length)
     batches = rows.batch(batch_size, drop_remainder=True).map(loader.packed_arrays if packing else loader.window_arrays)
-    return loader.GrainBatchSource(batches, vocab_size=loaded.vocab_size, eod_id=loaded.eod_id,
-                                   tokenizer_path=tokenizer)
+
+    def from_row(row: int) -> grain.IterDataset:
+        if row:
+            raise UserError(f"TFDS dataset {name}: a resume with another BATCH_SIZE, host count or SEQ_LEN cannot "
+                            "continue a TFDS stream at a row; keep them as the checkpoint's run had them, or set "
+                            "--gin.train.restart_data=True to start the data over.")
+        return batches
+
+    return loader.GrainBatchSource(from_row, vocab_size=loaded.vocab_size, eod_id=loaded.eod_id,
+                                   tokenizer_path=tokenizer, global_batch=batch_size * shard_count,
+                                   lengths={"targets": seq_len})

@@ -19,6 +19,7 @@ from partitioning import make_mesh
 from t5x_like import checkpoints, metrics, optim, run_lock, train
 from t5x_like.convert import hf
 from t5x_like.data import make_source
+from t5x_like.data.loader import DataChangedError
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, open_token_file
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
@@ -220,11 +221,33 @@ def test_a_nonfinite_step_is_never_applied_or_saved_and_is_explained(synthetic_s
             return batch
 
     with pytest.raises(FloatingPointError, match=r"step 3: loss is nan; non-finite gradients in \d+ of \d+ "
-                                                 r"parameters: \S+/\S+, .*The update was not applied.*LEARNING_RATE"):
+                                                 r"parameters: \S+/\S+, .*The update was not applied.*LEARNING_RATE.*"
+                                                 r"checkpoint step\(s\) 2 held that state and were set aside .* as "
+                                                 r"2\.nonfinite; a restart resumes from step 1\."):
         run(tmp_path, PoisonedThirdBatch, steps=6, checkpoint_every=1)
-    assert saved_steps(tmp_path) == [1, 2]
+    assert saved_steps(tmp_path) == [1] and (tmp_path / "checkpoints" / "2.nonfinite").is_dir()
     params = final_params(tmp_path)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_skipping_stops_when_the_state_itself_gives_nonfinite_losses(synthetic_source, tmp_path, caplog):
+    """'skip' gets past a bad batch, not a bad state: 3 non-finite losses in a row (train.nonfinite_in_a_row)
+    stop the run, and the checkpoints holding the state they came from (steps 2, 3, 4: skipped steps keep it)
+    are set aside."""
+    class PoisonedFromTheThird(synthetic_source):
+        def __next__(self):
+            batch = super().__next__()
+            if self.index >= 3:
+                batch[DECODER_LOSS_WEIGHTS] = batch[DECODER_LOSS_WEIGHTS] * np.float32(np.nan)
+            return batch
+
+    with caplog.at_level(logging.WARNING), pytest.raises(
+            train.NonfiniteLossError, match=r"step 5: 3 steps in a row \(train.nonfinite_in_a_row\) had a non-finite "
+                                            r"loss or gradients, from step 3: the model's state itself is bad.* "
+                                            r"checkpoint step\(s\) 2, 3, 4 held that state.*resumes from step 1\."):
+        run(tmp_path, PoisonedFromTheThird, steps=10, checkpoint_every=1, nonfinite_in_a_row=3,
+            settings={"on_nonfinite": "skip"})
+    assert caplog.text.count("update skipped") == 2 and saved_steps(tmp_path) == [1]
 
 
 def all_checkpoints_finite(model_dir) -> None:
@@ -373,6 +396,22 @@ def write_tokens(prefix, documents, vocab_size):
     with TokenFileWriter(prefix, np.uint16, {"tokenizer": made_with}) as writer:
         writer.write(np.concatenate([np.asarray(d) for d in documents]), np.array([len(d) for d in documents]))
     return str(prefix)
+
+
+def test_a_resume_on_a_changed_corpus_is_refused_unless_the_data_starts_over(tmp_path, caplog):
+    """The corpus preprocessed again under the prefix the run trains on: the resume is refused in one line
+    naming the file; train.restart_data=True resumes the model and starts the data over, saying so."""
+    documents = [[(7 * d + t) % 250 + 1 for t in range(30)] for d in range(80)]
+    prefix = write_tokens(tmp_path / "corpus", documents, vocab_size=256)
+    source = functools.partial(make_source, data_path=prefix)
+    run(tmp_path / "run", source, steps=2)
+    write_tokens(tmp_path / "corpus", documents[:70], vocab_size=256)
+    with pytest.raises(DataChangedError, match=r"data file 1 \(.*corpus\): [\d,]+, [\d,]+ bytes then, .* now\. "
+                                               r"Resuming would continue at row 8 of other data"):
+        run(tmp_path / "run", source, steps=4)
+    with caplog.at_level(logging.WARNING):
+        assert run(tmp_path / "run", source, steps=4, restart_data=True).step == 4
+    assert "train.restart_data=True: the data starts over" in caplog.text
 
 
 def test_token_ids_outside_the_vocabulary_are_named(tmp_path):

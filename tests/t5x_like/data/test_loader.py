@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from t5x_like.data import make_source
-from t5x_like.data.loader import split_documents
+from t5x_like.data.loader import DataChangedError, split_documents
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 from t5x_like.errors import UserError
 
@@ -60,6 +60,74 @@ def test_resume_continues_exactly_without_replay(numbered_file, packing):
     resumed = source(numbered_file, packing=packing)
     resumed.set_state(state)
     assert_same_batches(take(resumed, 7), uninterrupted[5:])
+
+
+def rows_of(batches):
+    return np.concatenate([b[DECODER_INPUT_TOKENS] for b in batches])
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_resume_with_another_batch_size_continues_at_the_next_unseen_row(numbered_file, packing, caplog):
+    """The position is in rows: 5 batches of 4 rows read, then 8 rows a step on 2 hosts (4 each) read rows
+    20.. of the same stream, said once; the state saved then resumes exactly again."""
+    uninterrupted = rows_of(take(source(numbered_file, packing=packing), 9))
+    first = source(numbered_file, packing=packing)
+    take(first, 5)
+    state = json.loads(json.dumps(first.get_state()))
+    assert state["rows"] == 20 and state["global_batch"] == 4
+    hosts = [source(numbered_file, packing=packing, shard_index=h, shard_count=2) for h in range(2)]
+    with caplog.at_level(logging.WARNING):
+        for host in hosts:
+            host.set_state(state)
+    assert "this one reads 8 (BATCH_SIZE, or the hosts): continuing at row 20, the first it has not trained on" \
+        in caplog.text
+    steps = [take(host, 2) for host in hosts]
+    both = np.concatenate([rows_of([steps[0][i], steps[1][i]]) for i in range(2)])
+    np.testing.assert_array_equal(both, uninterrupted[20:36])
+    again = source(numbered_file, packing=packing, shard_index=1, shard_count=2)
+    again.set_state(json.loads(json.dumps(hosts[1].get_state())))
+    assert_same_batches(take(again, 1), take(hosts[1], 1))
+
+
+def test_a_resume_with_another_seq_len_starts_about_as_many_tokens_in(numbered_file, caplog):
+    first = source(numbered_file, seq_len=16)
+    take(first, 6)  # 24 rows of 16 tokens
+    longer = source(numbered_file, seq_len=32)
+    with caplog.at_level(logging.WARNING):
+        longer.set_state(first.get_state())
+    assert "FEATURE_LENGTHS={'targets': 16}, this one {'targets': 32}" in caplog.text
+    assert longer.get_state()["rows"] == 12
+    np.testing.assert_array_equal(rows_of(take(longer, 1)), rows_of(take(source(numbered_file, seq_len=32), 4))[12:16])
+
+
+def test_a_resume_on_other_data_is_refused_naming_what_changed(tmp_path, numbered_file, numbered_documents,
+                                                                write_token_file):
+    """The corpus preprocessed again under the same prefix, another tokenizer or DATA_SPLIT: one line naming the
+    change and the fix; the same content under another name (the data moved) resumes."""
+    src = source(numbered_file)
+    take(src, 3)
+    state = src.get_state()
+    write_token_file(tmp_path / "numbered", numbered_documents[:150], vocab_size=1 << 20)  # preprocessed again
+    with pytest.raises(DataChangedError, match=r"data file 1 \(.*numbered\): .* bytes then, .* now\. Resuming "
+                                               r"would continue at row 12 of other data.*train\.restart_data=True"):
+        source(numbered_file).set_state(state)
+    moved = write_token_file(tmp_path / "moved", numbered_documents, vocab_size=1 << 20)
+    again = source(moved)
+    again.set_state(state)
+    assert again.get_state()["rows"] == 12
+    with pytest.raises(DataChangedError, match=r"data_split \('949,50,1' then, '98,2,0' now\)"):
+        source(moved, data_split="98,2,0").set_state(state)
+    other_tokenizer = {"path": "other", "sha256": "1" * 64, "vocab_size": 1 << 20, "eod_id": 0}
+    retokenized = write_token_file(tmp_path / "retok", numbered_documents, tokenizer=other_tokenizer)
+    with pytest.raises(DataChangedError, match=r"the tokenizer \(sha256 000000000000… then, 111111111111… now\)"):
+        source(retokenized).set_state(state)
+
+
+def test_an_older_checkpoints_grain_state_still_resumes(numbered_file):
+    uninterrupted = take(source(numbered_file), 5)
+    older = source(numbered_file)
+    older.set_state({"next_index": 3})  # what checkpoints held before the position was kept in rows
+    assert_same_batches(take(older, 2), uninterrupted[3:])
 
 
 @pytest.mark.parametrize("packing", [False, True])
