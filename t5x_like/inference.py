@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from typing import Any, Callable
 
 import jax
@@ -35,6 +36,34 @@ def open_tokenizer(path: str | None, config, checkpoint: str = ""):
         raise UserError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
                         "was trained with (--tokenizer).")
+    return tokenizer
+
+
+MAX_UNUSED_VOCAB_ROWS = 1024
+"""Embedding rows past a model's tokenizer: models pad their vocabulary (GPT-NeoX-20B 50277 -> 50432, T5
+32100 -> 32128), but by fewer rows than this."""
+
+
+def check_tokenizer_matches(checkpoint: str, tokenizer, config, flag: str = "--tokenizer"):
+    """`tokenizer` (given by `flag`), refused when it is not the one the checkpoint was trained with: another
+    sha256 than the one it records (or than the recorded path's, for older records), or, with nothing recorded
+    to compare, far fewer ids than the model's vocabulary (as the converters refuse it)."""
+    record = checkpoints.read_model_info(checkpoint).get("tokenizer")
+    recorded = record if isinstance(record, dict) else None
+    if recorded is None and isinstance(record, str) and os.path.exists(record.removeprefix("cpm:")):
+        loaded = validate.tokenizer(f"the tokenizer checkpoint {checkpoint} records", record)
+        recorded = {"path": record, "sha256": loaded.sha256, "vocab_size": loaded.vocab_size}
+    if recorded and recorded.get("sha256") != tokenizer.sha256:
+        raise UserError(
+            f"{flag}={tokenizer.path} is another vocabulary than the one checkpoint {checkpoint} was trained with "
+            f"({recorded['path']}: {recorded['vocab_size']} ids, sha256 {recorded['sha256'][:12]}…; this one: "
+            f"{tokenizer.vocab_size} ids, sha256 {tokenizer.sha256[:12]}…), so its ids mean other text to the model; "
+            "leave out --tokenizer to use the recorded one, or pass that tokenizer.")
+    unused = config.vocab_size - tokenizer.vocab_size
+    if not recorded and unused > MAX_UNUSED_VOCAB_ROWS:
+        raise UserError(f"{flag}={tokenizer.path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
+                        f"{config.vocab_size}, so {unused} embedding rows would never be used: it is not this "
+                        "model's tokenizer. Pass the tokenizer the model was trained with.")
     return tokenizer
 
 
@@ -126,7 +155,9 @@ def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True)
     if args.dtype:
         config = dataclasses.replace(config, dtype=args.dtype)
     tokenizer = open_tokenizer(args.tokenizer or recorded_tokenizer, config, args.checkpoint) \
-        if with_tokenizer else None
+        if with_tokenizer or args.tokenizer else None
+    if args.tokenizer:  # checked against the checkpoint's even where the task does not use it
+        check_tokenizer_matches(args.checkpoint, tokenizer, config)
     partitioner = partitioner_from(args)
     return config, restore_sharded(args.checkpoint, config, partitioner), tokenizer, partitioner
 

@@ -166,11 +166,6 @@ def read_hf_weights(src: str) -> dict[str, np.ndarray]:
     return tensors
 
 
-MAX_UNUSED_VOCAB_ROWS = 1024
-"""Embedding rows past a model's tokenizer: models pad their vocabulary (GPT-NeoX-20B 50277 -> 50432, T5
-32100 -> 32128), but by fewer rows than this."""
-
-
 def hf_tokenizer_record(src: str, config) -> dict | None:
     """The record (tokenizer_record) of the tokenizer in the HF directory `src`, or None when it has none;
     a tokenizer far smaller than the model's vocabulary is refused (another model's files)."""
@@ -178,7 +173,7 @@ def hf_tokenizer_record(src: str, config) -> dict | None:
         return None
     tokenizer = inference.open_tokenizer(src, config, flag=f"the tokenizer in {src}")
     unused = config.vocab_size - tokenizer.vocab_size
-    if unused > MAX_UNUSED_VOCAB_ROWS:
+    if unused > inference.MAX_UNUSED_VOCAB_ROWS:
         raise UserError(
             f"{src}: the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {config.vocab_size}, "
             f"so {unused} embedding rows would never be used: these are not the model's tokenizer files. Put the "

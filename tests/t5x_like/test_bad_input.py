@@ -94,7 +94,7 @@ CONFIG = dict(vocab_size=50257, max_len=32, num_layers=1, num_heads=2, embed_dim
               dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
-def write_run(model_dir: str, steps: dict[int, float]) -> None:
+def write_run(model_dir: str, steps: dict[int, float], tokenizer: str = GPT2_BPE) -> None:
     """A MODEL_DIR whose checkpoints (written as train writes them, checksums included) hold random
     parameters; a NaN value for a step puts NaN into one of its parameters."""
     from models.gpt2 import GPT2Config
@@ -109,7 +109,7 @@ def write_run(model_dir: str, steps: dict[int, float]) -> None:
         params = [0.1 * jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves)]
         params[-1] = params[-1].at[(0,) * params[-1].ndim].set(poison)
         ckpt.save(step, params=jax.tree.unflatten(treedef, params), train_state={"step": jnp.int32(step)},
-                  data_state={"index": step}, model={"config": dataclasses.asdict(config), "tokenizer": GPT2_BPE})
+                  data_state={"index": step}, model={"config": dataclasses.asdict(config), "tokenizer": tokenizer})
         ckpt.wait()
     ckpt.close()
     with open(os.path.join(model_dir, "metrics.jsonl"), "w") as f:
@@ -142,6 +142,8 @@ def runs(tmp_path_factory):
     shutil.copytree(paths["good"], paths["flipped"])
     flip_a_byte(os.path.join(paths["flipped"], "checkpoints", "2"))
     write_run(paths["nan"], {1: 0.0, 2: float("nan")})
+    paths["unrecorded"] = str(root / "unrecorded")  # its tokenizer's path no longer exists
+    write_run(paths["unrecorded"], {1: 0.0}, tokenizer=str(root / "moved" / "tokenizer.json"))
     tokenizer = load_tokenizer(GPT2_BPE)
     for name, sha in (("tokens", tokenizer.sha256), ("other_tokens", "0" * 64)):
         made_with = {"path": GPT2_BPE if sha == tokenizer.sha256 else "other", "sha256": sha,
@@ -350,6 +352,15 @@ CASES = [
     case("train", ["--gin_file={gin_dir}/nothere.gin", *QUICK[1:]], "--gin_file={gin_dir}/nothere.gin: no gin file"),
     case("train", ["--gin_file=quikstart.gin", *QUICK[1:]], "did you mean quickstart.gin?"),
     case("compile", ["--gin_file={gin_open_brace}"], "{gin_open_brace}:2: `{{` is never closed"),
+    # issue 29: a tokenizer that is not the checkpoint's is refused (GPT-2's checkpoint, T5's 32000-id vocabulary;
+    # GPT-2's own files with two ids swapped: the same size, another vocabulary)
+    case("eval", ["--task=wikitext", "--checkpoint={good}", "--data={text}", "--tokenizer={t5_spiece}"],
+         "--tokenizer={t5_spiece} is another vocabulary than the one checkpoint {good} was trained with"),
+    case("eval", ["--task=lambada", "--checkpoint={good}", "--data={lambada_bad}", "--tokenizer={swapped}"],
+         "--tokenizer={swapped} is another vocabulary than the one checkpoint {good} was trained with"),
+    case("generate", GEN + ["--tokenizer={swapped}"], "--tokenizer={swapped} is another vocabulary"),
+    case("generate", ["--checkpoint={unrecorded}", "--prompt=hi", "--max_new_tokens=4", "--tokenizer={t5_spiece}"],
+         "--tokenizer={t5_spiece} has 32000 ids but the model's vocab_size is 50257"),
     # issue 29: no output inside a run's checkpoints (`run` is a copy of the good run)
     case("convert", ["to-torch", "{good}", "{run}/checkpoints/2/params/_METADATA"],
          "FILE={run}/checkpoints/2/params/_METADATA is inside {run}/checkpoints"),
@@ -394,7 +405,8 @@ def placeholders(runs: dict, tmp: str) -> dict:
         text=write("corpus.txt", b"some text to tokenize\n" * 20),
         hf_list=hf_dir("hf_list", config=[1, 2]), hf_fields=hf_dir("hf_fields", config={"model_type": "gpt2"}),
         hf_truncated=hf_dir("hf_truncated", truncate=True),
-        good_copy=good_copy, run=good_copy,
+        good_copy=good_copy, run=good_copy, unrecorded=runs["unrecorded"],
+        t5_spiece=os.path.join(os.path.dirname(GPT2_BPE), "t5-spiece"), swapped=swapped_bpe(tmp),
         **gin_files(tmp),
     )
 
@@ -407,6 +419,19 @@ GIN_FILES = {  # issue 29: mistakes inside gin files (each includes the quicksta
     "gin_latin1": b"include 'quickstart.gin'\n# caf\xe9\nTRAIN_STEPS = 3\n",
     "gin_bad_include": b"include 'nothere.gin'\n",
 }
+
+
+def swapped_bpe(tmp: str) -> str:
+    """GPT-2's BPE files with the ids of two tokens swapped: as many ids, another vocabulary."""
+    directory = os.path.join(tmp, "swapped_bpe")
+    if not os.path.isdir(directory):
+        shutil.copytree(GPT2_BPE, directory)
+        with open(os.path.join(GPT2_BPE, "encoder.json")) as f:
+            encoder = json.load(f)
+        encoder["the"], encoder["and"] = encoder["and"], encoder["the"]
+        with open(os.path.join(directory, "encoder.json"), "w") as f:
+            json.dump(encoder, f)
+    return directory
 
 
 def gin_files(tmp: str) -> dict:
