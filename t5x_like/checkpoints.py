@@ -467,10 +467,13 @@ class Checkpointer:
         self._saving = None
 
     def _folder_removed(self) -> bool:
+        """Whether the checkpoints folder, or a step it held, was deleted (`rm -rf` racing a save can leave the
+        folder itself, holding the files being written)."""
         try:
-            return os.stat(self.directory).st_ino != self._folder
+            replaced = os.stat(self.directory).st_ino != self._folder
         except FileNotFoundError:
             return True
+        return replaced or any(not os.path.isdir(self.step_dir(step)) for step in self._manager.all_steps())
 
     def close(self) -> None:
         self.wait()

@@ -115,11 +115,12 @@ def apply_extra_file() -> str | None:
         return None
     if not os.path.isfile(path):
         raise UserError(f"{EXTRA_GIN_ENV}={path}: no such file; name a gin file or unset {EXTRA_GIN_ENV}.")
+    check_file(path, path)
     previous = {name: _bound_value(name) for name in MERGED_BINDINGS}
     try:
         gin.parse_config_file(path)
-    except (ValueError, SyntaxError, ImportError) as e:
-        raise UserError(f"{EXTRA_GIN_ENV}={path}: {str(e).splitlines()[0]}") from None
+    except (ValueError, ImportError, OSError, LookupError) as e:
+        raise UserError(f"{EXTRA_GIN_ENV}={path}: {_located(e)}") from None
     for name, old in previous.items():
         new = _bound_value(name)
         if isinstance(old, dict) and isinstance(new, dict):

@@ -525,6 +525,17 @@ def test_outputs_go_into_new_folders_made_before_the_work(runs, tmp_path):
         assert outcome == "silent" and os.path.getsize(path) > 0, (cli, outcome, line)
 
 
+def test_a_mistake_in_the_extra_gin_file_names_its_line(tmp_path, monkeypatch):
+    """T5X_LIKE_EXTRA_GIN's file is checked as --gin_file's are."""
+    from t5x_like import gin_cli
+
+    extra = tmp_path / "extra.gin"
+    extra.write_text("train.log_every = 5\nmodel_config.overrides = {'num_layers': 1,\n")
+    monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(extra))
+    outcome, line = judge("train", [a.format(tmp=tmp_path) for a in QUICK])
+    assert (outcome, line) == ("clear", f"error: {extra}:2: `{{` is never closed (the file ends inside it); add the `}}`.")
+
+
 def test_learning_rate_zero_is_warned(tmp_path, caplog):
     outcome, line = judge("train", [a.format(tmp=tmp_path) for a in QUICK] + ["--gin.LEARNING_RATE=0.0"])
     assert outcome == "silent", line
