@@ -634,13 +634,24 @@ TINY = ["--gin_file=quickstart.gin", "--gin.MODEL_DIR='run'", "--gin.BATCH_SIZE=
         "--gin.TRAIN_STEPS=6", "--gin.WARMUP_STEPS=1", "--gin.CHECKPOINT_EVERY=2", "--gin.EVAL_EVERY=0",
         "--gin.model_config.overrides={'num_layers': 1, 'embed_dim': 32, 'num_heads': 2, 'mlp_dim': 64}"]
 FILE_SIZE_LIMIT = 64 << 10  # bytes: metrics.jsonl and the TensorBoard file stay below; a checkpoint's data does not
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
-def train_with_fault(fault: str, cwd) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> dict:
+    """Environment for the fault runs: XLA's cheapest CPU compilation, and one JAX cache so that the runs after
+    the first load the train step instead of compiling it."""
+    env = cpu_env(1)
+    return {"XLA_FLAGS": f"{env['XLA_FLAGS']} {FAST_COMPILE}", "JAX_COMPILATION_CACHE_DIR": str(
+        tmp_path_factory.mktemp("jax_cache")), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def train_with_fault(fault: str, cwd, env: dict) -> subprocess.CompletedProcess:
     """`python -m t5x_like.train TINY` in `cwd` with a storage fault injected in the process (see __main__)."""
     return subprocess.run([sys.executable, __file__, "train_with_fault", fault, json.dumps(TINY)], cwd=cwd,
                           capture_output=True, text=True, timeout=600,
-                          env={**cpu_env(1), "PYTHONPATH": REPO})
+                          env={**cpu_env(1), **env, "PYTHONPATH": REPO})
 
 
 def inject(fault: str) -> None:
@@ -685,12 +696,12 @@ def last_line(stderr: str) -> str:
     ("checkpoints_removed", ["error: ", "{cwd}/run/checkpoints", "To go on, a folder was removed while the run wrote "
                              "into it: keep MODEL_DIR in place"]),
 ])
-def test_a_storage_fault_while_training_is_one_line(tmp_path, fault, expected):
+def test_a_storage_fault_while_training_is_one_line(tmp_path, compile_cache, fault, expected):
     """A full disk at start or mid-run, or checkpoints/ removed during an async save: one line naming the path and
     the fix (no orbax or tensorstore traceback), the last good checkpoint intact (every checksum)."""
     from t5x_like import checkpoints
 
-    done = train_with_fault(fault, tmp_path)
+    done = train_with_fault(fault, tmp_path, compile_cache)
     assert done.returncode == 1, done.stderr[-3000:]
     line = last_line(done.stderr)
     assert line.startswith(expected[0].format(cwd=tmp_path)), done.stderr[-3000:]
