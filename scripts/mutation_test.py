@@ -36,12 +36,16 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "optim": ("t5x_like/optim.py", ("tests/t5x_like/test_optim.py",)),
     "lm": ("t5x_like/lm.py", ("tests/t5x_like/test_lm.py",)),
     "features": ("t5x_like/features.py", ("tests/t5x_like/test_features.py",)),
-    # BERT's masking and classification data (objectives.py) are tested beside BERT's training and
-    # fine-tuning, which are left out
-    "objectives": ("t5x_like/data/objectives.py", (
-        "tests/t5x_like/data/test_objectives.py", "tests/t5x_like/test_bert_training.py",
-        "tests/t5x_like/test_bert_classification.py",
-        "-k", "not mlm_training_on_data and not fine_tuning and not restore_from")),
+    "span_corruption": ("t5x_like/data/objectives/span_corruption.py", (
+        "tests/t5x_like/data/objectives/test_span_corruption.py",)),
+    "seq2seq": ("t5x_like/data/objectives/seq2seq.py", ("tests/t5x_like/data/objectives/test_seq2seq.py",)),
+    # BERT's masking and classification data are tested beside BERT's training and fine-tuning, left out here
+    "mlm": ("t5x_like/data/objectives/mlm.py", (
+        "tests/t5x_like/data/objectives/test_mlm.py", "tests/t5x_like/test_bert_training.py",
+        "-k", "not mlm_training_on_data")),
+    "classification": ("t5x_like/data/objectives/classification.py", (
+        "tests/t5x_like/data/objectives/test_classification.py", "tests/t5x_like/test_bert_classification.py",
+        "-k", "not fine_tuning and not restore_from")),
     "loader": ("t5x_like/data/loader.py", ("tests/t5x_like/data/test_loader.py",)),
     "rules": ("partitioning/rules.py", ("tests/partitioning/test_rules.py",)),
     "layers": ("models/layers.py", ("tests/models/test_layers.py",)),

@@ -46,7 +46,9 @@ from tqdm import tqdm
 
 from partitioning import Partitioner
 from t5x_like import agreement, checkpoints, distributed, generate, inference, validate
-from t5x_like.data import loader, objectives
+from t5x_like.data import loader
+from t5x_like.data.objectives import classification, mlm, seq2seq
+from t5x_like.data.objectives.common import token_files_vocabulary
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_START_ID,
                                DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS)
@@ -318,7 +320,7 @@ def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: in
 
 def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], generate.Generator], tokenizer,
                      path: str, max_examples: int | None = None) -> dict:
-    pairs = objectives.read_pairs(path)[:max_examples]
+    pairs = seq2seq.read_pairs(path)[:max_examples]
     texts = [tokenizer.encode(i) for i, _ in pairs]
     targets = [tokenizer.encode(t) + [tokenizer.eod_id] for _, t in pairs]
     targets_len = max(map(len, targets))
@@ -437,10 +439,10 @@ def classification_result(args: argparse.Namespace, config, params, tokenizer, p
         raise UserError(f"--task=classification needs a checkpoint with a classification head; {args.checkpoint} "
                         f"is a {lm.KIND} model ({config.summary()}).")
     names = config.label_names()
-    ids, gold, _ = objectives.classification_examples(args.data, tokenizer, names, config.max_input_length())
+    ids, gold, _ = classification.classification_examples(args.data, tokenizer, names, config.max_input_length())
     limit = row_limit(args.max_batches, args.max_examples, args.batch_size)
     ids, gold = ids[:limit], gold[:limit]
-    predicted = classify(lm, params, partitioner, ids, args.batch_size, objectives.mlm_vocabulary(tokenizer).pad_id)
+    predicted = classify(lm, params, partitioner, ids, args.batch_size, mlm.mlm_vocabulary(tokenizer).pad_id)
     result = {"task": "classification", **classification_metrics(gold, predicted, names),
               "predictions": [{"index": i, "prediction": names[p], "label": names[g]}
                               for i, (p, g) in enumerate(zip(predicted.tolist(), gold.tolist()))]}
@@ -454,7 +456,7 @@ def classify(lm: LanguageModel, params, partitioner: Partitioner, ids: list[tupl
     (rounded up to the data-parallel shards) as long as the longest example."""
     shards = partitioner.batch_shards
     rows_per_batch = -(-batch_size // shards) * shards
-    rows = objectives.ClassificationRows(ids, np.zeros(len(ids), np.int32), max(len(t) for t, _ in ids), pad_id)
+    rows = classification.ClassificationRows(ids, np.zeros(len(ids), np.int32), max(len(t) for t, _ in ids), pad_id)
     sharding = partitioner.batch_sharding()
     with partitioner.activate():
         predict = jax.jit(lambda p, b: lm.score(p, b)["predictions"], out_shardings=partitioner.replicated)
@@ -525,7 +527,6 @@ def check_arguments(args: argparse.Namespace) -> None:
 def check_token_file_tokenizer(prefix: str, tokenizer: str | None) -> None:
     """A token file made with another tokenizer than the checkpoint's is refused, as training refuses it."""
     from t5x_like.data import open_token_file
-    from t5x_like.data.sources import token_files_vocabulary
 
     if tokenizer and os.path.exists(tokenizer.removeprefix("cpm:")):
         token_files_vocabulary([open_token_file(prefix)], tokenizer)

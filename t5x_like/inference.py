@@ -14,29 +14,43 @@ import numpy as np
 import models
 from partitioning import Partitioner, make_mesh
 from t5x_like import checkpoints, distributed, validate
+from t5x_like.data.tokenizer import recorded_tokenizer_path
 from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
 
 
 def read_config(checkpoint: str):
-    """(model config, recorded tokenizer path or None) of a checkpoint (MODEL_DIR or step dir)."""
+    """(model config, a path that loads the tokenizer the checkpoint records, or None) of a checkpoint
+    (MODEL_DIR or step dir)."""
     info = checkpoints.read_model_info(checkpoint)
     if not info.get("config"):
         raise UserError(f"checkpoint {checkpoint} records no model config; it was not written by "
                         "t5x_like.train or t5x_like.convert. Re-save it with a current version.")
-    return models.config_from_dict(info["config"]), info.get("tokenizer")
+    return models.config_from_dict(info["config"]), recorded_tokenizer_path(info.get("tokenizer"))
 
 
-def open_tokenizer(path: str | None, config, checkpoint: str = ""):
-    """The tokenizer at `path`, checked to fit the model's vocabulary."""
+def open_tokenizer(path: str | None, config, checkpoint: str = "", flag: str = "--tokenizer"):
+    """The tokenizer at `path` (the value of `flag`, or else the one `checkpoint` records), checked to fit the
+    model's vocabulary."""
     if not path:
         raise UserError(f"checkpoint {checkpoint} records no tokenizer; pass --tokenizer=PATH.")
-    tokenizer = validate.tokenizer("--tokenizer", path)
+    if flag != "--tokenizer" and not os.path.exists(path.removeprefix("cpm:")):  # recorded by an older version
+        raise UserError(f"{flag} is {path}, which does not exist (the checkpoint was written by an older version "
+                        "that recorded the path as typed); pass --tokenizer=PATH.")
+    tokenizer = validate.tokenizer(flag, path)
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
                         "was trained with (--tokenizer).")
     return tokenizer
+
+
+def checkpoint_tokenizer(checkpoint: str, config, override: str | None = None):
+    """`override` (--tokenizer) when given, else the tokenizer the checkpoint records."""
+    if override:
+        return open_tokenizer(override, config, checkpoint)
+    return open_tokenizer(read_config(checkpoint)[1], config, checkpoint,
+                          flag=f"the tokenizer checkpoint {checkpoint} records")
 
 
 MAX_UNUSED_VOCAB_ROWS = 1024
@@ -151,10 +165,10 @@ def join_cluster(args: argparse.Namespace) -> None:
 
 def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True):
     """(config, params, tokenizer or None, partitioner) for the --checkpoint / --tokenizer / mesh flags."""
-    config, recorded_tokenizer = read_config(args.checkpoint)
+    config, _ = read_config(args.checkpoint)
     if args.dtype:
         config = dataclasses.replace(config, dtype=args.dtype)
-    tokenizer = open_tokenizer(args.tokenizer or recorded_tokenizer, config, args.checkpoint) \
+    tokenizer = checkpoint_tokenizer(args.checkpoint, config, args.tokenizer) \
         if with_tokenizer or args.tokenizer else None
     if args.tokenizer:  # checked against the checkpoint's even where the task does not use it
         check_tokenizer_matches(args.checkpoint, tokenizer, config)

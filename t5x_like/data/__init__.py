@@ -4,9 +4,8 @@
                          shard_count=1)
     batch = next(source)   # t5x_like/features.py: decoder_input_tokens, decoder_target_tokens, ...
 
-Encoder-decoder objectives (span corruption, seq2seq pairs) take FEATURE_LENGTHS instead of seq_len:
-make_span_corruption_source / make_seq2seq_source (t5x_like.data.objectives); so do the encoder-only ones
-(make_mlm_source, make_classification_source).
+`objective=` picks what the rows hold (t5x_like/data/objectives/: causal_lm, span_corruption, seq2seq, mlm,
+classification), each with its FEATURE_LENGTHS, e.g. {'inputs': 512, 'targets': 114} for span corruption.
 
 Names are imported on first use, so the preprocessing CLI and its worker processes start without grain.
 """
@@ -16,10 +15,6 @@ _EXPORTS = {
     "BUILTIN_VOCAB_SIZE": "t5x_like.data.builtin",
     "BatchSource": "t5x_like.data.loader",
     "make_source": "t5x_like.data.sources",
-    "make_classification_source": "t5x_like.data.objectives",
-    "make_mlm_source": "t5x_like.data.objectives",
-    "make_seq2seq_source": "t5x_like.data.objectives",
-    "make_span_corruption_source": "t5x_like.data.objectives",
     "open_token_file": "t5x_like.data.token_file",
     "Tokenizer": "t5x_like.data.tokenizer",
     "load_tokenizer": "t5x_like.data.tokenizer",

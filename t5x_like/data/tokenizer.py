@@ -168,7 +168,7 @@ class SentencePieceTokenizer(Tokenizer):
     Ids past the model's pieces are T5's sentinels, as transformers' T5 tokenizer has them: `<extra_id_i>` =
     pieces + NUM_SENTINELS - 1 - i (32099 for <extra_id_0> with T5's 32000 pieces). They decode to their
     names and `<extra_id_i>` in text encodes to its id; `vocab_size` counts the pieces only (the objectives
-    add the sentinels, see objectives.vocabulary_with_sentinels), so preprocess refuses a corpus holding
+    add the sentinels, see objectives.encoder_decoder.vocabulary_with_sentinels), so preprocess refuses a corpus holding
     literal `<extra_id_i>` text with this tokenizer (its ids lie past the pieces)."""
 
     def __init__(self, model_file: str, path: str):

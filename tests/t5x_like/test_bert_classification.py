@@ -17,7 +17,8 @@ from partitioning import make_mesh
 from t5x_like import eval as eval_cli
 from t5x_like import checkpoints, optim, train
 from t5x_like.data import load_tokenizer, make_source
-from t5x_like.data.objectives import classification_examples, encode_pair, mlm_vocabulary, read_labelled
+from t5x_like.data.objectives.classification import classification_examples, encode_pair, read_labelled
+from t5x_like.data.objectives.mlm import mlm_vocabulary
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm

@@ -12,7 +12,7 @@ from models.bert import BertConfig
 from partitioning import make_mesh
 from t5x_like import optim
 from t5x_like.data import load_tokenizer, make_source
-from t5x_like.data.objectives import MLMVocabulary, mlm_mask, word_starts
+from t5x_like.data.objectives.mlm import MLMVocabulary, mlm_mask, word_starts
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.features import (ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS,

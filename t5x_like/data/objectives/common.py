@@ -1,0 +1,176 @@
+"""What the objectives share: their settings checks, the tokenizer of their data, and the pieces rows are made
+of (examples grouped into rows, tokens concatenated into padded features, JSONL / TSV records read with the file
+and line of every mistake)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grain
+import numpy as np
+
+from t5x_like.data import builtin, loader
+from t5x_like.data.loader import GrainBatchSource
+from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
+from t5x_like.data.tokenizer import Tokenizer, load_tokenizer, recorded_tokenizer_path
+from t5x_like.errors import UserError
+
+RECORD_FORMATS = (".jsonl", ".tsv")
+
+
+def as_list(data_path: str | list[str]) -> list[str]:
+    return [str(data_path)] if isinstance(data_path, (str, Path)) else [str(p) for p in data_path]
+
+
+def split_paths(data_path, split: str) -> tuple[list[str], bool]:
+    """(paths of `split`, whether they belong to it whole) for a path, a list of them or a dict by split."""
+    if not isinstance(data_path, dict):
+        return as_list(data_path), False
+    if split not in data_path:
+        raise UserError(f"data_path={data_path!r} names no files for the {split} split; add {split!r}: [...]")
+    return as_list(data_path[split]), True
+
+
+def token_files_vocabulary(files: list[TokenFile], tokenizer: str | None) -> tuple[int, int, str]:
+    """(vocab_size, eod_id, tokenizer path) for the files, checking they were made with that tokenizer."""
+    if tokenizer is None:
+        return vocabulary_from_metadata(files)
+    loaded = load_tokenizer(tokenizer)
+    for f in files:
+        made_with = (f.metadata or {}).get("tokenizer")
+        if made_with is not None and made_with["sha256"] != loaded.sha256:
+            raise TokenFileError(
+                f"{f.prefix}.json: tokenized with {made_with['path']} (sha256 {made_with['sha256'][:12]}…), "
+                f"but TOKENIZER={tokenizer} is a different vocabulary (sha256 {loaded.sha256[:12]}…); set "
+                "TOKENIZER to the file's tokenizer or re-run preprocess with this one")
+    return loaded.vocab_size, loaded.eod_id, tokenizer
+
+
+def vocabulary_from_metadata(files: list[TokenFile]) -> tuple[int, int, str]:
+    for f in files:
+        if f.metadata is None:
+            raise TokenFileError(f"{f.prefix}: no {f.prefix}.json metadata (a Megatron/NeoX file?); set "
+                                 "TOKENIZER (make_source.tokenizer) to the tokenizer it was made with")
+    made_with = [f.metadata["tokenizer"] for f in files]
+    if len({t["sha256"] for t in made_with}) > 1:
+        raise TokenFileError(f"{', '.join(f.prefix for f in files)}: made with different tokenizers "
+                             f"({', '.join(t['path'] for t in made_with)}); blend only files of one tokenizer")
+    return made_with[0]["vocab_size"], made_with[0]["eod_id"], recorded_tokenizer_path(made_with[0])
+
+
+def tokenizer_sha256(files: list[TokenFile], tokenizer_path: str) -> str:
+    """The sha256 of the files' tokenizer: as their metadata records it, else (Megatron files) TOKENIZER's."""
+    recorded = (files[0].metadata or {}).get("tokenizer")
+    return recorded["sha256"] if recorded else load_tokenizer(tokenizer_path).sha256
+
+
+def load_data_tokenizer(path: str, data: str) -> Tokenizer:
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{data}: tokenizer {path} does not load ({e}); set TOKENIZER to the tokenizer the data "
+                        "was made with") from None
+
+
+def combined_source(rows: list[grain.MapDataset], blend_weights: list[float] | None, split: str, **kwargs
+                  ) -> GrainBatchSource:
+    return loader.batch_source(loader.combine(rows, blend_weights, split), **kwargs)
+
+
+def encoder_lengths(feature_lengths: dict[str, int], split: str, batch_size: int) -> dict[str, int]:
+    if split not in loader.SPLITS:
+        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
+    if batch_size < 1:
+        raise UserError(f"batch_size={batch_size}: must be positive")
+    if not isinstance(feature_lengths, dict) or set(feature_lengths) != {"inputs"} or \
+            not isinstance(feature_lengths["inputs"], int) or feature_lengths["inputs"] < 3:
+        raise UserError(f"FEATURE_LENGTHS={feature_lengths!r}: an encoder-only objective needs {{'inputs': N}} "
+                        "with N >= 3, e.g. {'inputs': 512}")
+    return dict(feature_lengths)
+
+
+def concatenated(sequences: list[np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, segment ids, positions) of `sequences` back to back, zero-padded to `length`."""
+    lengths = [len(s) for s in sequences]
+    used = sum(lengths)
+    tokens, segments, positions = (np.zeros(length, np.int32) for _ in range(3))
+    tokens[:used] = np.concatenate(sequences)
+    segments[:used] = np.repeat(np.arange(1, len(sequences) + 1), lengths)
+    positions[:used] = np.concatenate([np.arange(n) for n in lengths])
+    return tokens, segments, positions
+
+
+def next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    return np.searchsorted(ends, ends + capacity, side="right") - 1
+
+
+class ExampleRows:
+    """grain data source: row i is the list of examples `example(j)` for j in starts[i] .. starts[i+1]-1."""
+
+    def __init__(self, example, starts: np.ndarray):
+        self._example, self._starts = example, starts
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def __getitem__(self, i: int) -> list:
+        return [self._example(j) for j in range(self._starts[i], self._starts[i + 1])]
+
+
+class Pieces:
+    """Example j: tokens[bounds[j]:bounds[j+1]]."""
+
+    def __init__(self, tokens: np.ndarray, bounds: np.ndarray):
+        self._tokens, self._bounds = tokens, bounds
+
+    def __call__(self, j: int) -> np.ndarray:
+        return np.asarray(self._tokens[self._bounds[j]:self._bounds[j + 1]])
+
+
+def decoded(raw: bytes, path: str, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}:{number}: bytes that are not UTF-8 ({raw[e.start:e.end]!r}); re-encode the "
+                        "file as UTF-8") from None
+
+
+def jsonl_records(path: str, lines: list[tuple[int, str]], fields: str = "fields 'text' and 'label' (and "
+                   "optionally 'text_pair')") -> list[tuple[int, dict]]:
+    """(line number, object) of each line of a JSONL file whose objects hold `fields`."""
+    records = []
+    for number, line in lines:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: invalid JSON at column {e.colno} ({e.msg}); each line must be one "
+                            f"object with {fields}") from None
+        if not isinstance(value, dict):
+            raise UserError(f"{path}:{number}: expected a JSON object with {fields}, got {type(value).__name__}")
+        records.append((number, value))
+    return records
+
+
+def tsv_records(path: str, lines: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+    if not lines:
+        return []
+    header = lines[0][1].split("\t")
+    records = []
+    for number, line in lines[1:]:
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise UserError(f"{path}:{number}: {len(fields)} tab-separated fields, but the header has "
+                            f"{len(header)}; a field may not contain a tab or a newline")
+        records.append((number, dict(zip(header, fields))))
+    return records
+
+
+def tokenizer_of(data_path: str | list[str] | None, tokenizer: str | None) -> str:
+    """The tokenizer of an objective's token files: TOKENIZER when given, else the one their metadata records
+    (the builtin corpus's without DATA_PATH)."""
+    if tokenizer is None and data_path is None:
+        return builtin.builtin_corpus()[1]
+    if tokenizer is None:
+        return vocabulary_from_metadata([open_token_file(p) for p in as_list(data_path)])[2]
+    return tokenizer
