@@ -1,0 +1,117 @@
+"""CheckpointLM against lm-eval's own Hugging Face backend (`--model hf`) on the checkpoint `convert to-hf` wrote:
+a multiple-choice task (two shots, one context longer than the model), a rolling-loglikelihood task (documents of
+several windows) and a generate_until task (stop sequences) from local files give per-request log-likelihoods
+within 1e-4 (fp32), the same greedy answers and generations, and the same metrics — on one device and on a
+data x tensor mesh."""
+import os
+
+import jax
+import pytest
+
+from partitioning import Partitioner, make_mesh
+
+NAMES = ["t5xl_choices", "t5xl_documents", "t5xl_answers"]
+
+
+def evaluate(root, lm):
+    """simple_evaluate of the local tasks on `lm` from the folder the tasks' data_files are relative to."""
+    from t5x_like.harness import tasks
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        manager, built = tasks.load_tasks(NAMES, "lm_eval_tasks")
+        return tasks.evaluate(lm, manager, built, log_samples=True, bootstrap_iters=0)
+
+
+def ours(root, partitioner):
+    from t5x_like import inference
+    from t5x_like.harness.model import CheckpointLM
+
+    checkpoint = str(root / "ours")
+    config, _ = inference.read_config(checkpoint)
+    params = inference.restore_sharded(checkpoint, config, partitioner)
+    tokenizer = inference.checkpoint_tokenizer(checkpoint, config)
+    return CheckpointLM(config, params, partitioner, tokenizer, batch_size=4, name=checkpoint)
+
+
+@pytest.fixture(scope="module")
+def hf_lm(causal_checkpoint):
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(causal_checkpoint / "hf"), batch_size=4, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def one_device_lm(causal_checkpoint):
+    return ours(causal_checkpoint, Partitioner(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor"))
+
+
+@pytest.fixture(scope="module")
+def hf_results(causal_checkpoint, hf_lm):
+    return evaluate(causal_checkpoint, hf_lm)
+
+
+@pytest.fixture(scope="module")
+def one_device_results(causal_checkpoint, one_device_lm):
+    return evaluate(causal_checkpoint, one_device_lm)
+
+
+def assert_same_responses(results, reference):
+    """Every request's response: log-likelihoods within 1e-4 with the same is-greedy, generations identical."""
+    for task in NAMES:
+        pairs = list(zip(results["samples"][task], reference["samples"][task], strict=True))
+        assert pairs
+        for got, want in pairs:
+            assert got["arguments"] == want["arguments"]
+            for mine, theirs in zip(got["resps"], want["resps"], strict=True):
+                mine, theirs = mine[0], theirs[0]
+                if isinstance(theirs, str):
+                    assert mine == theirs
+                elif isinstance(theirs, tuple):  # (log-likelihood, is greedy)
+                    assert mine[0] == pytest.approx(theirs[0], abs=1e-4) and mine[1] == theirs[1]
+                else:  # a document's rolling log-likelihood
+                    assert mine == pytest.approx(theirs, abs=1e-4)
+
+
+def assert_same_metrics(results, reference):
+    for task in NAMES:
+        mine, theirs = results["results"][task], reference["results"][task]
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == (pytest.approx(value, rel=1e-6) if isinstance(value, float) else value), key
+
+
+def test_the_tasks_exercise_what_they_are_for(hf_results, hf_lm):
+    samples = hf_results["samples"]
+    assert all(s["arguments"][0][0].count("Question:") == 3 for s in samples["t5xl_choices"])  # two shots
+    generations = [s["resps"][0][0] for s in samples["t5xl_answers"]]
+    assert len(set(generations)) > 1
+    assert any(len(hf_lm.tok_encode(g)) < 12 for g in generations)  # stopped at '\n' or '.' before max_gen_toks
+
+
+def test_a_greedy_continuation_is_scored_as_greedy_alike(hf_results, hf_lm, one_device_lm):
+    """The model's own greedy generations as continuations (the tasks' answers are rarely its argmax)."""
+    from lm_eval.api.instance import Instance
+
+    requests = [Instance("loglikelihood", {}, (s["arguments"][0][0], s["resps"][0][0]), 0)
+                for s in hf_results["samples"]["t5xl_answers"] if s["resps"][0][0]]
+    theirs, mine = hf_lm.loglikelihood(requests), one_device_lm.loglikelihood(requests)
+    assert [greedy for _, greedy in mine] == [greedy for _, greedy in theirs] and any(g for _, g in theirs)
+    assert [ll for ll, _ in mine] == pytest.approx([ll for ll, _ in theirs], abs=1e-4)
+
+
+def test_one_device_equals_lm_evals_hf_backend(one_device_results, hf_results):
+    assert_same_responses(one_device_results, hf_results)
+    assert_same_metrics(one_device_results, hf_results)
+    assert one_device_results["versions"] == hf_results["versions"]
+    assert one_device_results["n-shot"] == hf_results["n-shot"] == {"t5xl_choices": 2, "t5xl_documents": 0,
+                                                                    "t5xl_answers": 0}
+
+
+def test_a_data_by_tensor_mesh_equals_lm_evals_hf_backend(causal_checkpoint, hf_results):
+    assert len(jax.devices()) == 8, os.environ.get("XLA_FLAGS")
+    mesh = make_mesh(data=4, tensor=2)
+    results = evaluate(causal_checkpoint, ours(causal_checkpoint, Partitioner(mesh, "fsdp_tensor")))
+    assert_same_responses(results, hf_results)
+    assert_same_metrics(results, hf_results)
