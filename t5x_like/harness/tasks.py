@@ -115,15 +115,19 @@ def summary_table(results: dict) -> str:
     return table
 
 
-def flat_metrics(results: dict) -> dict[str, float]:
-    """`lm_eval/<task>/<metric>` -> value for every numeric metric of every task and group (no stderrs; a filter
-    other than lm-eval's 'none' is kept after the metric: exact_match/strict-match)."""
+NOT_METRICS = ("alias", "name", "sample_len", "sample_count")
+"""Entries of a task's results that are not metrics (lm-eval's table leaves them out too)."""
+
+
+def flat_metrics(results: dict) -> dict[str, float | None]:
+    """`lm_eval/<task>/<metric>` -> value for every metric of every task and group (no stderrs; a filter other
+    than lm-eval's 'none' is kept after the metric: exact_match/strict-match)."""
     flat = {}
     for section in ("results", "groups"):
         for task, metrics in results.get(section, {}).items():
             for key, value in metrics.items():
                 metric, _, filter_name = key.partition(",")
-                if metric.endswith("_stderr") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                if metric.endswith("_stderr") or metric in NOT_METRICS or not isinstance(value, (int, float)):
                     continue
                 name = metric if filter_name in ("", "none") else f"{metric}/{filter_name}"
                 flat[f"lm_eval/{task}/{name}"] = float(value) if math.isfinite(value) else None

@@ -1,0 +1,55 @@
+"""lm-eval during training (the evaluator train() calls): tasks loaded once, each call on the parameters it is
+given (new parameters: new numbers; the same again: the same numbers), flat metrics for metrics.jsonl."""
+import jax
+import pytest
+
+from partitioning import Partitioner, make_mesh
+from t5x_like.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def evaluator_and_params(causal_checkpoint):
+    from t5x_like import inference
+    from t5x_like.harness.during_training import LmEvalDuringTraining, TrainingEvaluator
+
+    checkpoint = str(causal_checkpoint / "ours")
+    config, _ = inference.read_config(checkpoint)
+    partitioner = Partitioner(make_mesh(data=2, tensor=2, devices=jax.devices()[:4]), "fsdp_tensor")
+    params = inference.restore_sharded(checkpoint, config, partitioner)
+    settings = LmEvalDuringTraining(tasks="t5xl_choices, t5xl_answers", every=10, include_path="lm_eval_tasks",
+                                    limit=4, batch_size=4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(causal_checkpoint)
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        evaluator = TrainingEvaluator(settings, config, partitioner, inference.checkpoint_tokenizer(checkpoint, config))
+    return evaluator, params
+
+
+def test_each_call_evaluates_the_parameters_it_is_given(evaluator_and_params):
+    """Called from another working directory than the tasks' data_files are relative to: loaded once."""
+    from lm_eval.api.instance import Instance
+
+    evaluator, params = evaluator_and_params
+    assert evaluator.due(20) and not evaluator.due(25)
+    request = [Instance("loglikelihood", {}, ("Question: What do bees make?\nAnswer:", " honey"), 0)]
+    first = evaluator(params, 10)
+    assert set(first) == {"lm_eval/t5xl_choices/acc", "lm_eval/t5xl_choices/acc_norm",
+                          "lm_eval/t5xl_answers/exact_match"}
+    lm = evaluator._lm
+    before = lm.loglikelihood(request)
+    evaluator(jax.tree.map(lambda p: p * 1.5, params), 20)
+    assert evaluator._lm is lm and lm.loglikelihood(request) != before
+    assert all(generator.params is lm.params for generator in lm._generators.values())
+    assert evaluator(params, 30) == first and lm.loglikelihood(request) == before
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(tasks="", every=5), "but no tasks"),
+    (dict(tasks="x", every=-1), "lm_eval_during_training.every"),
+    (dict(tasks="x", every=5, limit=0), "lm_eval_during_training.limit"),
+])
+def test_bad_settings_are_one_line_in_gin_names(settings, message):
+    from t5x_like.harness.during_training import LmEvalDuringTraining
+
+    with pytest.raises(UserError, match=message):
+        LmEvalDuringTraining(**settings).check()
