@@ -1,6 +1,8 @@
 """Optimizers: AdamW with decoupled weight decay on matrices only (GPT recipes) or Adafactor with
 factored second moments (T5X's defaults), global-norm clipping, and learning-rate schedules: linear
-warmup then cosine / linear / constant, or T5's inverse square root ('rsqrt')."""
+warmup then cosine / linear / constant down to a floor (absolute, Megatron's --min-lr, or a ratio of the
+peak), Noam's linear warmup then inverse square root, or T5's inverse square root ('rsqrt'); lengths in
+steps or as fractions of the run."""
 from __future__ import annotations
 
 import functools
@@ -16,7 +18,7 @@ from models.layers import STACKED
 from t5x_like import validate
 from t5x_like.errors import UserError
 
-SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt", "noam")
 OPTIMIZERS = ("adamw", "adafactor")
 
 
@@ -25,33 +27,72 @@ class Optimizer(NamedTuple):
     schedule: optax.Schedule
 
 
-def learning_rate_schedule(*, peak: float, warmup_steps: int, total_steps: int, decay: str = "cosine",
-                           min_ratio: float = 0.1) -> optax.Schedule:
-    """Linear warmup from 0 to `peak`, then cosine / linear decay to `min_ratio * peak` at
-    `total_steps` (or stay constant). 'rsqrt' is T5X's `constant * rsqrt_decay`: `peak` for the first
-    `warmup_steps` steps, then peak * sqrt(warmup_steps / step) (no ramp; T5 uses peak 0.01, 10k steps)."""
+def run_steps(name: str, value: Any, of_steps: int, of_name: str) -> int:
+    """A length in steps, given as steps (an integer >= 0) or as a fraction of `of_steps` (a float in (0, 1),
+    rounded to whole steps), as Megatron's --warmup / --lr-warmup-fraction and NeoX's `warmup` give it."""
+    if isinstance(value, float) and 0 < value < 1:
+        return int(round(value * of_steps))
+    if isinstance(value, float):
+        raise UserError(f"{name}={value!r}: give whole steps (an integer, no decimal point) or a fraction of "
+                        f"{of_name} below 1 (e.g. 0.01 = 1%).")
+    return validate.non_negative_int(name, value, fix=f"or a fraction of {of_name} such as 0.01")
+
+
+def learning_rate_schedule(*, peak: float, warmup_steps: int | float, total_steps: int, decay: str = "cosine",
+                           min_ratio: float = 0.1, decay_steps: int | float | None = None,
+                           minimum: float | None = None) -> optax.Schedule:
+    """The learning rate at each update.
+
+    cosine / linear / constant: linear warmup from 0 to `peak` over `warmup_steps`, then cosine or linear
+    decay to the floor at `decay_steps` (default `total_steps`; Megatron's --lr-decay-iters), which it keeps
+    after (or stay at the peak): the floor is `minimum` (Megatron's --min-lr) when set, else min_ratio * peak.
+    noam: linear warmup, then peak * sqrt(warmup_steps / step) (Vaswani et al.'s schedule, peaking at `peak`).
+    rsqrt: T5X's `constant * rsqrt_decay`: `peak` for the first `warmup_steps` steps, then
+    peak * sqrt(warmup_steps / step) (no ramp; T5 uses peak 0.01, 10k steps). noam and rsqrt never end; only
+    `minimum`, when set, floors them. A float in (0, 1) is a fraction: `decay_steps` of `total_steps`,
+    `warmup_steps` of the decay length (as Megatron and NeoX count their warmup fraction)."""
     if decay not in SCHEDULES:
         raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
-    if decay == "rsqrt":
-        if warmup_steps < 1:
-            raise UserError("the 'rsqrt' schedule holds the peak for WARMUP_STEPS steps; set WARMUP_STEPS >= 1 "
-                            "(T5 uses 10000).")
-        return lambda step: peak * jax.lax.rsqrt(jax.numpy.maximum(step, warmup_steps) / warmup_steps)
-    if warmup_steps >= total_steps and decay != "constant":
-        raise UserError(
-            f"WARMUP_STEPS={warmup_steps} must be smaller than TRAIN_STEPS={total_steps} for "
-            f"{decay!r} decay; lower the warmup or use decay='constant'."
-        )
-    warmup = optax.linear_schedule(0.0, peak, max(warmup_steps, 1))
-    decay_steps = max(total_steps - warmup_steps, 1)
-    end = min_ratio * peak
+    validate.non_negative_int("TRAIN_STEPS", total_steps)
+    decay_end = total_steps if decay_steps is None else run_steps("optim.make_optimizer.decay_steps", decay_steps,
+                                                                  total_steps, "TRAIN_STEPS")
+    warmup = run_steps("WARMUP_STEPS", warmup_steps, decay_end,
+                       "TRAIN_STEPS" if decay_steps is None else "optim.make_optimizer.decay_steps")
+    if minimum is not None:
+        validate.finite_float("optim.make_optimizer.min_learning_rate", minimum, minimum=0.0, maximum=peak,
+                              fix="at most LEARNING_RATE")
+    if decay in ("rsqrt", "noam"):
+        return inverse_square_root(peak, warmup, decay, minimum)
+    if warmup >= decay_end and decay != "constant":
+        ends = f"TRAIN_STEPS={total_steps}" if decay_steps is None else f"optim.make_optimizer.decay_steps={decay_end}"
+        raise UserError(f"WARMUP_STEPS={warmup} must be smaller than {ends} for {decay!r} decay; lower the warmup "
+                        "or use decay='constant'.")
+    floor = min_ratio * peak if minimum is None else minimum
+    ramp = optax.linear_schedule(0.0, peak, max(warmup, 1))
+    length = max(decay_end - warmup, 1)
     if decay == "cosine":
-        after = optax.cosine_decay_schedule(peak, decay_steps, alpha=min_ratio)
+        after = optax.cosine_decay_schedule(peak, length, alpha=floor / peak if peak else 0.0)
     elif decay == "linear":
-        after = optax.linear_schedule(peak, end, decay_steps)
+        after = optax.linear_schedule(peak, floor, length)
     else:
         after = optax.constant_schedule(peak)
-    return optax.join_schedules([warmup, after], [warmup_steps])
+    return optax.join_schedules([ramp, after], [warmup])
+
+
+def inverse_square_root(peak: float, warmup: int, decay: str, minimum: float | None) -> optax.Schedule:
+    """'rsqrt' (T5X: the peak held for `warmup` steps) or 'noam' (a linear ramp to the peak over `warmup`
+    steps), then peak * sqrt(warmup / step); never below `minimum` when it is set."""
+    if warmup < 1:
+        raise UserError(f"the {decay!r} schedule decays as sqrt(WARMUP_STEPS / step); set WARMUP_STEPS >= 1 "
+                        f"({'T5 uses 10000' if decay == 'rsqrt' else 'the Transformer paper uses 4000'}).")
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        decayed = peak * jax.lax.rsqrt(jnp.maximum(step, warmup) / warmup)
+        rate = jnp.minimum(peak * step / warmup, decayed) if decay == "noam" else decayed
+        return rate if minimum is None else jnp.maximum(rate, minimum)
+
+    return schedule
 
 
 def decay_mask(params: Any, *, embeddings: bool = False) -> Any:
@@ -67,34 +108,27 @@ def decay_mask(params: Any, *, embeddings: bool = False) -> Any:
     return jax.tree_util.tree_map_with_path(decayed, params)
 
 
-def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int, name: str = "adamw",
-                   decay: str = "cosine", min_learning_rate_ratio: float = 0.1, b1: float = 0.9, b2: float = 0.95,
-                   eps: float = 1e-8, weight_decay: float = 0.1, decay_embeddings: bool = False,
+def make_optimizer(*, learning_rate: float, warmup_steps: int | float, total_steps: int, name: str = "adamw",
+                   decay: str = "cosine", decay_steps: int | float | None = None,
+                   min_learning_rate: float | None = None, min_learning_rate_ratio: float = 0.1, b1: float = 0.9,
+                   b2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1, decay_embeddings: bool = False,
                    clip_grad_norm: float = 1.0, adafactor_decay_rate: float = 0.8) -> Optimizer:
-    """OPTIMIZER `name` behind global-norm clipping (0 disables clipping).
+    """OPTIMIZER `name` behind global-norm clipping (0 disables clipping), following the learning-rate
+    schedule `decay` (learning_rate_schedule): WARMUP_STEPS and `decay_steps` in steps or as fractions,
+    and a floor of `min_learning_rate` (absolute, Megatron's --min-lr) when set, else of
+    min_learning_rate_ratio x LEARNING_RATE.
 
     'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only; `decay_embeddings`
     decays the vocabulary tables too, as Megatron-LM does). 'adafactor': optax's,
     with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
     clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay — all per
     layer (`per_layer`), so scanned and unrolled layers train alike."""
-    if name not in OPTIMIZERS:
-        raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
-    validate.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
-    if learning_rate == 0:
-        logging.warning("LEARNING_RATE=0: every update is zero, so training leaves the parameters as they start "
-                        "(weight decay too); set a positive LEARNING_RATE, e.g. --gin.LEARNING_RATE=3e-4")
-    validate.non_negative_int("WARMUP_STEPS", warmup_steps)
-    validate.non_negative_int("TRAIN_STEPS", total_steps)
-    validate.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,
-                          maximum=1.0)
-    validate.finite_float("optim.make_optimizer.weight_decay", weight_decay, minimum=0.0)
-    validate.finite_float("optim.make_optimizer.clip_grad_norm", clip_grad_norm, minimum=0.0, fix="0 = no clipping")
-    for beta, value in (("b1", b1), ("b2", b2), ("adafactor_decay_rate", adafactor_decay_rate)):
-        validate.finite_float(f"optim.make_optimizer.{beta}", value, minimum=0.0, maximum=1.0)
-    validate.finite_float("optim.make_optimizer.eps", eps, minimum=0.0, exclusive_minimum=True)
+    check_settings(name=name, learning_rate=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
+                   min_learning_rate_ratio=min_learning_rate_ratio, weight_decay=weight_decay,
+                   clip_grad_norm=clip_grad_norm, b1=b1, b2=b2, eps=eps, adafactor_decay_rate=adafactor_decay_rate)
     schedule = learning_rate_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
-                                      decay=decay, min_ratio=min_learning_rate_ratio)
+                                      decay=decay, min_ratio=min_learning_rate_ratio, decay_steps=decay_steps,
+                                      minimum=min_learning_rate)
     if name == "adamw":
         update = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                              mask=functools.partial(decay_mask, embeddings=decay_embeddings))
@@ -103,6 +137,27 @@ def make_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: int,
                                            multiply_by_parameter_scale=True, factored=True))
     clip = optax.clip_by_global_norm(clip_grad_norm) if clip_grad_norm > 0 else optax.identity()
     return Optimizer(optax.chain(clip, update), schedule)
+
+
+def check_settings(*, name, learning_rate, warmup_steps, total_steps, min_learning_rate_ratio, weight_decay,
+                   clip_grad_norm, b1, b2, eps, adafactor_decay_rate) -> None:
+    """make_optimizer's numbers in range, each refusal naming its gin setting."""
+    if name not in OPTIMIZERS:
+        raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
+    validate.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
+    if learning_rate == 0:
+        logging.warning("LEARNING_RATE=0: every update is zero, so training leaves the parameters as they start "
+                        "(weight decay too); set a positive LEARNING_RATE, e.g. --gin.LEARNING_RATE=3e-4")
+    if not isinstance(warmup_steps, float):
+        validate.non_negative_int("WARMUP_STEPS", warmup_steps, fix="or a fraction of the run such as 0.01")
+    validate.non_negative_int("TRAIN_STEPS", total_steps)
+    validate.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,
+                          maximum=1.0)
+    validate.finite_float("optim.make_optimizer.weight_decay", weight_decay, minimum=0.0)
+    validate.finite_float("optim.make_optimizer.clip_grad_norm", clip_grad_norm, minimum=0.0, fix="0 = no clipping")
+    for beta, value in (("b1", b1), ("b2", b2), ("adafactor_decay_rate", adafactor_decay_rate)):
+        validate.finite_float(f"optim.make_optimizer.{beta}", value, minimum=0.0, maximum=1.0)
+    validate.finite_float("optim.make_optimizer.eps", eps, minimum=0.0, exclusive_minimum=True)
 
 
 def per_layer(inner: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -17,7 +17,7 @@ import optax
 
 from models.layers import FP8_STATE
 from partitioning.pipeline import split_microbatches
-from t5x_like import optim
+from t5x_like import optim, validate
 from t5x_like.lm import LanguageModel, Lengths, check_cross_entropy
 
 Batch = dict[str, jax.Array]
@@ -32,13 +32,20 @@ class LossScaleConfig:
 
     The scale starts at 2**initial_scale_power. A step whose gradients are not finite is
     skipped; after `hysteresis` such steps in a row the scale halves (not below min_scale).
-    After `window` finite steps since the last overflow it doubles.
+    After `window` finite steps since the last overflow it doubles. `static_scale` > 0 is DeepSpeed's
+    fixed `loss_scale` (Megatron's --loss-scale): the scale is that and never changes (a step whose
+    gradients are not finite is still skipped); 0 = dynamic.
     """
 
     initial_scale_power: int = 16
     window: int = 1000
     hysteresis: int = 2
     min_scale: float = 1.0
+    static_scale: float = 0.0
+
+    def __post_init__(self):
+        validate.finite_float("trainer.LossScaleConfig.static_scale", self.static_scale, minimum=0.0,
+                              fix="0 = dynamic loss scaling")
 
 
 @flax.struct.dataclass
@@ -49,11 +56,14 @@ class LossScale:
 
     @classmethod
     def create(cls, config: LossScaleConfig) -> "LossScale":
-        return cls(jnp.asarray(2.0 ** config.initial_scale_power, jnp.float32),
+        start = config.static_scale or 2.0 ** config.initial_scale_power
+        return cls(jnp.asarray(start, jnp.float32),
                    jnp.zeros((), jnp.int32), jnp.asarray(config.hysteresis, jnp.int32))
 
     def update(self, finite: jax.Array, config: LossScaleConfig) -> "LossScale":
-        """The next scale after a step whose gradients were (not) finite."""
+        """The next scale after a step whose gradients were (not) finite (a static scale stays)."""
+        if config.static_scale:
+            return self
         backoff = self.hysteresis_left <= 1
         on_overflow = LossScale(
             scale=jnp.where(backoff, jnp.maximum(self.scale / 2, config.min_scale), self.scale),

@@ -1,5 +1,7 @@
 """Optimizers and schedules: Adafactor against transformers' torch Adafactor, T5's rsqrt schedule,
 factored statistics replicated under a mesh."""
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -226,3 +228,56 @@ def test_adafactor_decay_rate_is_used():
         mine, ours = opt.tx.update(g, ours, params)
         want, theirs = reference.update(g, theirs, params)
     np.testing.assert_allclose(mine["kernel"], want["kernel"], rtol=1e-6)
+
+
+def megatron_lr(step: int, *, max_lr: float, min_lr: float, warmup: int, decay_steps: int, style: str) -> float:
+    """Megatron-LM's OptimizerParamScheduler.get_lr (megatron/core/optimizer_param_scheduler.py), written out:
+    a linear ramp from 0, then cosine or linear from max_lr down to min_lr at decay_steps, min_lr after."""
+    if warmup > 0 and step <= warmup:
+        return max_lr * step / warmup
+    if step > decay_steps:
+        return min_lr
+    ratio = (step - warmup) / (decay_steps - warmup)
+    coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0) if style == "cosine" else 1.0 - ratio
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+@pytest.mark.parametrize("style", ["cosine", "linear"])
+def test_megatron_min_lr_schedule_with_fractional_warmup_and_shorter_decay(style):
+    """The Megatron GPT-2 tutorial's schedule, scaled down: 500 iterations, decay over 320 (--lr-decay-iters),
+    warmup .01 of the decay length, --min-lr 1e-5 under --lr 1.5e-4; 1e-6 relative at every step."""
+    schedule = optim.learning_rate_schedule(peak=1.5e-4, warmup_steps=0.01, total_steps=500, decay=style,
+                                            decay_steps=320, minimum=1e-5)
+    expected = [megatron_lr(s, max_lr=1.5e-4, min_lr=1e-5, warmup=round(0.01 * 320), decay_steps=320, style=style)
+                for s in range(501)]
+    np.testing.assert_allclose([float(schedule(s)) for s in range(501)], expected, rtol=1e-6, atol=1e-12)
+    fraction = optim.learning_rate_schedule(peak=1.0, warmup_steps=0.1, total_steps=1000, decay_steps=0.5)
+    assert float(fraction(10)) == pytest.approx(0.2) and float(fraction(50)) == pytest.approx(1.0)
+    assert float(fraction(500)) == pytest.approx(0.1) and float(fraction(900)) == pytest.approx(0.1)
+
+
+def test_noam_ramps_then_decays_as_the_inverse_square_root():
+    """Vaswani et al.: d^-0.5 * min(step^-0.5, step * warmup^-1.5), scaled so that its peak (at the end of the
+    warmup) is LEARNING_RATE; a min_learning_rate floors it."""
+    warmup, peak = 40, 2e-3
+    schedule = optim.learning_rate_schedule(peak=peak, warmup_steps=warmup, total_steps=1000, decay="noam")
+    steps = np.arange(1, 1001)
+    noam = np.minimum(steps ** -0.5, steps * warmup ** -1.5)
+    np.testing.assert_allclose([float(schedule(s)) for s in steps], peak * noam / noam.max(), rtol=1e-5)
+    assert float(schedule(0)) == 0.0
+    floored = optim.learning_rate_schedule(peak=peak, warmup_steps=warmup, total_steps=1000, decay="noam",
+                                           minimum=5e-4)
+    assert float(floored(1000)) == pytest.approx(5e-4) and float(floored(50)) == pytest.approx(float(schedule(50)))
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"warmup_steps": 1.5}, r"WARMUP_STEPS=1.5: give whole steps \(an integer, no decimal point\) or a fraction"),
+    ({"warmup_steps": 500, "decay_steps": 0.4},
+     "WARMUP_STEPS=500 must be smaller than optim.make_optimizer.decay_steps=400 for 'cosine' decay"),
+    ({"warmup_steps": 0, "decay": "noam"}, r"the 'noam' schedule decays as sqrt\(WARMUP_STEPS / step\)"),
+    ({"warmup_steps": 1, "minimum": 2.0}, "optim.make_optimizer.min_learning_rate=2: must be at least 0 and at "
+                                          "most 1; at most LEARNING_RATE"),
+    ({"warmup_steps": 1, "decay_steps": -3}, "optim.make_optimizer.decay_steps=-3: must be >= 0; or a fraction of TRAIN_STEPS")])
+def test_bad_schedule_lengths_are_named(settings, message):
+    with pytest.raises(ValueError, match=message):
+        optim.learning_rate_schedule(peak=1.0, total_steps=1000, **settings)

@@ -442,3 +442,15 @@ def test_fp8_state_of_the_linear_model_takes_its_gradient_maximum_over_microbatc
     skipped, metrics = step(new, dict(batch, y=np.array([np.inf, 0, 0, 0], np.float32)))
     assert int(metrics["skipped"]) == 1
     np.testing.assert_array_equal(skipped.fp8_state["s"], new.fp8_state["s"])
+
+
+def test_a_static_loss_scale_never_changes_but_still_skips_overflows():
+    """DeepSpeed's fp16 `loss_scale: 128` (Megatron's --loss-scale 128): the scale is 128 from the start and stays,
+    through overflows (which are still skipped) and windows of finite steps; a negative one is refused."""
+    config = trainer.LossScaleConfig(initial_scale_power=16, window=1, hysteresis=1, static_scale=128.0)
+    scale = trainer.LossScale.create(config)
+    for finite in (False, False, True, True, False):
+        scale = scale.update(np.bool_(finite), config)
+        assert float(scale.scale) == 128.0
+    with pytest.raises(ValueError, match=r"trainer.LossScaleConfig.static_scale=-1: must be at least 0"):
+        trainer.LossScaleConfig(static_scale=-1.0)
