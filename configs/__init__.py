@@ -4,7 +4,7 @@ the family's preset module (configs/<family>.py, which lists its full names in P
 import ml_collections
 
 from configs import bert, gpt2, neox, t5
-from t5x_like.errors import UserError
+from configs.errors import PresetError
 
 _MODULES = {"gpt2": gpt2, "cpm": gpt2, "pythia": neox, "neox": neox, "t5": t5, "bert": bert, "roberta": bert}
 """Preset-name prefix -> the module holding those presets."""
@@ -20,5 +20,5 @@ def get_model_config(name: str) -> ml_collections.ConfigDict:
     prefix, _, size = name.partition("_")
     module = _MODULES.get(prefix)
     if module is None or name not in module.PRESETS:
-        raise UserError(f"model preset {name!r} is unknown; known presets: {list(PRESETS)}.")
+        raise PresetError(f"model preset {name!r} is unknown; known presets: {list(PRESETS)}.")
     return _GETTERS[prefix](size)

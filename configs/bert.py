@@ -14,7 +14,7 @@ All have the masked-LM head; fine-tuning sets model_config.overrides={'head': 'c
 """
 import ml_collections
 
-from t5x_like.errors import UserError
+from configs.errors import PresetError
 
 UNCASED, CASED, CHINESE, ROBERTA = 30522, 28996, 21128, 50265
 TINY = 8192 + 3
@@ -38,7 +38,7 @@ PRESETS = tuple(_SIZES)
 def preset(name: str) -> ml_collections.ConfigDict:
     """The preset of this name (see PRESETS)."""
     if name not in _SIZES:
-        raise UserError(f"BERT / RoBERTa preset {name!r} is unknown; choose one of {PRESETS}.")
+        raise PresetError(f"BERT / RoBERTa preset {name!r} is unknown; choose one of {PRESETS}.")
     family, num_layers, num_heads, embed_dim, mlp_dim, vocab_size, max_len = _SIZES[name]
     values = dict(family=family, vocab_size=vocab_size, max_len=max_len, num_layers=num_layers, num_heads=num_heads,
                   embed_dim=embed_dim, mlp_dim=mlp_dim, dropout_rate=0.1, attention_dropout_rate=0.1, init_std=0.02)

@@ -9,7 +9,7 @@ vocabulary: `cpm_1` is its 2.6B model (32 layers, width 2560, 32 heads, 1024 pos
 """
 import ml_collections
 
-from t5x_like.errors import UserError
+from configs.errors import PresetError
 
 _SIZES = {
     #        layers heads embed  vocab  max_len
@@ -36,7 +36,7 @@ def get_config(size: str) -> ml_collections.ConfigDict:
     ('1': CPM-1 2.6B, '1_tiny'; configs/__init__.py maps the cpm_ prefix here)."""
     shapes = {**_SIZES, **_CPM_SIZES}
     if size not in shapes:
-        raise UserError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES + tuple(_CPM_SIZES)}.")
+        raise PresetError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES + tuple(_CPM_SIZES)}.")
     num_layers, num_heads, embed_dim, vocab_size, max_len = shapes[size]
     return ml_collections.ConfigDict(dict(
         family="gpt2",

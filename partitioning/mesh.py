@@ -7,7 +7,7 @@ from typing import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
-from t5x_like.errors import UserError
+from partitioning.errors import PartitioningError
 
 AXES = ("data", "stage", "fsdp", "tensor")
 
@@ -16,24 +16,24 @@ def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int
     """Replace the one -1 entry by whatever fills `num_devices`; check the product."""
     unknown = sorted(set(sizes) - set(AXES))
     if unknown:
-        raise UserError(f"mesh axes {unknown} are unknown; the axes are {AXES}.")
+        raise PartitioningError(f"mesh axes {unknown} are unknown; the axes are {AXES}.")
     sizes = {axis: int(sizes.get(axis, 1)) for axis in AXES}
     fill = [axis for axis, size in sizes.items() if size == -1]
     if len(fill) > 1:
-        raise UserError(f"mesh axes {fill} are all -1; at most one axis may be -1 (fill).")
+        raise PartitioningError(f"mesh axes {fill} are all -1; at most one axis may be -1 (fill).")
     bad = {axis: size for axis, size in sizes.items() if size < 1 and size != -1}
     if bad:
-        raise UserError(f"mesh axis sizes {bad} must be positive (or -1 for one axis to fill).")
+        raise PartitioningError(f"mesh axis sizes {bad} must be positive (or -1 for one axis to fill).")
     known = math.prod(size for size in sizes.values() if size != -1)
     if fill:
         if num_devices % known:
-            raise UserError(
+            raise PartitioningError(
                 f"cannot fill mesh axis {fill[0]!r}: the other axes multiply to {known}, which does "
                 f"not divide the {num_devices} devices. Choose sizes whose product divides {num_devices}."
             )
         sizes[fill[0]] = num_devices // known
     elif known != num_devices:
-        raise UserError(
+        raise PartitioningError(
             f"mesh {sizes} has {known} devices but {num_devices} are available; make the product of "
             "DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL equal the device "
             "count, or set one of them to -1 to fill."
@@ -70,13 +70,13 @@ def hybrid_devices(sizes: dict[str, int], dcn: dict[str, int], devices: list[jax
 
     for axis, ways in dcn.items():
         if not isinstance(ways, int) or ways < 1 or sizes[axis] % ways:
-            raise UserError(f"{DCN_MACROS[axis]}={ways!r} must be a positive divisor of the {axis!r} axis size "
+            raise PartitioningError(f"{DCN_MACROS[axis]}={ways!r} must be a positive divisor of the {axis!r} axis size "
                             f"{sizes[axis]}: the axis is DCN x ICI ways; change {DCN_MACROS[axis]} or the axis size.")
     granules = slice_groups(devices)
     across = math.prod(dcn.values())
     if across != len(granules):
         unit = "slices" if devices[0].platform == "tpu" else "processes (nodes)"
-        raise UserError(f"the DCN sizes {', '.join(f'{DCN_MACROS[a]}={w}' for a, w in dcn.items() if w > 1)} "
+        raise PartitioningError(f"the DCN sizes {', '.join(f'{DCN_MACROS[a]}={w}' for a, w in dcn.items() if w > 1)} "
                         f"multiply to {across}, but the devices form {len(granules)} {unit}; make the product of "
                         f"the DCN_* macros {len(granules)}.")
     ici = [sizes[axis] // dcn[axis] for axis in AXES]

@@ -15,7 +15,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from partitioning.rules import RuleSet, Rules, get_rule_set
-from t5x_like.errors import UserError
+from partitioning.errors import PartitioningError
 
 _MACRO_FOR_AXIS = {"data": "DATA_PARALLEL", "stage": "PIPELINE_PARALLEL",
                    "fsdp": "FSDP_PARALLEL", "tensor": "TENSOR_PARALLEL"}
@@ -30,7 +30,7 @@ class Partitioner:
         unused = [axis for axis, size in mesh.shape.items()
                   if size > 1 and axis not in self.rules.mesh_axes_used]
         if unused:
-            raise UserError(
+            raise PartitioningError(
                 f"mesh axes {unused} have size > 1 but rule set {self.rules.name!r} maps nothing to "
                 f"them, so those devices would repeat the same work. Set "
                 f"{', '.join(_MACRO_FOR_AXIS[a] + '=1' for a in unused)} or pick a rule set that uses "
@@ -109,7 +109,7 @@ class Partitioner:
         groups = sorted({tuple(sorted(stretches)) for stretches in held.values()})
         sizes = {sum(stop - start for start, stop in group) for group in groups}
         if len(sizes) != 1 or sizes.pop() * len(groups) != global_rows:
-            raise UserError(f"the batch rows do not split evenly over the processes of mesh {dict(self.mesh.shape)}"
+            raise PartitioningError(f"the batch rows do not split evenly over the processes of mesh {dict(self.mesh.shape)}"
                             f" ({len(groups)} row groups for {global_rows} rows); make BATCH_SIZE a multiple of "
                             "DATA_PARALLEL x FSDP_PARALLEL and give every process the same number of devices.")
         return groups.index(tuple(sorted(held[jax.process_index()]))), len(groups)
@@ -133,7 +133,7 @@ class Partitioner:
                 ways = self.axis_product(axes)
                 if size % ways:
                     macros = " x ".join(_MACRO_FOR_AXIS[a] for a in ((axes,) if isinstance(axes, str) else axes))
-                    raise UserError(
+                    raise PartitioningError(
                         f"{path}: dimension {dim} ({logical!r}, size {size}) does not divide over mesh "
                         f"axes {axes} ({ways} devices). Choose {macros} dividing {size}, change the "
                         f"model size, or use a rule set that does not shard {logical!r}."

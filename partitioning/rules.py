@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from t5x_like.errors import UserError
+from partitioning.errors import PartitioningError
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
@@ -92,5 +92,5 @@ sequence parallelism to tensor parallelism."""
 
 def get_rule_set(name: str) -> RuleSet:
     if name not in RULE_SETS:
-        raise UserError(f"rule set {name!r} is unknown; choose one of {sorted(RULE_SETS)}.")
+        raise PartitioningError(f"rule set {name!r} is unknown; choose one of {sorted(RULE_SETS)}.")
     return RULE_SETS[name]

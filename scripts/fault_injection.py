@@ -116,7 +116,7 @@ def run_trials(trials: int, steps: int, workdir: str, seed: int = 0) -> dict:
 
 def checksum_cost(gb: float, workdir: str) -> dict:
     """Seconds per GB to write a manifest and to verify it, over `gb` GB of files like a checkpoint's."""
-    from t5x_like import checkpoints
+    from t5x_like import checkpoint_integrity
 
     step_dir = os.path.join(workdir, "checksum_cost")
     shutil.rmtree(step_dir, ignore_errors=True)
@@ -126,10 +126,10 @@ def checksum_cost(gb: float, workdir: str) -> dict:
         with open(os.path.join(step_dir, "params", f"shard{i}"), "wb") as f:
             f.write(os.urandom(size))
     started = time.perf_counter()
-    checkpoints.write_manifest(step_dir)
+    checkpoint_integrity.write_manifest(step_dir)
     write_s = time.perf_counter() - started
     started = time.perf_counter()
-    assert checkpoints.verify_manifest(step_dir)
+    assert checkpoint_integrity.verify_manifest(step_dir)
     verify_s = time.perf_counter() - started
     shutil.rmtree(step_dir)
     return {"gb": gb, "files": files, "write_s_per_gb": round(write_s / gb, 3), "verify_s_per_gb": round(verify_s / gb, 3),

@@ -34,7 +34,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "trainer": ("t5x_like/trainer.py", ("tests/t5x_like/test_trainer.py",
                                         "-k", "loss_scale_update_rules or linear or eval_step_sums")),
     "optim": ("t5x_like/optim.py", ("tests/t5x_like/test_optim.py",)),
-    "lm": ("t5x_like/lm.py", ("tests/t5x_like/test_lm.py",)),
+    "lm": ("t5x_like/lm/base.py", ("tests/t5x_like/test_lm.py",)),
     "features": ("t5x_like/features.py", ("tests/t5x_like/test_features.py",)),
     "span_corruption": ("t5x_like/data/objectives/span_corruption.py", (
         "tests/t5x_like/data/objectives/test_span_corruption.py",)),
@@ -48,7 +48,13 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "-k", "not fine_tuning and not restore_from")),
     "loader": ("t5x_like/data/loader.py", ("tests/t5x_like/data/test_loader.py",)),
     "rules": ("partitioning/rules.py", ("tests/partitioning/test_rules.py",)),
-    "layers": ("models/layers.py", ("tests/models/test_layers.py",)),
+    # the layer library (models/layers/), a module and its mirror test file each; decoding through the
+    # attention is tested beside the KV cache
+    **{f"layers.{name}": (f"models/layers/{name}.py", tuple(f"tests/models/layers/test_{test}.py" for test in tests))
+       for name, tests in (("dense", ("dense",)), ("embeddings", ("embeddings",)), ("positions", ("positions",)),
+                           ("norms", ("norms",)), ("mlp", ("mlp",)), ("kv_cache", ("kv_cache",)),
+                           ("attention", ("attention", "kv_cache")), ("stack", ("stack",)),
+                           ("decoder", ("decoder",)))},
 }
 """module name -> (its file, its own fast unit test files and any pytest selection flags)."""
 

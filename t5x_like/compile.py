@@ -27,7 +27,7 @@ import numpy as np
 from absl import flags
 
 from partitioning import make_mesh
-from t5x_like import gin_cli, metrics, train, validate
+from t5x_like import cli, gin_cli, metrics, run_config, training, validate  # noqa: F401 (gin's configurables)
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 from t5x_like.experiment import build_experiment
 
@@ -45,7 +45,7 @@ flags.DEFINE_string("output", None, "Write the report (JSON) here.")
 flags.DEFINE_integer("num_slices", 1, "TPU multi-slice: this many slices of --topology joined over DCN (set "
                      "DCN_* macros whose product is the slice count).")
 flags.DEFINE_float("device_memory_gib", None, "Device memory to check against; default: the device's own.")
-flags.adopt_module_key_flags(train)  # --help lists --gin_file, --gin_bindings (--gin.NAME=VALUE), ...
+flags.adopt_module_key_flags(cli)  # --help lists --gin_file, --gin_bindings (--gin.NAME=VALUE), ...
 
 
 class DoesNotFit(Exception):
@@ -222,7 +222,7 @@ def summary(report: dict[str, Any]) -> str:
 def main(argv: list[str]) -> None:
     del argv
     f = flags.FLAGS
-    train.quiet_library_logs()
+    cli.quiet_library_logs()
     if f.device_memory_gib is not None:
         validate.finite_float("--device_memory_gib", f.device_memory_gib, minimum=0.0, exclusive_minimum=True)
     if f.output:
@@ -230,7 +230,7 @@ def main(argv: list[str]) -> None:
     if f.num_slices < 1 or (f.num_slices > 1 and not (f.topology or "").startswith("v")):
         raise UserError(f"--num_slices={f.num_slices}: a positive count of TPU slices, with a TPU --topology.")
     devices = target_devices(f.topology, f.num_slices)
-    train.parse_gin(f.gin_file, [*UNUSED_MACROS, *f.gin_bindings], f.gin_search_paths)
+    gin_cli.parse_gin(f.gin_file, [*UNUSED_MACROS, *f.gin_bindings], f.gin_search_paths)
     memory = device_memory(devices, f.device_memory_gib)
     try:
         report, _ = compile_step(devices, memory)
@@ -249,4 +249,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_absl_app(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=train.parse_flags)
+    run_absl_app(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=cli.parse_flags)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import jax
 from absl import logging
 
-from t5x_like import agreement, validate
+from t5x_like import cluster, validate
 
 # jax's SLURM convention: a port derived from the job id, in the top 4096 ports, unless
 # JAX_COORDINATOR_PORT says otherwise; every task of the step computes the same one.
@@ -89,11 +89,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             cluster_detection_method=None if spec.coordinator_address is None else 'deactivate',
             # jax's own timeouts abort the process with a C++ stack dump: ours come first.
             initialization_timeout=initialization_timeout + BACKSTOP_S,
-            heartbeat_timeout_seconds=agreement.jax_heartbeat_timeout(heartbeat_timeout_seconds),
+            heartbeat_timeout_seconds=cluster.jax_heartbeat_timeout(heartbeat_timeout_seconds),
         )
     finally:
         deadline.cancel()
-    agreement.watch(heartbeat_timeout_seconds)
+    cluster.watch(heartbeat_timeout_seconds)
     logging.info('distributed: process %d of %d connected; %d local / %d global devices.',
                  jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
 

@@ -12,12 +12,20 @@ import functools
 import sys
 from typing import Any, Callable, Iterator, TypeVar
 
+from configs.errors import PresetError
+from partitioning.errors import PartitioningError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class UserError(ValueError):
     """A mistake the user can fix; the message says what and how. A ValueError, so callers that
     validate with `except ValueError` keep working."""
+
+
+USER_ERRORS = (UserError, PartitioningError, PresetError)
+"""What the CLIs print as one line: ours, and the errors partitioning/ and configs/ (which import nothing of
+t5x_like) raise for settings the user gives."""
 
 
 def exit_on_user_error(main: F) -> F:
@@ -27,7 +35,7 @@ def exit_on_user_error(main: F) -> F:
     def wrapped(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except UserError as e:
+        except USER_ERRORS as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(1)
 

@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 
 from partitioning import Partitioner
-from t5x_like import agreement, distributed, inference, validate
+from t5x_like import cluster, distributed, inference, validate
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.lm import make_lm
 
@@ -254,7 +254,7 @@ def sampling_settings(args: argparse.Namespace) -> Sampling:
 
 
 @exit_on_user_error
-@agreement.stop_together  # several processes: one failing stops all, naming it
+@cluster.stop_together  # several processes: one failing stops all, naming it
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_arguments(args)

@@ -17,15 +17,22 @@ import inspect
 import io
 import os
 import re
+import sys
 import tokenize
 from typing import Any, Callable, Iterator
 
 import gin
+from absl import logging
 from gin import config as gin_config
 from gin import config_parser
 
-from t5x_like.errors import UserError
+from t5x_like.errors import USER_ERRORS, UserError
 
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
+"""The run files of a checkout (gin/); an installed package finds them in INSTALLED_GIN_DIR."""
+
+
+INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
 MACRO_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.*?)\s*(?:#\s?(.*))?$")
 GIN_CALL_CONTEXT = re.compile(r"\n  In call to configurable '[^']*' \(<[^>]*>\)")
 MERGED_BINDINGS = ("model_config.overrides",)
@@ -247,7 +254,7 @@ def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except UserError as e:
+        except USER_ERRORS as e:
             raise UserError(GIN_CALL_CONTEXT.sub("", str(e))) from None
 
     return wrapped
@@ -335,3 +342,57 @@ def _format(value: Any) -> str:
         call = "" if callable(value) and not dataclasses.is_dataclass(value) else "()"
         return f"@{_short_name(configurable)}{call}"
     return repr(value)
+
+
+# ---------------------------------------------------------------- a run's configuration
+
+
+def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
+    """Load gin files (bare names resolve in gin/), then apply bindings (model_config.overrides merge
+    into the files' dict), rejecting unknown macros and unquoted strings."""
+    for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
+        gin.add_config_file_search_path(path)
+    if not files:
+        raise UserError("no --gin_file given; e.g. --gin_file=quickstart.gin (files live in gin/).")
+    parse_files(files)
+    for binding in bindings:
+        name = binding.split("=", 1)[0].strip()
+        if re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            try:
+                gin.query_parameter(f"%{name}")
+            except ValueError:
+                raise UserError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
+                                "(`--help` and gin/base.gin list the macros).") from None
+    apply_bindings(bindings)
+    extra = apply_extra_file()
+    if extra:
+        logging.info("%s=%s: applied after the command line", EXTRA_GIN_ENV, extra)
+    try:
+        gin.finalize()
+    except ValueError as e:
+        required = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", str(e))
+        if not required:
+            raise
+        raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
+                        f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
+    check_seq_len_is_used()
+
+
+def check_seq_len_is_used() -> None:
+    """SEQ_LEN is the decoder-only shorthand for FEATURE_LENGTHS = {'targets': SEQ_LEN}: set while the run's
+    FEATURE_LENGTHS does not use it (an encoder-decoder run file), it would be silently ignored."""
+    values = macro_values()
+    seq_len, lengths = values.get("SEQ_LEN"), values.get("FEATURE_LENGTHS")
+    if seq_len is None or not isinstance(lengths, dict):
+        return
+    if not any(isinstance(v, gin.config.ConfigurableReference) for v in lengths.values()):
+        raise UserError(f"SEQ_LEN={seq_len} is not used: the run sets FEATURE_LENGTHS={lengths} itself (SEQ_LEN is "
+                        "the decoder-only shorthand for FEATURE_LENGTHS={'targets': N}); set FEATURE_LENGTHS, e.g. "
+                        f"--gin.FEATURE_LENGTHS=\"{dict(lengths, targets=seq_len)}\", and leave SEQ_LEN unset.")
+
+
+def usage_with_macros(doc: str) -> str:
+    """The module doc for --help, followed by base.gin's macros ('%' escaped for absl's usage())."""
+    base = os.path.join(GIN_DIR if os.path.isdir(GIN_DIR) else INSTALLED_GIN_DIR, "base.gin")
+    macros = macros_help(base).replace("%", "%%")
+    return f"{doc}\nMacros (--gin.NAME=VALUE; strings need inner quotes: --gin.RULES=\"'fsdp'\"):\n{macros}\n"

@@ -14,7 +14,7 @@ import numpy as np
 import models
 from partitioning import Partitioner, make_mesh
 from t5x_like import checkpoints, distributed, validate
-from t5x_like.data.tokenizer import recorded_tokenizer_path
+from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
 

@@ -7,7 +7,7 @@
   largest step any process had reached, plus one), so all of them stop there and checkpoint together.
   SIGINT is passed on as SIGTERM to take the same path.
 - A non-finite loss or gradients: every process reads the same replicated step metrics, so every
-  process stops at the same step without further agreement (train.NonfiniteCheck).
+  process stops at the same step without further agreement (nonfinite.NonfiniteCheck).
 - The last step: the same on every process.
 A process that dies is noticed by the coordination service's heartbeat: the others exit non-zero,
 naming the missing task (distributed.initialize sets the timeout).

@@ -19,7 +19,7 @@ from t5x_like import checkpoints
 from t5x_like import inference
 import models
 from t5x_like.convert import mapping
-from t5x_like.data.tokenizer import save_tokenizer, tokenizer_record
+from t5x_like.data.tokenizer_files import save_tokenizer, tokenizer_record
 from t5x_like.errors import UserError
 
 # One converter module per registered family: t5x_like/convert/<family>.py.

@@ -28,7 +28,7 @@ from models.neox import NeoXConfig
 from t5x_like import checkpoints, inference
 from t5x_like.errors import UserError
 from t5x_like.convert import gpt2, mapping
-from t5x_like.data.tokenizer import tokenizer_record
+from t5x_like.data.tokenizer_files import tokenizer_record
 from t5x_like.convert.mapping import Entry, Stack, Transform
 
 HF_MODEL_TYPE = "gpt_neox"

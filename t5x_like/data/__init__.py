@@ -18,7 +18,7 @@ _EXPORTS = {
     "open_token_file": "t5x_like.data.token_file",
     "Tokenizer": "t5x_like.data.tokenizer",
     "load_tokenizer": "t5x_like.data.tokenizer",
-    "tokenizer_record": "t5x_like.data.tokenizer",
+    "tokenizer_record": "t5x_like.data.tokenizer_files",
     "tokenizer_vocab_size": "t5x_like.data.sources",
 }
 __all__ = sorted(_EXPORTS)

@@ -23,7 +23,8 @@ import numpy as np
 import pydoc_data.topics
 
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
-from t5x_like.data.tokenizer import cache_root, load_tokenizer
+from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.data.tokenizer_files import cache_root
 from t5x_like.data.train_tokenizer import train_byte_level_bpe
 
 BUILTIN_VOCAB_SIZE = 8192

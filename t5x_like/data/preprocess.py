@@ -23,7 +23,8 @@ from absl import flags
 
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
-from t5x_like.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_record
+from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+from t5x_like.data.tokenizer_files import tokenizer_record
 from t5x_like import validate
 from t5x_like.errors import exit_on_user_error, run_absl_app
 

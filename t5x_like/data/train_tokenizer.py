@@ -29,8 +29,9 @@ from absl import app, flags, logging
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from t5x_like.data import formats
-from t5x_like.data.tokenizer import (CPM_TRANSLATION, EOD_TOKENS, WORDPIECE_SPECIAL_TOKENS, bert_wordpiece,
-                                     import_jieba)
+from t5x_like.data.cpm_tokenizer import CPM_TRANSLATION, import_jieba
+from t5x_like.data.tokenizer import WORDPIECE_SPECIAL_TOKENS, bert_wordpiece
+from t5x_like.data.tokenizer_base import EOD_TOKENS
 from t5x_like import validate
 from t5x_like.errors import UserError, exit_on_user_error
 

@@ -3,7 +3,7 @@ import pytest
 from jax.sharding import AxisType
 
 from partitioning import make_mesh, resolve_axis_sizes
-from t5x_like.errors import UserError
+from partitioning.errors import PartitioningError
 
 
 def test_fill_axis_takes_remaining_devices():
@@ -35,9 +35,9 @@ def test_bad_mesh_sizes_name_the_fix(sizes, match):
 
 
 def test_dcn_sizes_must_divide_the_axis_and_match_the_nodes():
-    with pytest.raises(UserError, match=r"DCN_DATA_PARALLEL=3 must be a positive divisor of the 'data' axis size 4"):
+    with pytest.raises(PartitioningError, match=r"DCN_DATA_PARALLEL=3 must be a positive divisor of the 'data' axis size 4"):
         make_mesh(data=4, tensor=2, dcn_data=3)
-    with pytest.raises(UserError, match=r"multiply to 2, but the devices form 1 processes.*DCN_\* macros 1"):
+    with pytest.raises(PartitioningError, match=r"multiply to 2, but the devices form 1 processes.*DCN_\* macros 1"):
         make_mesh(data=4, tensor=2, dcn_data=2)
 
 

@@ -16,7 +16,7 @@ from models.gpt2 import GPT2, GPT2Config
 from models.neox import NeoXConfig
 from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
-from t5x_like import checkpoints, optim, train
+from t5x_like import checkpoints, optim, resume, training
 from t5x_like.experiment import build_experiment, pipeline_stack
 
 SEQ_LEN, BATCH, STEPS, SEED = 16, 16, 10, 3
@@ -94,9 +94,9 @@ def test_train_resumes_a_plain_checkpoint_on_a_pipeline(tmp_path, synthetic_sour
     the uninterrupted plain run's losses (same parameter and optimizer-state layout)."""
     model_dir = str(tmp_path / "run")
     common = dict(model_dir=model_dir, log_every=1, data_source=synthetic_source)
-    train.train(train_steps=3, experiment=functools.partial(experiment, make_mesh(data=8), "data_parallel"),
+    training.train(train_steps=3, experiment=functools.partial(experiment, make_mesh(data=8), "data_parallel"),
                 **common)
-    train.train(train_steps=6, experiment=functools.partial(
+    training.train(train_steps=6, experiment=functools.partial(
         experiment, make_mesh(data=2, stage=2, fsdp=2), "fsdp", schedule=(2, 2, 2)), **common)
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"loss"' in line]
@@ -199,8 +199,8 @@ def saved_and_restored(tmp_path, saved, target, shardings):
     """`saved` (a train state) written as a checkpoint and restored as `target` with `shardings`,
     checked equal to what was saved."""
     ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
-    ckpt.save(0, params=saved.params, train_state=train.train_state_item(saved), data_state={}, model={})
-    restored, _ = train.restore_state(ckpt, 0, target, shardings)
+    ckpt.save(0, params=saved.params, train_state=resume.train_state_item(saved), data_state={}, model={})
+    restored, _ = resume.restore_state(ckpt, 0, target, shardings)
     ckpt.close()
     jax.tree.map(np.testing.assert_array_equal, restored.params, saved.params)
     jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)

@@ -2,7 +2,7 @@
 import pytest
 
 from partitioning import rules
-from t5x_like.errors import UserError
+from partitioning.errors import PartitioningError
 
 
 def test_get_rule_set_returns_the_named_set():
@@ -12,7 +12,7 @@ def test_get_rule_set_returns_the_named_set():
 
 
 def test_unknown_rule_set_is_a_user_error_listing_the_choices():
-    with pytest.raises(UserError) as raised:
+    with pytest.raises(PartitioningError) as raised:
         rules.get_rule_set("megatron")
     assert str(raised.value) == f"rule set 'megatron' is unknown; choose one of {sorted(rules.RULE_SETS)}."
 

@@ -3,7 +3,7 @@ test_multihost_faults.py and test_distributed.py)."""
 import gin
 import pytest
 
-from t5x_like import agreement, distributed
+from t5x_like import agreement, cluster, distributed
 
 
 def test_differences_name_the_setting_both_values_and_the_process():
@@ -49,7 +49,7 @@ def test_run_facts_hold_the_gin_macros_the_data_files_and_the_checkpoint(tmp_pat
 
 
 def test_one_process_agrees_with_itself():
-    assert not agreement.active()
+    assert not cluster.active()
     agreement.agree({"TRAIN_STEPS": "20"})  # returns at once
 
 

@@ -38,10 +38,10 @@ def call_cli(cli: str, argv: list[str]) -> int | str | None:
     if cli in ("train", "compile"):
         import gin
 
-        from t5x_like import compile as compile_cli, gin_cli, train
+        from t5x_like import cli as cli_flags, compile as compile_cli, gin_cli, train
         train.FLAGS.unparse_flags()
         gin.clear_config()
-        train.parse_flags([cli, *argv])
+        cli_flags.parse_flags([cli, *argv])
         main = train.main if cli == "train" else exit_on_user_error(gin_cli.plain_user_errors(compile_cli.main))
         argv = []
     elif cli in ("preprocess", "train_tokenizer"):
@@ -748,12 +748,12 @@ def test_storage_faults_are_read_from_what_orbax_and_tensorstore_raise(runs, tmp
 
 
 if __name__ == "__main__" and sys.argv[1] == "train_with_fault":  # the subprocess of train_with_fault
-    from t5x_like import train
+    from t5x_like import cli, train
     from t5x_like.errors import run_absl_app
 
     inject(sys.argv[2])
     sys.argv[1:] = json.loads(sys.argv[3])
-    run_absl_app(train.main, flags_parser=train.parse_flags)
+    run_absl_app(train.main, flags_parser=cli.parse_flags)
 elif __name__ == "__main__":  # the subprocess of test_bad_inputs_of_the_data_tools_are_one_error_line
     tool = sys.argv[1]
     __import__(f"t5x_like.data.{tool}", fromlist=["define_flags"]).define_flags()

@@ -15,7 +15,7 @@ import pytest
 from models.bert import BertConfig
 from partitioning import make_mesh
 from t5x_like import eval as eval_cli
-from t5x_like import checkpoints, optim, train
+from t5x_like import checkpoints, optim, training
 from t5x_like.data import load_tokenizer, make_source
 from t5x_like.data.objectives.classification import classification_examples, encode_pair, read_labelled
 from t5x_like.data.objectives.mlm import mlm_vocabulary
@@ -141,7 +141,7 @@ def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_
         optimizer=optim.make_optimizer(learning_rate=2e-3, warmup_steps=5, total_steps=80, weight_decay=0.01),
         feature_lengths=LENGTHS)
     with caplog.at_level("WARNING"):
-        train.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
+        training.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
                     eval_every=40, eval_steps=6, log_every=20, checkpoint_every=40)
     said = [r.getMessage() for r in caplog.records if "EVAL_STEPS=6" in r.getMessage()]
     assert len(said) == 1 and "holds only 5 global batches" in said[0]
@@ -191,7 +191,7 @@ def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):
     experiment = functools.partial(
         build_experiment, model=config, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=8,
         optimizer=optim.make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=2), feature_lengths=LENGTHS)
-    train.train(model_dir=str(tmp_path / name), train_steps=2, data_source=source, experiment=experiment,
+    training.train(model_dir=str(tmp_path / name), train_steps=2, data_source=source, experiment=experiment,
                 restore_from=restore_from, checkpoint_every=2, log_every=1)
     info = checkpoints.read_model_info(str(tmp_path / name))
     return checkpoints.restore_params(str(tmp_path / name), checkpoints.stored_param_shapes(str(tmp_path / name))), info

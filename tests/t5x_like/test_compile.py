@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from t5x_like import compile as compile_tool
-from t5x_like import train
+from t5x_like import gin_cli, run_config, training  # noqa: F401 (gin's configurables)
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 
@@ -25,7 +25,7 @@ def quickstart():
     """Parse quickstart.gin (GPT-2 tiny, fp32) with extra bindings, as the CLI does."""
     def parse(*bindings):
         gin.clear_config()
-        train.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, f"BATCH_SIZE={BATCH}",
+        gin_cli.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, f"BATCH_SIZE={BATCH}",
                                               f"SEQ_LEN={SEQ_LEN}", *bindings], [])
     yield parse
     gin.clear_config()

@@ -16,7 +16,7 @@ import jax
 import pytest
 from jax.experimental import multihost_utils
 
-from t5x_like import agreement, distributed
+from t5x_like import cluster, distributed
 
 _LAUNCH_VARS = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'JAX_COORDINATOR_PORT')
 
@@ -164,7 +164,7 @@ def test_initialize_on_a_tpu_vm_lets_jax_detect_everything(cloud_tpu_vm, jax_ini
     assert call['coordinator_address'] is None and call['cluster_detection_method'] is None
     # jax's own timeouts abort with a C++ stack dump: they come after ours, which name the process
     assert call['initialization_timeout'] == 60 + distributed.BACKSTOP_S
-    assert call['heartbeat_timeout_seconds'] == agreement.jax_heartbeat_timeout(100) > 100
+    assert call['heartbeat_timeout_seconds'] == cluster.jax_heartbeat_timeout(100) > 100
 
 
 def test_initialize_under_slurm_keeps_all_local_gpus_with_one_task_per_node(jax_initialize_calls,
@@ -251,7 +251,7 @@ def test_two_processes_sum_a_global_array(tmp_path):
 @pytest.mark.parametrize('victim, signum, named, within_s', [
     (1, signal.SIGKILL, 'process 1 died: its connection to process 0 closed', 5),
     (0, signal.SIGKILL, 'process 0 (the coordinator, 127.0.0.1:', 5),
-    (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + agreement.INTERRUPT_S + 3),
+    (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + cluster.INTERRUPT_S + 3),
 ], ids=['worker_dies', 'coordinator_dies', 'worker_hangs'])
 def test_a_dead_process_makes_the_other_exit_naming_it(tmp_path, victim, signum, named, within_s):
     """Killed mid-collective (the kernel closes its connections: noticed at once) or hung (SIGSTOP: only its
@@ -293,7 +293,7 @@ def _global_sum(process_id: int) -> float:
     return float(jax.jit(jax.numpy.sum)(array))
 
 
-@agreement.stop_together  # as the CLIs' mains are
+@cluster.stop_together  # as the CLIs' mains are
 def _worker(mode: str, port: str, process_id: int) -> None:
     distributed.initialize(f'127.0.0.1:{port}', 2, process_id, initialization_timeout=30,
                            heartbeat_timeout_seconds=5)

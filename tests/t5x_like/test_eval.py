@@ -11,6 +11,7 @@ import pytest
 
 from partitioning import Partitioner, make_mesh
 from t5x_like import eval as evaluation
+from t5x_like.evaluation import scoring, wikitext
 from t5x_like import inference
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
@@ -31,14 +32,14 @@ SEQ_LEN, STRIDE = 32, 8
     ("about N people", "about 1 people"),
 ])
 def test_wikitext_detokenizer(text, expected):
-    assert evaluation.wikitext_detokenize(text) == expected
+    assert wikitext.wikitext_detokenize(text) == expected
 
 
 @pytest.mark.parametrize("num_tokens, seq_len, stride", [(2, 4, 4), (9, 4, 4), (10, 4, 4), (23, 8, 3), (8, 8, 1)])
 def test_windows_score_every_target_once_with_enough_context(num_tokens, seq_len, stride):
     tokens = np.arange(num_tokens)
-    count = evaluation.num_windows(num_tokens, seq_len, stride)
-    rows = evaluation.window_rows(tokens, seq_len, stride, 0, count)
+    count = scoring.num_windows(num_tokens, seq_len, stride)
+    rows = scoring.window_rows(tokens, seq_len, stride, 0, count)
     scored = rows[DECODER_TARGET_TOKENS][rows[DECODER_LOSS_WEIGHTS] > 0]
     assert sorted(scored) == list(range(1, num_tokens))
     for window in range(1, count):  # later windows score targets with >= seq_len - stride tokens before them
@@ -187,7 +188,7 @@ def test_accuracy_counts_a_row_only_when_every_target_is_the_argmax(converted):
     targets[1, 6] = (targets[1, 6] + 1) % 50257  # row 1: one scored target is not the argmax
     weights = np.zeros((2, 8), np.float32)
     weights[:, 5:7] = 1.0
-    scorer = evaluation.Scorer(config, params, partitioner, batch_size=2)
+    scorer = scoring.Scorer(config, params, partitioner, batch_size=2)
     out = scorer.score([{DECODER_INPUT_TOKENS: inputs, DECODER_TARGET_TOKENS: targets, DECODER_LOSS_WEIGHTS: weights}], 1, "test")
     assert out["all_correct"].tolist() == [True, False]
 

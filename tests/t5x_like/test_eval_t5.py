@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from t5x_like import eval as evaluation
+from t5x_like.evaluation import seq2seq
 from t5x_like import generate
 from t5x_like.data import load_tokenizer, make_source
 
@@ -65,7 +66,7 @@ def test_seq2seq_scores_equal_transformers(setup):
                            f"--tokenizer={tokenizer}", "--batch_size=4", "--data_parallel=4", "--tensor_parallel=2"])
     tok = load_tokenizer(tokenizer)
     examples = [(tok.encode(i) + [tok.eod_id], tok.encode(t) + [tok.eod_id]) for i, t in pairs]
-    rows = evaluation.seq2seq_rows(examples, max(len(i) for i, _ in examples), max(len(t) for _, t in examples))
+    rows = seq2seq.seq2seq_rows(examples, max(len(i) for i, _ in examples), max(len(t) for _, t in examples))
     weights = rows["decoder_loss_weights"] > 0
     with torch.no_grad():
         logits = model(input_ids=torch.from_numpy(rows["encoder_input_tokens"].astype(np.int64)),

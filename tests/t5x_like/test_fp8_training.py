@@ -16,7 +16,7 @@ from etils import epath
 import models
 from models.gpt2 import GPT2Config
 from partitioning import make_mesh
-from t5x_like import checkpoints, inference, train
+from t5x_like import checkpoints, inference, resume
 from t5x_like.convert import hf
 from tests.t5x_like.test_trainer import CONFIG as MESH_CONFIG
 from tests.t5x_like.test_trainer import batches, experiment, run
@@ -111,9 +111,9 @@ def test_resume_is_exact_and_an_fp8_checkpoint_converts(synthetic_source, tmp_pa
     straight, want = steps(fresh(), data)
     half, first = steps(fresh(), data[:3])
     ckpt = checkpoints.Checkpointer(str(tmp_path / "run"), async_save=False)
-    ckpt.save(3, params=half.params, train_state=train.train_state_item(half), data_state={}, model=model_info)
+    ckpt.save(3, params=half.params, train_state=resume.train_state_item(half), data_state={}, model=model_info)
     assert "fp8_state" in stored_train_state_keys(tmp_path / "run", 3)
-    restored, _ = train.restore_state(ckpt, 3, fresh(), exp.shardings)  # every field overwritten
+    restored, _ = resume.restore_state(ckpt, 3, fresh(), exp.shardings)  # every field overwritten
     resumed, second = steps(restored, data[3:])
     assert first + second == want  # bitwise
     for name in ("params", "opt_state", "fp8_state"):
@@ -122,7 +122,7 @@ def test_resume_is_exact_and_an_fp8_checkpoint_converts(synthetic_source, tmp_pa
     assert (newest_amax(resumed.fp8_state) > 0).all()
 
     # to-hf reads the parameters only; transformers' logits equal ours (the compute-dtype forward).
-    ckpt.save(6, params=resumed.params, train_state=train.train_state_item(resumed), data_state={}, model=model_info)
+    ckpt.save(6, params=resumed.params, train_state=resume.train_state_item(resumed), data_state={}, model=model_info)
     ckpt.close()
     hf.to_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

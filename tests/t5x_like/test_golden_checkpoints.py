@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from partitioning import make_mesh
-from t5x_like import inference, metrics, optim, train
+from t5x_like import inference, metrics, optim, training
 from t5x_like.convert import hf
 from t5x_like.data import make_source
 from t5x_like.experiment import build_experiment
@@ -50,7 +50,7 @@ def test_training_resumes_to_the_same_loss(name, tmp_path, monkeypatch):
     config, _ = inference.read_config(str(GOLDEN / name))
     shutil.copytree(GOLDEN / name / "checkpoints", tmp_path / "run" / "checkpoints")
     monkeypatch.chdir(GOLDEN)  # the corpus is named as the run named it
-    train.train(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2, log_every=1, eval_every=0,
+    training.train(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2, log_every=1, eval_every=0,
                 data_source=functools.partial(make_source, objective=objective, data_path="data/corpus"),
                 experiment=functools.partial(
                     build_experiment, model=config, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4, optimizer=optim.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=3),

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from t5x_like import checkpoints
+from t5x_like import checkpoint_integrity, checkpoints
 from tests.conftest import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -115,8 +115,8 @@ def test_two_processes_equal_one_process(tmp_path):
         step_dir = tmp_path / "multi" / "checkpoints" / step
         manifests = [json.loads((step_dir / name).read_text())["files"]
                      for name in ("checksums.json", "checksums.process_1.json")]
-        assert {checkpoints.writer_of(f) for f in manifests[0]} == {0}
-        assert {checkpoints.writer_of(f) for f in manifests[1]} == {1} and len(manifests[1]) >= 2
+        assert {checkpoint_integrity.writer_of(f) for f in manifests[0]} == {0}
+        assert {checkpoint_integrity.writer_of(f) for f in manifests[1]} == {1} and len(manifests[1]) >= 2
         assert checkpoints.verify_manifest(str(step_dir))
 
 

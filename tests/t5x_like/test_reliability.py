@@ -16,7 +16,7 @@ import pytest
 
 from models.gpt2 import GPT2Config
 from partitioning import make_mesh
-from t5x_like import checkpoints, metrics, optim, run_lock, train
+from t5x_like import checkpoint_integrity, checkpoints, metrics, nonfinite, optim, run_lock, training
 from t5x_like.convert import hf
 from t5x_like.data import make_source
 from t5x_like.data.loader import DataChangedError
@@ -41,7 +41,7 @@ def experiment(total_steps=8, **settings):
 
 def run(model_dir, source, *, steps, total_steps=8, settings=None, **kwargs):
     kwargs = dict(dict(checkpoint_every=2, keep_checkpoints=5, eval_every=0, log_every=1), **kwargs)
-    return train.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
+    return training.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
                        experiment=experiment(total_steps, **(settings or {})), **kwargs)
 
 
@@ -201,7 +201,7 @@ def test_a_data_position_from_another_step_is_detected(reference, tmp_path):
     step_dir = os.path.join(model_dir, "checkpoints", "8")
     with open(os.path.join(step_dir, "data", "metadata"), "w") as f:
         json.dump({"step": 6, "position": {"index": 6}}, f)
-    checkpoints.write_manifest(step_dir)  # consistent checksums: only the step check can tell
+    checkpoint_integrity.write_manifest(step_dir)  # consistent checksums: only the step check can tell
     ckpt = checkpoints.Checkpointer(str(model_dir))
     try:
         with pytest.raises(checkpoints.CorruptCheckpointError, match=r"saved at steps \(6, 8\)"):
@@ -242,7 +242,7 @@ def test_skipping_stops_when_the_state_itself_gives_nonfinite_losses(synthetic_s
             return batch
 
     with caplog.at_level(logging.WARNING), pytest.raises(
-            train.NonfiniteLossError, match=r"step 5: 3 steps in a row \(train.nonfinite_in_a_row\) had a non-finite "
+            nonfinite.NonfiniteLossError, match=r"step 5: 3 steps in a row \(train.nonfinite_in_a_row\) had a non-finite "
                                             r"loss or gradients, from step 3: the model's state itself is bad.* "
                                             r"checkpoint step\(s\) 2, 3, 4 held that state.*resumes from step 1\."):
         run(tmp_path, PoisonedFromTheThird, steps=10, checkpoint_every=1, nonfinite_in_a_row=3,

@@ -15,7 +15,7 @@ import pytest
 from models.gpt2 import GPT2Config
 from models.neox import NeoXConfig
 from partitioning import make_mesh
-from t5x_like import checkpoints, optim, train
+from t5x_like import checkpoints, gin_cli, optim, run_config, training  # noqa: F401 (run_config, training: gin's configurables)
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
@@ -36,7 +36,7 @@ def experiment(mesh=None, total_steps=20, **settings):
 
 def run(model_dir, source, *, steps, mesh=None, total_steps=20, settings=None, **kwargs):
     kwargs = dict(dict(checkpoint_every=10, eval_every=0, log_every=1), **kwargs)
-    return train.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
+    return training.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
                        experiment=experiment(mesh, total_steps, **(settings or {})), **kwargs)
 
 
@@ -144,7 +144,7 @@ def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
 def test_bad_configs_fail_fast(synthetic_source, tmp_path, kwargs, match):
     sizes = kwargs.pop("mesh_sizes")
     with pytest.raises(ValueError, match=match):
-        train.train(model_dir=str(tmp_path), train_steps=4, data_source=synthetic_source,
+        training.train(model_dir=str(tmp_path), train_steps=4, data_source=synthetic_source,
                     experiment=experiment(make_mesh(**sizes), 4, **kwargs))
 
 
@@ -157,11 +157,11 @@ def clean_gin():
 
 def test_missing_required_macro_names_the_flag(clean_gin):
     with pytest.raises(UserError, match=r"MODEL_DIR is required: pass --gin.MODEL_DIR="):
-        train.parse_gin(["quickstart.gin"], [], [])
+        gin_cli.parse_gin(["quickstart.gin"], [], [])
 
 
 def test_bad_mesh_product_names_the_macros(clean_gin):
-    train.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
+    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
     with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL"):
         gin.query_parameter("build_experiment.mesh").scoped_configurable_fn()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2Config
-from t5x_like import experiment, gin_cli, train
+from t5x_like import describe, experiment, gin_cli, run_config, run_dir, training  # noqa: F401 (run_config, training: gin's configurables)
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
 from tests.conftest import cpu_env
@@ -72,31 +72,31 @@ def test_an_unquoted_string_is_one_line_naming_the_quoting(tmp_path):
 ])
 def test_unquoted_strings_say_how_to_quote(clean_gin, binding, hint):
     with pytest.raises(UserError, match=hint.replace('"', '.').replace("'", ".")):
-        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", binding], [])
+        gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", binding], [])
 
 
 def test_quoted_values_references_and_numbers_parse(clean_gin):
-    train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "RULES='fsdp'", "LEARNING_RATE=1e-3",
+    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "RULES='fsdp'", "LEARNING_RATE=1e-3",
                                          "DATA_SPLIT=\"98,2,0\"", "build_experiment.loss_scale=@trainer.LossScaleConfig()"], [])
     assert gin.query_parameter("%RULES") == "fsdp" and gin.query_parameter("%LEARNING_RATE") == 1e-3
 
 
 def test_an_unknown_parameter_is_a_user_error(clean_gin):
     with pytest.raises(UserError, match="--gin.train.lr=0.1: Configurable 'train' doesn't have a parameter named 'lr'"):
-        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "train.lr=0.1"], [])
+        gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "train.lr=0.1"], [])
 
 
 def test_unknown_macro_is_a_user_error(clean_gin):
     with pytest.raises(UserError, match="no gin file defines the macro BACTH_SIZE"):
-        train.parse_gin(["quickstart.gin"], ["BACTH_SIZE = 4", "MODEL_DIR = '/tmp/x'"], [])
+        gin_cli.parse_gin(["quickstart.gin"], ["BACTH_SIZE = 4", "MODEL_DIR = '/tmp/x'"], [])
 
 
 def test_command_line_overrides_merge_with_the_files(clean_gin):
-    train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "model_config.overrides={'dropout_rate': 0.05}",
+    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "model_config.overrides={'dropout_rate': 0.05}",
                                          "model_config.overrides={'mlp_dim': 512}"], [])
     assert gin.query_parameter("model_config.overrides") == {
         "dropout_rate": 0.05, "attention_dropout_rate": 0.0, "mlp_dim": 512}
-    config = train.model_config()
+    config = run_config.model_config()
     assert (config.dropout_rate, config.attention_dropout_rate, config.mlp_dim) == (0.05, 0.0, 512)
     with gin.unlock_config():
         gin_cli.apply_bindings(["model_config.overrides=None"])  # None clears them
@@ -108,14 +108,14 @@ def test_the_tiny_model_takes_the_corpus_tokenizers_vocabulary(clean_gin, tmp_pa
     made_with = {"path": "20B_tokenizer.json", "sha256": "0" * 64, "vocab_size": 50277, "eod_id": 0}
     with TokenFileWriter(prefix, token_dtype(50277), {"tokenizer": made_with}) as writer:
         writer.write(np.tile(np.arange(50000, 50277), 40), np.full(40, 277))
-    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_PATH='{prefix}'"], [])
-    assert train.model_config().vocab_size == 50277
-    assert "vocab 50277 (padded to 50304)" in train.describe_run()
+    gin_cli.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_PATH='{prefix}'"], [])
+    assert run_config.model_config().vocab_size == 50277
+    assert "vocab 50277 (padded to 50304)" in describe.describe_run()
 
 
 def test_operative_config_is_written_to_model_dir(clean_gin, tmp_path):
-    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
-    train.write_config(str(tmp_path), 0)
+    gin_cli.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
+    run_dir.write_config(str(tmp_path), 0)
     text = (tmp_path / "operative_config.gin").read_text()
     assert "make_optimizer.weight_decay = 0.01" in text and "make_optimizer.b2 = 0.95" in text
     gin.clear_config()
@@ -140,18 +140,18 @@ def test_resuming_a_different_model_names_the_gin_line_to_add():
 
 
 def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tmp_path):
-    train.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
+    gin_cli.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
     with pytest.raises(UserError) as raised:
-        gin_cli.plain_user_errors(train.train)()
+        gin_cli.plain_user_errors(training.train)()
     assert str(raised.value) == (
         "model_config (preset 'gpt2_tiny', overrides {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0, "
         "'num_heads': 5}): embed_dim 256 is not divisible by num_heads 5; choose a head count that divides the width.")
 
 
 def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_model(clean_gin, tmp_path):
-    train.parse_gin(["quickstart.gin"],
+    gin_cli.parse_gin(["quickstart.gin"],
                     [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
-    text = train.describe_run()
+    text = describe.describe_run()
     assert "#   mesh not checked on this machine's 8 devices (cannot fill mesh axis 'data'" in text
     assert "vocab 8192 (padded to 8192)" in text and "5,322,240 parameters" in text
     assert "make_mesh.fsdp = %FSDP_PARALLEL" in text and "FSDP_PARALLEL = 16" in text
@@ -165,11 +165,11 @@ def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path,
 
     random_hf_gpt2(0.1).save_pretrained(tmp_path / "hf")  # 2 layers, width 36, 50257 ids, 40 positions
     hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "imported"))
-    train.parse_gin(["quickstart.gin"], [
+    gin_cli.parse_gin(["quickstart.gin"], [
         f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=0",
         "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
-    assert "#     num_layers = 2" in train.describe_run()
-    assert train.train().step == 0
+    assert "#     num_layers = 2" in describe.describe_run()
+    assert training.train().step == 0
     saved = checkpoints.read_model_info(str(tmp_path / "finetune"))["config"]
     assert (saved["num_layers"], saved["embed_dim"], saved["vocab_size"], saved["max_len"]) == (2, 36, 50257, 40)
     assert (saved["dropout_rate"], saved["dtype"]) == (0.0, "float32")  # quickstart's own choices
@@ -183,7 +183,7 @@ def test_the_extra_gin_file_of_the_environment_has_the_last_word(clean_gin, tmp_
     extra = tmp_path / "last.gin"
     extra.write_text("TRAIN_STEPS = 2\nmodel_config.overrides = {'mlp_dim': 64}\n")
     monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(extra))
-    train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPS=500",
+    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPS=500",
                                          "model_config.overrides={'dropout_rate': 0.05}"], [])
     assert gin.query_parameter("%TRAIN_STEPS") == 2
     assert gin.query_parameter("model_config.overrides") == {
@@ -191,4 +191,4 @@ def test_the_extra_gin_file_of_the_environment_has_the_last_word(clean_gin, tmp_
     gin.clear_config()
     monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(tmp_path / "missing.gin"))
     with pytest.raises(UserError, match=f"{gin_cli.EXTRA_GIN_ENV}=.*missing.gin: no such file"):
-        train.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'"], [])
+        gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'"], [])

@@ -12,7 +12,8 @@ import numpy as np
 from t5x_like.data import builtin, loader
 from t5x_like.data.loader import GrainBatchSource
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
-from t5x_like.data.tokenizer import Tokenizer, load_tokenizer, recorded_tokenizer_path
+from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.errors import UserError
 
 RECORD_FORMATS = (".jsonl", ".tsv")

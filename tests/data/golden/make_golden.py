@@ -26,13 +26,12 @@ sys.path.insert(0, str(HERE.parents[2]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import models  # noqa: E402
 from models.bert import BertConfig, RobertaConfig  # noqa: E402
 from models.gpt2 import GPT2Config  # noqa: E402
 from models.neox import NeoXConfig  # noqa: E402
 from models.t5 import T5Config  # noqa: E402
 from partitioning import make_mesh  # noqa: E402
-from t5x_like import inference, metrics, optim, train  # noqa: E402
+from t5x_like import inference, metrics, optim, training
 from t5x_like.convert import hf  # noqa: E402
 from t5x_like.data import make_source  # noqa: E402
 from t5x_like.data.builtin import builtin_documents  # noqa: E402
@@ -75,7 +74,7 @@ def experiment(config, lengths):
 
 def run(model_dir: Path, name: str, steps: int, corpus: str) -> None:
     config, objective, lengths = RUNS[name]
-    train.train(model_dir=str(model_dir), train_steps=steps, data_source=data_source(objective, corpus),
+    training.train(model_dir=str(model_dir), train_steps=steps, data_source=data_source(objective, corpus),
                 experiment=experiment(config, lengths), checkpoint_every=2, log_every=1, eval_every=0)
 
 

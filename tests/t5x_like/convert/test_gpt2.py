@@ -239,7 +239,7 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
 def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_source):
     """RESTORE_FROM a from-hf checkpoint: the first step's loss is the converted model's loss."""
     from partitioning import make_mesh
-    from t5x_like import train
+    from t5x_like import training
     from t5x_like.experiment import build_experiment
 
     src, _ = hf_dir
@@ -249,7 +249,7 @@ def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_so
         build_experiment, model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2), batch_size=8,
         optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
         feature_lengths={"targets": 16})
-    train.train(model_dir=str(tmp_path / "run"), train_steps=1, data_source=synthetic_source, log_every=1,
+    training.train(model_dir=str(tmp_path / "run"), train_steps=1, data_source=synthetic_source, log_every=1,
                 restore_from=str(tmp_path / "ours"), experiment=experiment)
     batch = next(synthetic_source("train", batch_size=8, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1))
     logits = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), batch[DECODER_INPUT_TOKENS])

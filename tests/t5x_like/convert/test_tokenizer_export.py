@@ -21,7 +21,8 @@ from t5x_like import checkpoints  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.data import train_tokenizer  # noqa: E402
 from t5x_like.data.builtin import builtin_documents  # noqa: E402
-from t5x_like.data.tokenizer import load_tokenizer, tokenizer_record  # noqa: E402
+from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
+from t5x_like.data.tokenizer_files import tokenizer_record  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 TEXT = ("Hello world!  It's 2026:\n\tthe  café — naïve résumé, ü and 東京.  Trailing   spaces   \n"

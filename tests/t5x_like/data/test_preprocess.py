@@ -10,7 +10,7 @@ import pytest
 from t5x_like.data import load_tokenizer, make_source, open_token_file
 from t5x_like.data.formats import InputError
 from t5x_like.data.preprocess import preprocess
-from t5x_like.data.tokenizer import recorded_tokenizer_path
+from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.data.train_tokenizer import train_byte_level_bpe, train_sentencepiece
 from t5x_like.features import DECODER_INPUT_TOKENS
 

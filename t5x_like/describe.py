@@ -1,0 +1,52 @@
+"""`train --print_config`: every effective setting of a run and its model, checked as training checks them, with
+nothing initialised, compiled or written."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import gin
+import jax
+
+from partitioning import PartitioningError, make_mesh
+from t5x_like import experiment, gin_cli
+from t5x_like.experiment import build_experiment
+from t5x_like.lm import make_lm
+from t5x_like.run_config import bound_settings, check_data_settings, has_checkpoint, make_source, restored_config
+from t5x_like.training import check_settings, train
+
+
+def describe_run() -> str:
+    """Every effective setting (gin text, defaults included) and the model, checked by assembling the
+    experiment as train() does (nothing is initialised or compiled); reads MODEL_DIR's checkpoint, if
+    any, and writes nothing. A mesh this machine's devices cannot hold (a pod's configuration on a
+    workstation) is reported, not checked."""
+    bound = bound_settings(train)  # evaluates the macros
+    check_settings(**bound)
+    check_data_settings(bound_settings(make_source))
+    model_dir, restore_from = bound["model_dir"], bound.get("restore_from")
+    resuming = has_checkpoint(model_dir)
+    restored_from = model_dir if resuming else restore_from
+    restored = restored_config(restored_from) if restored_from else None
+    mesh_sizes = gin.get_bindings("partitioning.make_mesh")
+    try:
+        mesh = make_mesh(**mesh_sizes)
+    except PartitioningError as e:
+        mesh, mesh_note = None, str(e)
+    if mesh is not None:
+        exp = build_experiment(mesh=mesh, restored=restored, adopt_architecture=not resuming)
+        config, num_params = exp.config, exp.num_params
+        mesh_line = f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}"
+    else:
+        model = copy.deepcopy(gin.get_bindings("build_experiment", resolve_references=False)["model"])
+        config = experiment.resolve_model_config(model, max(mesh_sizes.get("tensor", 1), 1), restored,
+                                                 adopt_architecture=not resuming)
+        num_params = make_lm(config).num_params()
+        mesh_line = (f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "
+                     "`python -m t5x_like.compile --topology=...` checks it for the target")
+    lines = [f"# Model: {config.summary()}", f"#   {num_params:,} parameters", mesh_line]
+    if restored_from:
+        lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
+    lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
+    lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    return gin_cli.operative_config_str("train") + "\n" + "\n".join(lines) + "\n"

@@ -1,0 +1,228 @@
+"""Training: `train()` assembles a run (experiment.build_experiment) on MODEL_DIR, opens its data, starts from
+its newest checkpoint (t5x_like/resume.py), and runs the step loop: metrics checked (t5x_like/nonfinite.py),
+logged and written one step behind, checkpoints and validation (t5x_like/validation.py) at their intervals,
+a stop agreed by every process (t5x_like/stopping.py). The CLI is t5x_like/train.py."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import time
+from typing import Callable
+
+import gin
+import jax
+from absl import logging
+
+import models
+from t5x_like import (checkpoints, distributed, metrics, nonfinite, resume, run_config, run_dir, stopping, trainer,
+                      validate, validation)
+from t5x_like.errors import UserError
+from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.run_config import make_source
+
+
+@dataclasses.dataclass
+class TrainResult:
+    step: int
+    stopped_by_signal: int | None = None
+
+
+@gin.configurable(denylist=["data_source", "experiment"])
+def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
+          keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
+          log_every: int = 10, on_corrupt_checkpoint: str = "fallback", nonfinite_in_a_row: int = 5,
+          restart_data: bool = False, data_source: Callable = make_source,
+          experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
+    """Train for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint. `experiment`
+    assembles the run (gin binds build_experiment's arguments); it is called with the restored model config.
+
+    A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
+    stops the run, nothing of that step saved; 'skip' goes on, and stops after `nonfinite_in_a_row` such steps
+    in a row: the state itself is bad). A stop sets aside the checkpoints holding the state that gave the
+    non-finite loss or gradients, so a restart resumes from an earlier one. `on_corrupt_checkpoint`: a damaged
+    checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop').
+    A resume continues the data where the checkpoint left it (at the next unseen row when BATCH_SIZE changed)
+    and refuses data other than the checkpoint's; `restart_data` starts the data over instead."""
+    settings = dict(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
+                    eval_every=eval_every, log_every=log_every, nonfinite_in_a_row=nonfinite_in_a_row)
+    check_settings(**settings, keep_checkpoints=keep_checkpoints, eval_steps=eval_steps, restore_from=restore_from,
+                   on_corrupt_checkpoint=on_corrupt_checkpoint)
+    with contextlib.ExitStack() as run:
+        ckpt = run_dir.open_model_dir(run, model_dir, keep_checkpoints)
+        latest = ckpt.latest_step()
+        if latest is not None and latest >= train_steps and ckpt.intact(latest):
+            run_config.agree_on_settings(latest)
+            return finished_run(ckpt, latest, train_steps, model_dir)
+        stored = resume.stored_model_info(ckpt, latest, restore_from)
+        exp = experiment(restored=models.config_from_dict(stored["config"]) if stored else None,
+                         adopt_architecture=latest is None)
+        source = open_source(run, data_source, "train", exp)
+        validating = open_validation(run, data_source, exp, eval_steps) if eval_every else None
+        run_config.agree_on_settings(latest)  # before the first collective: a process that failed or differs stops all
+        target = exp.sharded_abstract_state()  # a resumed state is read straight into its shardings
+        run.enter_context(exp.partitioner.activate())
+        state = resume.starting_state(ckpt, exp, target, source, resuming=latest is not None, stored=stored,
+                                      restore_from=restore_from, on_corrupt=on_corrupt_checkpoint,
+                                      restart_data=restart_data, train_steps=train_steps)
+        return Loop(run, exp, ckpt, source, validating, state, **settings).run(state)
+
+
+class Loop:
+    """One run's steps: each step's metrics checked and logged one step behind (the devices keep working),
+    checkpoints and validation at their intervals, until TRAIN_STEPS or a signal every process agrees on."""
+
+    def __init__(self, run: contextlib.ExitStack, exp: Experiment, ckpt: checkpoints.Checkpointer, source,
+                 validating, state: trainer.TrainState, *, model_dir: str, train_steps: int, checkpoint_every: int,
+                 eval_every: int, log_every: int, nonfinite_in_a_row: int):
+        self.exp, self.ckpt, self.source, self.validating = exp, ckpt, source, validating
+        self.model_dir, self.train_steps, self.log_every = model_dir, train_steps, log_every
+        self.checkpoint_every, self.eval_every = checkpoint_every, eval_every
+        self.primary = distributed.is_primary()
+        if self.primary:
+            run_dir.write_config(model_dir, int(state.step))
+        self.model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": resume.tokenizer_record(source),
+                           "train_steps": train_steps}
+        self.writer = metrics.MetricsWriter(model_dir, enabled=self.primary, start_step=int(state.step))
+        run.callback(self.writer.close)
+        self.throughput = metrics.Throughput(
+            tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
+            num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
+        self.stop = stopping.StopSignal()
+        run.callback(self.stop.restore)
+        self.check = nonfinite.NonfiniteCheck(state.params, exp.on_nonfinite, nonfinite_in_a_row)
+        run.push(nonfinite.set_aside_bad_states(ckpt))
+        run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
+
+    def run(self, state: trainer.TrainState) -> TrainResult:
+        step = first_step = int(state.step)
+        start, step_fn, pending = time.perf_counter(), self.exp.train_step, None
+        while step < self.train_steps and not self.stop.reached(step):
+            batch = self.exp.global_batch(next(self.source))
+            if step == first_step:
+                step_fn = compile_step(step_fn, state, batch)
+                self.throughput.reset()
+            state, step_metrics = step_fn(state, batch)
+            step += 1
+            pending = self.after_step(step, state, step_metrics, pending)
+        self.finish(step, state, pending)
+        if self.primary:
+            logging.info("%s", summary(self.model_dir, step - first_step, step, self.train_steps,
+                                       self.exp.tokens_per_step, time.perf_counter() - start))
+        return TrainResult(step, self.stop.signum)
+
+    def after_step(self, step: int, state: trainer.TrainState, step_metrics, pending):
+        """Report the previous step; save and evaluate this one at their intervals. Returns what is pending."""
+        if pending:
+            self.report(*pending)
+        self.throughput.step_done()
+        saving, evaluating = step % self.checkpoint_every == 0, self.eval_every and step % self.eval_every == 0
+        if not (saving or evaluating):
+            return step, step_metrics
+        self.report(step, step_metrics)  # only a step that passed the check is saved or evaluated
+        if saving:
+            resume.save(self.ckpt, step, state, self.source, self.model_info, self.exp.optimizer)
+        if evaluating:
+            self.evaluate(step, state.params)
+        return None
+
+    def finish(self, step: int, state: trainer.TrainState, pending) -> None:
+        """The last step's report, checkpoint and validation (a stop by signal included)."""
+        if pending:
+            self.report(*pending, log_every=1)
+        if self.stop.signum:
+            logging.warning("received signal %d at step %d: saving a checkpoint and stopping", self.stop.signum, step)
+        if self.ckpt.latest_step() != step:
+            resume.save(self.ckpt, step, state, self.source, self.model_info, self.exp.optimizer)
+        if self.eval_every and step % self.eval_every and step >= self.train_steps:
+            self.evaluate(step, state.params)
+        self.ckpt.wait()
+
+    def report(self, step: int, step_metrics, log_every: int | None = None) -> None:
+        """Check one step's metrics on the host; every `log_every` steps, write and print them."""
+        host = jax.device_get(step_metrics)
+        grad_finite = host.pop("grad_finite")
+        values = {k: float(v) for k, v in host.items()}
+        self.check(step, values, grad_finite)
+        if step % (log_every or self.log_every) and step != self.train_steps:
+            return
+        row = {k: v for k, v in values.items() if k != "tokens"}
+        row.update(self.throughput.measure())
+        self.writer.write(step, row)
+        logging.info(metrics.console_line(step, self.train_steps, row, row["step_time"]))
+
+    def evaluate(self, step: int, params) -> None:
+        source, batches = self.validating
+        validation.evaluate(self.exp, params, source, batches, self.writer, step)
+        self.throughput.reset()  # step times exclude evaluation (and its compilation)
+
+
+def open_validation(run: contextlib.ExitStack, data_source: Callable, exp: Experiment, eval_steps: int):
+    """(the validation split's source, the batches each evaluation reads)."""
+    source = open_source(run, data_source, "validation", exp)
+    return source, validation.validation_batches(source, eval_steps)
+
+
+def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps,
+                   restore_from, log_every, on_corrupt_checkpoint, nonfinite_in_a_row, **_) -> None:
+    """train()'s settings in range and MODEL_DIR writable: run by train() and by --print_config."""
+    validate.non_negative_int("TRAIN_STEPS", train_steps)
+    validate.positive_int("CHECKPOINT_EVERY", checkpoint_every)
+    validate.positive_int("train.keep_checkpoints", keep_checkpoints)
+    validate.non_negative_int("EVAL_EVERY", eval_every, fix="0 = no periodic validation")
+    if eval_steps != validation.ALL_BATCHES:
+        validate.positive_int("EVAL_STEPS", eval_steps, fix=f"or {validation.ALL_BATCHES} for the whole "
+                              "validation split")
+    validate.positive_int("train.log_every", log_every)
+    validate.positive_int("train.nonfinite_in_a_row", nonfinite_in_a_row)
+    validate.one_of("train.on_corrupt_checkpoint", on_corrupt_checkpoint, checkpoints.ON_CORRUPT)
+    for name, value in (("MODEL_DIR", model_dir), ("RESTORE_FROM", "-" if restore_from is None else restore_from)):
+        if not isinstance(value, str) or not value.strip():
+            raise UserError(f"{name}={value!r}: expected a path in quotes, e.g. --gin.{name}=\"'/runs/run1'\".")
+    validate.writable_dir("MODEL_DIR", model_dir)
+
+
+def open_source(run: contextlib.ExitStack, data_source: Callable, split: str, exp: Experiment):
+    """This host's batches of `split` (the part of every global batch the mesh gives its devices), checked
+    against the model's vocabulary, closed with `run`."""
+    index, count = exp.host_layout
+    source = data_source(split, batch_size=exp.host_batch_size, feature_lengths=exp.lengths, seed=exp.seed,
+                         shard_index=index, shard_count=count)
+    run.callback(source.close)
+    if source.vocab_size > exp.config.vocab_size:
+        raise UserError(
+            f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
+            f"{exp.config.vocab_size}; give the model the tokenizer's vocabulary (--gin.model_config."
+            f"vocab_from_tokenizer=True, or --gin.model_config.overrides=\"{{'vocab_size': {source.vocab_size}}}\") "
+            "or use the model's own tokenizer.")
+    return source
+
+
+def finished_run(ckpt: checkpoints.Checkpointer, latest: int, train_steps: int, model_dir: str) -> TrainResult:
+    """A restart of a run that has reached TRAIN_STEPS: say so, and apply keep_checkpoints."""
+    ckpt.enforce_retention()
+    logging.info("the run in %s is complete: its latest checkpoint is step %d and TRAIN_STEPS=%d; nothing to "
+                 "do (raise TRAIN_STEPS to train further)", model_dir, latest, train_steps)
+    return TrainResult(latest)
+
+
+def compile_step(step_fn, state, batch):
+    """The train step compiled ahead of the first step, saying so and how long it took."""
+    logging.info("compiling the train step ...")
+    started = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    logging.info("compiled the train step in %.1fs", time.perf_counter() - started)
+    return compiled
+
+
+def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float) -> str:
+    """The end-of-run lines: steps, tokens, wall time, validation losses, where the outputs are."""
+    evals = [(row["step"], row["eval_loss"]) for row in metrics.read_rows(model_dir) if "eval_loss" in row]
+    lines = [f"done: step {step}/{train_steps}; this run trained {steps} steps, {steps * tokens_per_step:,} tokens "
+             f"in {datetime.timedelta(seconds=round(seconds))}"]
+    if evals:
+        best = min(evals, key=lambda e: e[1])
+        lines.append(f"validation loss: final {evals[-1][1]:.4f} (step {evals[-1][0]}), best {best[1]:.4f} "
+                     f"(step {best[0]})")
+    lines.append(f"outputs in {model_dir}: checkpoints/, metrics.jsonl, tensorboard/, config.gin")
+    return "\n".join(lines)
