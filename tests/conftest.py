@@ -1,12 +1,18 @@
 """Test-wide setup: 8 simulated CPU devices (set before jax is imported anywhere), and a
 synthetic data source that follows the trainer's data contract."""
 import os
+import tempfile
 
 # Single-threaded Eigen inside each XLA:CPU op: the suite already runs one worker per core, and the
 # multi-threaded pool has wedged a restore on a 2-core CI machine (a known XLA:CPU hazard; no slower here).
 XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One JAX compilation cache for the whole suite, its workers and the CLIs its tests start (they inherit the
+# environment): the same small models are compiled by many tests, and a cache hit loads the executable instead.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(),
+                                                                f"t5x_like-tests-jax-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
 def cpu_env(devices: int, **extra: str) -> dict[str, str]:

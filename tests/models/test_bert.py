@@ -91,7 +91,7 @@ def test_packed_documents_compute_as_if_alone():
 
 
 def test_roberta_positions_are_transformers():
-    transformers = pytest.importorskip("transformers", reason="needs the torch extra (transformers)")
+    pytest.importorskip("transformers", reason="needs the torch extra (transformers)")
     torch = pytest.importorskip("torch", reason="needs the torch extra (torch)")
     from transformers.models.roberta import modeling_roberta
 

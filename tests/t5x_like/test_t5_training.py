@@ -5,7 +5,6 @@ a transformers T5 on JSONL pairs from RESTORE_FROM starts at transformers' loss 
 import functools
 import json
 import logging
-import os
 import subprocess
 import sys
 
