@@ -255,6 +255,27 @@ def choose_implementation(query: jax.Array, *, dropout_rate: float, has_bias: bo
     return "xla" if has_bias and choice not in BIAS_IMPLEMENTATIONS else choice
 
 
+def resolve_implementation(implementation: str, query: jax.Array, *, dropout_rate: float, has_bias: bool) -> str:
+    """The implementation a call runs: 'auto' chosen for it; one that cannot serve its dropout or bias refused."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention implementation {implementation!r} is unknown; choose one of {IMPLEMENTATIONS}."
+        )
+    if implementation == "auto":
+        implementation = choose_implementation(query, dropout_rate=dropout_rate, has_bias=has_bias)
+    if dropout_rate > 0.0 and implementation != "xla":
+        raise ValueError(
+            f"attention dropout {dropout_rate} needs implementation='xla' (or 'auto'); "
+            f"{implementation!r} has no dropout. Set the model's attention dropout to 0 to use it."
+        )
+    if has_bias and implementation not in BIAS_IMPLEMENTATIONS:
+        raise ValueError(
+            f"an attention bias (e.g. T5's relative positions) needs implementation 'xla', 'cudnn' or 'auto'; "
+            f"{implementation!r} has no bias. Set the model's attention to 'auto'."
+        )
+    return implementation
+
+
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -282,23 +303,9 @@ def dot_product_attention(
     runs other calls in 'xla', logged once. 'pallas' and 'splash' run interpreted (slow, exact) off
     their accelerators. block_sizes: a `splash.BlockSizes` overriding the ones 'splash' picks.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"attention implementation {implementation!r} is unknown; choose one of {IMPLEMENTATIONS}."
-        )
     check_segment_ids(query, key, segment_ids, kv_segment_ids)
-    if implementation == "auto":
-        implementation = choose_implementation(query, dropout_rate=dropout_rate, has_bias=bias is not None)
-    if dropout_rate > 0.0 and implementation != "xla":
-        raise ValueError(
-            f"attention dropout {dropout_rate} needs implementation='xla' (or 'auto'); "
-            f"{implementation!r} has no dropout. Set the model's attention dropout to 0 to use it."
-        )
-    if bias is not None and implementation not in BIAS_IMPLEMENTATIONS:
-        raise ValueError(
-            f"an attention bias (e.g. T5's relative positions) needs implementation 'xla', 'cudnn' or 'auto'; "
-            f"{implementation!r} has no bias. Set the model's attention to 'auto'."
-        )
+    implementation = resolve_implementation(implementation, query, dropout_rate=dropout_rate,
+                                            has_bias=bias is not None)
     if implementation == "splash":
         implementation = splash_or_fallback(query, key, kv_segment_ids)
     if implementation == "splash":

@@ -27,66 +27,34 @@ import jax
 import jax.numpy as jnp
 
 from models import layers
-from models.config import EncoderOnlyConfig, FamilyConfig
+from models.config import EncoderOnlyConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig(EncoderOnlyConfig):
-    """Hyper-parameters of one BERT; plain values only, so it round-trips through JSON.
+    """Hyper-parameters of one BERT (the sizes, heads and run choices are EncoderOnlyConfig's, with
+    BERT-base's defaults); plain values only, so it round-trips through JSON."""
 
-    max_len is the number of position embeddings; position_offset of them come before the first
-    token (RoBERTa: 2), so rows hold at most max_len - position_offset tokens."""
-
-    RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate", "attention_dropout_rate",
-                                                                       "labels")
-    HEAD_FIELDS: ClassVar[tuple[str, ...]] = ("head", "num_labels", "labels")
     HEAD_PARAMS: ClassVar[tuple[str, ...]] = ("mlm_head", "classifier_head")
 
+    family: str = "bert"
     vocab_size: int = 30522
     max_len: int = 512
-    num_layers: int = 12
-    num_heads: int = 12
-    embed_dim: int = 768
-    mlp_dim: int = 3072
+    """Position embeddings; position_offset of them come before the first token (RoBERTa: 2), so rows
+    hold at most max_len - position_offset tokens."""
     type_vocab_size: int = 2
     position_offset: int = 0
     pad_token_id: int = 0
-    dropout_rate: float = 0.1
-    attention_dropout_rate: float = 0.1
+    """The padding id, from which RoBERTa counts its positions."""
     layer_norm_eps: float = 1e-12
     init_std: float = 0.02
-    head: str = "mlm"
-    num_labels: int = 2
-    labels: tuple[str, ...] = ()
-    """The classification head's label names by index (recorded with the checkpoint); () = '0', '1', ..."""
-    vocab_pad_multiple: int = 128
-    scan_layers: bool = True
-    remat_policy: str = "none"
-    attention: str = "auto"
-    dtype: str = "float32"
-    family: str = "bert"
 
     def __post_init__(self):
-        self.check_common()
-        self.check_head()
-        object.__setattr__(self, "labels", tuple(str(label) for label in self.labels))  # JSON gives a list
-        if self.labels and len(self.labels) != self.num_labels:
-            raise ValueError(f"labels {list(self.labels)} are {len(self.labels)} names for num_labels "
-                             f"{self.num_labels}; give one name per label.")
-        if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
-                             "choose a head count that divides the width.")
+        super().__post_init__()
         if self.type_vocab_size < 1:
             raise ValueError(f"type_vocab_size {self.type_vocab_size} must be at least 1.")
         if not 0 <= self.position_offset < self.max_len:
             raise ValueError(f"position_offset {self.position_offset} must be in [0, max_len {self.max_len}).")
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-    def label_names(self) -> list[str]:
-        return list(self.labels) or [str(i) for i in range(self.num_labels)]
 
     def max_input_length(self) -> int:
         return self.max_len - self.position_offset
@@ -166,11 +134,12 @@ class Block(nn.Module):
         c = self.config
         dtype = c.compute_dtype
         dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
-        h = layers.Attention(c.num_heads, c.head_dim, c.init_std, c.init_std, c.init_std, False, c.attention,
-                             c.attention_dropout_rate, dtype=dtype, use_bias=True, name="attention")(
+        h = layers.Attention(c.num_heads, c.head_dim, c.init_std, c.init_std, causal=False, qkv_bias=True,
+                             out_bias=True, attention=c.attention, dropout_rate=c.attention_dropout_rate, dtype=dtype,
+                             name="attention")(
             x, deterministic=self.deterministic, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids)
         x = norm(c, "attention_norm")(x + dropout(h))
-        h = layers.MLP(c.mlp_dim, c.init_std, c.init_std, dtype=dtype, approximate_gelu=False, name="mlp")(x)
+        h = layers.MLP(c.mlp_dim, "gelu", c.init_std, c.init_std, use_bias=True, dtype=dtype, name="mlp")(x)
         x = norm(c, "mlp_norm")(x + dropout(h))
         return nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED), None
 
@@ -226,8 +195,8 @@ class BERT(nn.Module):
 
     def stack(self, deterministic: bool) -> Callable:
         c = self.config
-        return layers.block_stack(layers.remat(Block, c.remat_policy), (c, deterministic), num_layers=c.num_layers,
-                                  scan_layers=c.scan_layers, broadcast_args=2)
+        return layers.block_stack(Block, (c, deterministic), num_layers=c.num_layers, scan_layers=c.scan_layers,
+                                  broadcast_args=2, remat_policy=c.remat_policy)
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, token_types: jax.Array | None = None,

@@ -1,21 +1,14 @@
 """What every family config shares (DESIGN.md, "Model families").
 
-A family config is a frozen dataclass of plain values (it round-trips through JSON) that
-subclasses `FamilyConfig` and has at least these fields:
+A family config is a frozen dataclass of plain values (it round-trips through JSON) that subclasses
+`FamilyConfig` (or a kind's base below) and declares its own `family` (the registry name) and
+`vocab_size` (the tokenizer's real size; rows past it are padding and never take probability) with
+their defaults. The fields every family shares are declared here, once; a family redeclares one only to
+change its default (T5's sizes, BERT's epsilon).
 
-    family             the registry name ('gpt2', 'neox', 't5')
-    vocab_size         the tokenizer's real size; rows past it are padding and never take probability
-    vocab_pad_multiple embedding rows are padded to a multiple of this (128 x TENSOR_PARALLEL by the runtime)
-    dtype              compute dtype name ('float32' | 'bfloat16' | 'float16'); parameters stay fp32
-    attention          models.attention implementation ('auto' | 'xla' | 'cudnn' | 'pallas' | 'splash')
-    remat_policy       'none' or a name in models.layers.REMAT_POLICIES
-    scan_layers        stack the blocks with nn.scan (needed for pipeline parallelism)
-    matmul_dtype       None (dense matmuls in the compute dtype) or 'fp8' (models.layers.Einsum); every
-                       family has it from FamilyConfig
-
-Decoder-only families also have `max_len` (the longest sequence). Each config implements
-`train_flops_per_example`, `check_lengths`, `pipeline_stacks` and `summary`. The runtime asks these
-instead of reading a family's own fields.
+Each config implements `train_flops_per_example`, `check_lengths`, `pipeline_stacks` and `summary`
+(the kinds' bases implement them where the kind decides). The runtime asks these instead of reading a
+family's own fields.
 """
 from __future__ import annotations
 
@@ -25,7 +18,7 @@ from typing import Any, ClassVar, Mapping
 import jax.numpy as jnp
 
 from models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
-from models.layers import REMAT_POLICIES
+from models.layers import REMAT_POLICIES, Rotary
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -35,11 +28,12 @@ MATMUL_DTYPES = (None, "fp8")
 
 @dataclasses.dataclass(frozen=True)
 class FamilyConfig:
-    """Mixin for family config dataclasses: padded vocabulary, compute dtype, architecture."""
+    """Mixin for family config dataclasses: sizes, padded vocabulary, compute dtype, run choices."""
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = (
-        "vocab_pad_multiple", "dtype", "attention", "remat_policy", "scan_layers", "matmul_dtype")
-    """Fields a run may change without changing the weights; families add their dropout rates."""
+        "vocab_pad_multiple", "dtype", "attention", "remat_policy", "scan_layers", "matmul_dtype", "dropout_rate",
+        "attention_dropout_rate")
+    """Fields a run may change without changing the weights."""
 
     HEAD_FIELDS: ClassVar[tuple[str, ...]] = ()
     """Fields that shape only the output head, which a new run from a checkpoint's parameters
@@ -49,12 +43,29 @@ class FamilyConfig:
     HEAD_PARAMS: ClassVar[tuple[str, ...]] = ()
     """The top-level parameter collections of the heads HEAD_FIELDS choose between."""
 
+    num_layers: int = 12
+    """Blocks (an encoder-decoder: the encoder's)."""
+    num_heads: int = 12
+    embed_dim: int = 768
+    mlp_dim: int = 3072
+    """The MLP's hidden width."""
+    layer_norm_eps: float = 1e-5
+    dropout_rate: float = 0.1
+    vocab_pad_multiple: int = 128
+    """Embedding rows are padded to a multiple of this (128 x TENSOR_PARALLEL by the runtime)."""
+    dtype: str = "float32"
+    """The compute dtype ('float32' | 'bfloat16' | 'float16'); parameters stay fp32."""
+    attention: str = "auto"
+    """The models.attention implementation ('auto' | 'xla' | 'cudnn' | 'pallas' | 'splash')."""
+    remat_policy: str = "none"
+    """'none' or a name in models.layers.REMAT_POLICIES."""
+    scan_layers: bool = True
+    """Stack the blocks with nn.scan (needed for pipeline parallelism)."""
     matmul_dtype: str | None = None
     """'fp8': the blocks' dense matmuls run in FP8 with delayed scaling (models.layers.Einsum);
     None: in the compute dtype."""
 
-    def check_common(self) -> None:
-        """Validation every family's __post_init__ calls."""
+    def __post_init__(self):
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype {self.matmul_dtype!r} is unknown; choose None (the compute dtype) "
                              "or 'fp8'.")
@@ -67,6 +78,16 @@ class FamilyConfig:
                              f"{sorted(REMAT_POLICIES)}.")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size {self.vocab_size} must be positive.")
+
+    def check_heads(self) -> None:
+        """Heads that split the width (every family whose head_dim is embed_dim / num_heads)."""
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
+                             "choose a head count that divides the width.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
 
     @property
     def padded_vocab_size(self) -> int:
@@ -102,19 +123,59 @@ class FamilyConfig:
         raise NotImplementedError
 
 
+@dataclasses.dataclass(frozen=True)
 class DecoderOnlyConfig(FamilyConfig):
     """What decoder-only families (GPT-2, GPT-NeoX) share: one 'targets' length up to `max_len`, a
-    pipeline over all `num_layers` blocks, and FLOPs from `matmul_params()` (the weights each token
-    multiplies with) plus causal attention."""
+    pipeline over all `num_layers` blocks, FLOPs from `matmul_params()`, and the options the shared
+    decoder (models.layers.decoder) builds every block from. A family fixes an option as a class
+    attribute (GPT-2's activation) or lets users choose it as a field (GPT-NeoX's use_parallel_residual);
+    the defaults here are those GPT-2 and GPT-NeoX share. Each family also defines `mlp_activation`
+    (a name in models.layers.ACTIVATIONS) and the initialisers `input_init_std` (embeddings and the
+    projections out of the residual stream) and `output_init_std` (the projections back into it)."""
+
+    max_len: int = 1024
+    """The longest sequence (and, with learned positions, the position table's rows)."""
+    attention_dropout_rate: float = 0.1
+
+    mlp_activation: ClassVar[str]
+    gated_mlp: ClassVar[bool] = False
+    norm: ClassVar[str] = "layer"
+    """'layer' (LayerNorm) or 'rms' (RMSNorm), models.layers.NORMS."""
+    qkv_bias: ClassVar[bool] = True
+    out_bias: ClassVar[bool] = True
+    mlp_bias: ClassVar[bool] = True
+    use_parallel_residual: ClassVar[bool] = False
+    """x + attn(ln_1 x) + mlp(ln_2 x) instead of the sequential residual."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_heads()
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}; "
+                             "choose a key/value head count that divides the query heads.")
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads (grouped-query attention when fewer than num_heads)."""
+        return self.num_heads
+
+    @property
+    def rotary(self) -> Rotary | None:
+        """Rotary embeddings on queries and keys (None: positions are the family's embedding's)."""
+        return None
 
     def matmul_params(self) -> int:
-        raise NotImplementedError
+        """Weights each token multiplies with: the blocks and the output head, not the input lookups."""
+        e, m, heads = self.embed_dim, self.mlp_dim, self.num_heads * self.head_dim
+        attention = 2 * e * heads + 2 * e * self.num_kv_heads * self.head_dim
+        mlp = (3 if self.gated_mlp else 2) * e * m
+        return self.num_layers * (attention + mlp) + self.vocab_size * e
 
     def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
         """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
-        scores, 3x for forward + backward): 6·L·T²·d."""
+        scores, 3x for forward + backward): 6·L·T²·(heads·head_dim)."""
         t = lengths["targets"]
-        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.embed_dim
+        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.num_heads * self.head_dim
 
     def check_lengths(self, lengths: Mapping[str, int]) -> None:
         if set(lengths) != {"targets"}:
@@ -126,26 +187,53 @@ class DecoderOnlyConfig(FamilyConfig):
     def pipeline_stacks(self) -> dict[str, int]:
         return {"num_layers": self.num_layers}
 
+    def summary(self) -> str:
+        heads = f"{self.num_heads} heads x {self.head_dim}"
+        if self.num_kv_heads != self.num_heads:
+            heads += f" ({self.num_kv_heads} key/value heads)"
+        if self.rotary is not None:
+            heads += f" (rotary on {self.rotary.dim})"
+        residual = ", parallel residual" if self.use_parallel_residual else ""
+        return (f"{self.family}: {self.num_layers} layers, width {self.embed_dim}, {heads}, mlp {self.mlp_dim}"
+                f"{residual}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), max_len {self.max_len}, "
+                f"{self.dtype}")
 
+
+@dataclasses.dataclass(frozen=True)
 class EncoderOnlyConfig(FamilyConfig):
     """What encoder-only families (BERT, RoBERTa) share: one 'inputs' length up to the positions the
-    model has, and one of two heads, which the runtime asks for by these names:
-
-        head        'mlm' (masked-LM head over the tied vocabulary) or 'classification'
-        num_labels  the classification head's outputs
-    """
+    model has, and one of two heads, which the runtime asks for by these names."""
 
     HEADS: ClassVar[tuple[str, ...]] = ("mlm", "classification")
+    HEAD_FIELDS: ClassVar[tuple[str, ...]] = ("head", "num_labels", "labels")
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("labels",)
 
-    def max_input_length(self) -> int:
-        """The longest row of tokens the model takes."""
-        raise NotImplementedError
+    attention_dropout_rate: float = 0.1
+    head: str = "mlm"
+    """'mlm' (masked-LM head over the tied vocabulary) or 'classification'."""
+    num_labels: int = 2
+    """The classification head's outputs."""
+    labels: tuple[str, ...] = ()
+    """The classification head's label names by index (recorded with the checkpoint); () = '0', '1', ..."""
 
-    def check_head(self) -> None:
+    def __post_init__(self):
+        super().__post_init__()
         if self.head not in self.HEADS:
             raise ValueError(f"head {self.head!r} is unknown; choose one of {self.HEADS}.")
         if self.head == "classification" and self.num_labels < 2:
             raise ValueError(f"num_labels {self.num_labels}: a classification head needs at least 2 labels.")
+        object.__setattr__(self, "labels", tuple(str(label) for label in self.labels))  # JSON gives a list
+        if self.labels and len(self.labels) != self.num_labels:
+            raise ValueError(f"labels {list(self.labels)} are {len(self.labels)} names for num_labels "
+                             f"{self.num_labels}; give one name per label.")
+        self.check_heads()
+
+    def label_names(self) -> list[str]:
+        return list(self.labels) or [str(i) for i in range(self.num_labels)]
+
+    def max_input_length(self) -> int:
+        """The longest row of tokens the model takes."""
+        raise NotImplementedError
 
     def check_lengths(self, lengths: Mapping[str, int]) -> None:
         if set(lengths) != {"inputs"}:

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, ClassVar, Mapping
+from typing import Callable, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from models import layers
+from models.layers import kv_cache
 from models.config import FamilyConfig
 
 FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_tanh", True)}
@@ -38,41 +39,35 @@ FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_tanh", True)}
 
 @dataclasses.dataclass(frozen=True)
 class T5Config(FamilyConfig):
-    """Hyper-parameters of one T5; plain values only, so it round-trips through JSON.
+    """Hyper-parameters of one T5 (the run choices are FamilyConfig's; the sizes too, with T5-small's
+    defaults); plain values only, so it round-trips through JSON."""
 
-    num_layers is the encoder's depth, num_decoder_layers the decoder's; d_kv is the per-head
-    width, free of embed_dim / num_heads. scale_decoder_outputs multiplies the decoder output by
-    embed_dim^-0.5 before the head (None: as tie_word_embeddings, T5 v1.0 and v1.1 alike).
-    """
-
-    RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + ("dropout_rate",)
-
+    family: str = "t5"
     vocab_size: int = 32100
     num_layers: int = 6
     num_decoder_layers: int = 6
+    """The decoder's depth (num_layers is the encoder's)."""
     num_heads: int = 8
     embed_dim: int = 512
     d_kv: int = 64
+    """The per-head width, free of embed_dim / num_heads."""
     mlp_dim: int = 2048
     feed_forward: str = "relu"
+    """'relu' (T5 v1.0) or 'gated-gelu' (T5 v1.1, mT5): FEED_FORWARD."""
     tie_word_embeddings: bool = True
     scale_decoder_outputs: bool | None = None
+    """Multiply the decoder output by embed_dim^-0.5 before the head (None: as tie_word_embeddings, T5 v1.0
+    and v1.1 alike)."""
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
-    dropout_rate: float = 0.1
     layer_norm_eps: float = 1e-6
     init_factor: float = 1.0
-    vocab_pad_multiple: int = 128
-    scan_layers: bool = True
-    remat_policy: str = "none"
-    attention: str = "auto"
-    dtype: str = "float32"
-    family: str = "t5"
+    """Multiplies every initialiser's standard deviation (transformers' initializer_factor)."""
 
     def __post_init__(self):
         if self.scale_decoder_outputs is None:
             object.__setattr__(self, "scale_decoder_outputs", self.tie_word_embeddings)
-        self.check_common()
+        super().__post_init__()
         if self.feed_forward not in FEED_FORWARD:
             raise ValueError(f"feed_forward {self.feed_forward!r} is unknown; choose one of {sorted(FEED_FORWARD)} "
                              "('relu' for T5 v1.0, 'gated-gelu' for T5 v1.1 / mT5).")
@@ -83,6 +78,10 @@ class T5Config(FamilyConfig):
     @property
     def gated(self) -> bool:
         return FEED_FORWARD[self.feed_forward][1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_kv
 
     def matmul_params(self) -> tuple[int, int, int]:
         """Weights each token multiplies with: (per encoder token, per decoder token, per encoder token
@@ -133,15 +132,15 @@ def norm(c: T5Config, name: str) -> layers.RMSNorm:
 def attention(c: T5Config, causal: bool, name: str) -> layers.Attention:
     """T5's initialisation (as transformers'): the query carries the 1/sqrt(d_kv) that the scale omits."""
     e, f = c.embed_dim, c.init_factor
-    return layers.Attention(c.num_heads, c.d_kv, f * (e * c.d_kv) ** -0.5, f * e**-0.5,
-                            f * (c.num_heads * c.d_kv) ** -0.5, causal, c.attention, c.dropout_rate, scale=1.0,
-                            dtype=c.compute_dtype, name=name)
+    return layers.Attention(c.num_heads, c.d_kv, f * e**-0.5, f * (c.num_heads * c.d_kv) ** -0.5,
+                            query_init_std=f * (e * c.d_kv) ** -0.5, causal=causal, scale=1.0, attention=c.attention,
+                            dropout_rate=c.dropout_rate, dtype=c.compute_dtype, name=name)
 
 
-def feed_forward(c: T5Config) -> layers.FeedForward:
+def mlp(c: T5Config) -> layers.MLP:
     activation, gated = FEED_FORWARD[c.feed_forward]
-    return layers.FeedForward(c.mlp_dim, activation, gated, c.init_factor * c.embed_dim**-0.5,
-                              c.init_factor * c.mlp_dim**-0.5, c.dropout_rate, dtype=c.compute_dtype, name="mlp")
+    return layers.MLP(c.mlp_dim, activation, c.init_factor * c.embed_dim**-0.5, c.init_factor * c.mlp_dim**-0.5,
+                      gated=gated, dropout_rate=c.dropout_rate, dtype=c.compute_dtype, name="mlp")
 
 
 class EncoderBlock(nn.Module):
@@ -157,7 +156,7 @@ class EncoderBlock(nn.Module):
         h = norm(c, "pre_attention_norm")(x)
         h = attention(c, False, "attention")(h, deterministic=self.deterministic, segment_ids=segment_ids, bias=bias)
         x = x + dropout(h)
-        h = feed_forward(c)(norm(c, "pre_mlp_norm")(x), self.deterministic)
+        h = mlp(c)(norm(c, "pre_mlp_norm")(x), self.deterministic)
         x = x + dropout(h)
         return nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED), None
 
@@ -183,21 +182,18 @@ class DecoderBlock(nn.Module):
             h, deterministic=self.deterministic, cross=True, context=encoded, context_segment_ids=encoder_segment_ids,
             segment_ids=segment_ids if encoder_segment_ids is not None else None)
         x = x + dropout(h)
-        h = feed_forward(c)(norm(c, "pre_mlp_norm")(x), self.deterministic)
+        h = mlp(c)(norm(c, "pre_mlp_norm")(x), self.deterministic)
         x = x + dropout(h)
         return nn.with_logical_constraint(x, layers.BATCH_LENGTH_EMBED), None
 
 
-LayerStack = Callable[[type[nn.Module], type[nn.Module]], Callable[..., nn.Module]]
-
-
 def stack(block: type[nn.Module], c: T5Config, num_layers: int, deterministic: bool, num_inputs: int,
-          layer_stack: LayerStack | None) -> Callable[..., tuple[jax.Array, None]]:
+          layer_stack: layers.LayerStack | None) -> Callable[..., tuple[jax.Array, None]]:
     """The blocks of one stack (layers.block_stack), called as f(x, *inputs); every input but x is
     broadcast to all layers (the bias is computed once, outside). `layer_stack`: the runtime's
     replacement for the scanned stack (a pipeline), as T5.layer_stack."""
-    return layers.block_stack(layers.remat(block, c.remat_policy), (c, deterministic), num_layers=num_layers,
-                              scan_layers=c.scan_layers, broadcast_args=num_inputs, layer_stack=layer_stack)
+    return layers.block_stack(block, (c, deterministic), num_layers=num_layers, scan_layers=c.scan_layers,
+                              broadcast_args=num_inputs, remat_policy=c.remat_policy, layer_stack=layer_stack)
 
 
 def relpos_bias(c: T5Config, bidirectional: bool) -> layers.RelativePositionBias:
@@ -212,7 +208,7 @@ def default_positions(tokens: jax.Array) -> jax.Array:
 
 class Encoder(nn.Module):
     config: T5Config
-    layer_stack: LayerStack | None = None
+    layer_stack: layers.LayerStack | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
@@ -231,27 +227,21 @@ class Decoder(nn.Module):
     covers every cached slot; positions default to the next slots."""
 
     config: T5Config
-    layer_stack: LayerStack | None = None
+    layer_stack: layers.LayerStack | None = None
 
     def key_positions(self, positions: jax.Array | None, batch: int, length: int) -> tuple[jax.Array, jax.Array]:
         """(query positions, key positions); decoding reads and extends the cached positions."""
-        decoding = self.is_mutable_collection("cache") and not self.is_initializing()
-        if not (decoding and self.has_variable("cache", "cached_positions")):
+        decoding = kv_cache.is_decoding(self)
+        if not (decoding and kv_cache.has(self, "cached_positions")):
             positions = jnp.arange(length)[None, :] if positions is None else positions
             if decoding:
-                self.variable("cache", "cached_positions", nn.with_logical_partitioning(
-                    jnp.zeros, layers.CACHE_BATCH_LENGTH), (batch, length), jnp.int32)
-                self.variable("cache", "cache_index", nn.with_logical_partitioning(jnp.zeros, ()), (), jnp.int32)
+                kv_cache.create(self, {"cached_positions": jnp.zeros((batch, length), jnp.int32)})
             return positions, positions
-        index = self.get_variable("cache", "cache_index")
         if positions is None:
-            positions = (index + jnp.arange(length))[None, :]
-        cached = self.get_variable("cache", "cached_positions")
-        positions = jnp.broadcast_to(positions, (cached.shape[0], length)).astype(jnp.int32)
-        cached = jax.lax.dynamic_update_slice_in_dim(cached, positions, index, axis=1)
-        self.put_variable("cache", "cached_positions", cached)
-        self.put_variable("cache", "cache_index", index + length)
-        return positions, cached
+            positions = (kv_cache.read(self, kv_cache.INDEX)[0] + jnp.arange(length))[None, :]
+        positions = jnp.broadcast_to(positions, (batch, length)).astype(jnp.int32)
+        _, cached = kv_cache.append(self, {"cached_positions": positions})
+        return positions, cached["cached_positions"]
 
     @nn.compact
     def __call__(self, x: jax.Array, encoded: jax.Array | None, positions: jax.Array | None,
@@ -272,7 +262,7 @@ class T5(nn.Module):
     the decoder tokens, with padding ids masked so they never take probability mass."""
 
     config: T5Config
-    layer_stack: LayerStack | None = None
+    layer_stack: layers.LayerStack | None = None
     """Injected by the runtime to replace each scanned stack, the encoder's and the decoder's (e.g.
     by a pipeline): called with the block class and the nn.scan stack class, returns a constructor
     called like the stack class. Decoding builds the model without it."""
@@ -334,5 +324,4 @@ class T5(nn.Module):
         if return_hidden:
             return x, table
         logits = jnp.einsum("bte,ve->btv", x, table.astype(c.compute_dtype), preferred_element_type=jnp.float32)
-        logits = jnp.where(jnp.arange(c.padded_vocab_size) < c.vocab_size, logits, jnp.finfo(jnp.float32).min)
-        return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
+        return layers.mask_vocab_padding(logits, c.vocab_size)

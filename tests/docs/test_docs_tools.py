@@ -21,6 +21,7 @@ PAGES = {
     "docs/troubleshooting.md": Page(),
     "docs/benchmarks.md": Page(),
     "docs/testing.md": Page(),
+    "docs/add_a_family.md": Page(),
     "docs/add_an_objective.md": Page(),
 }
 RUN = [c for c in commands(PAGES) if c.not_run is None]

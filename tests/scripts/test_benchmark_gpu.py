@@ -7,7 +7,7 @@ import pytest
 
 import configs
 import models
-from scripts import benchmark_gpu, benchmark_train
+from scripts import benchmark_gpu, benchmark_gpu_report, benchmark_train
 
 
 def test_xl_runs_and_flags_replace_the_suites():
@@ -31,8 +31,8 @@ def test_unknown_flag_variant_is_refused(capsys):
 
 
 def test_busy_time_is_the_union_of_overlapping_kernels():
-    assert benchmark_gpu.busy_union([(0, 10), (5, 15), (20, 30), (25, 26)]) == 25
-    assert benchmark_gpu.busy_union([]) == 0
+    assert benchmark_gpu_report.busy_union([(0, 10), (5, 15), (20, 30), (25, 26)]) == 25
+    assert benchmark_gpu_report.busy_union([]) == 0
 
 
 def test_table_gives_the_ratio_to_the_reference_at_the_same_shape():
@@ -45,7 +45,7 @@ def test_table_gives_the_ratio_to_the_reference_at_the_same_shape():
          "step_time_s": 0.28, "tflops_per_device": 440.0, "mfu": 0.44, "peak_memory_gib": 66.0},
         {"label": "ours B=16 remat=minimal", "note": "timed out"},
     ]
-    table = benchmark_gpu.train_table(rows)
+    table = benchmark_gpu_report.train_table(rows)
     assert "| ours B=8 | 42,000 | 190.0 | 420.0 | 42.0% | 45.0 | 1.05 |  |" in table
     assert "| ours B=12 | 44,000 | 280.0 | 440.0 | 44.0% | 66.0 | - |  |" in table  # no torch row at B=12
     assert "| ours B=16 remat=minimal | | | | | | | timed out |" in table
@@ -99,7 +99,7 @@ def test_fp8_item_runs_torch_bf16_and_fp8_for_the_loss_steps(tmp_path, monkeypat
 def test_loss_table_compares_first_and_final_losses():
     rows = [{"label": "ours gpt2_small B=16 fp8", "steps": 200, "first_loss": 11.0123, "final_loss": 3.25},
             {"label": "torch gpt2_small B=16", "note": "timed out"}]
-    assert benchmark_gpu.loss_table(rows)[2] == "| ours gpt2_small B=16 fp8 | 200 | 11.0123 | 3.2500 |"
+    assert benchmark_gpu_report.loss_table(rows)[2] == "| ours gpt2_small B=16 fp8 | 200 | 11.0123 | 3.2500 |"
 
 
 def test_fp8_runs_and_loss_steps_replace_the_suites():
