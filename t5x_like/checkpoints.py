@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import glob
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import orbax.checkpoint as ocp
@@ -40,24 +40,31 @@ CHECKPOINT_SUBDIR = validate.CHECKPOINT_SUBDIR
 ON_CORRUPT = ("fallback", "stop")
 
 
-def _manager(directory: str, *, keep: int | None = None, async_save: bool = True,
+def _manager(directory: str, *, keep: int | None = None, preserve: Sequence[int] = (), async_save: bool = True,
              on_finalise: Callable[[], None] | None = None) -> ocp.CheckpointManager:
+    """orbax's manager keeping the newest `keep` steps (None: all) and every step of `preserve`."""
     async_options = ocp.options.AsyncOptions(post_finalization_callback=on_finalise) if on_finalise else None
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
-                                           async_options=async_options)
+    retention = {"max_to_keep": keep}
+    if preserve and keep is not None:
+        policies = ocp.checkpoint_managers
+        retention = {"preservation_policy": policies.AnyPreservationPolicy(
+            [policies.LatestN(keep), policies.CustomSteps(sorted(set(preserve)))])}
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save, create=True,
+                                           async_options=async_options, **retention)
     return ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                  item_names=("params", "train_state", "data", "model"))
 
 
 class Checkpointer:
-    """Saves steps asynchronously with a checksum manifest, keeps the last `keep`, and restores the
-    newest step that verifies."""
+    """Saves steps asynchronously with a checksum manifest, keeps the last `keep` (None: every step) and the
+    steps of `preserve` (train.save_steps), and restores the newest step that verifies."""
 
-    def __init__(self, model_dir: str, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, model_dir: str, *, keep: int | None = 3, preserve: Sequence[int] = (),
+                 async_save: bool = True):
         self.directory = os.path.join(os.path.abspath(model_dir), CHECKPOINT_SUBDIR)  # orbax wants absolute paths
-        self.keep = keep
+        self.keep, self.preserve = keep, set(preserve)
         self._saving: int | None = None
-        self._manager = _manager(self.directory, keep=keep, async_save=async_save,
+        self._manager = _manager(self.directory, keep=keep, preserve=preserve, async_save=async_save,
                                  on_finalise=self._on_finalise if async_save else None)
         self._folder = os.stat(self.directory).st_ino  # to tell a failed save from a folder removed under it
 
@@ -182,9 +189,12 @@ class Checkpointer:
         return None
 
     def enforce_retention(self) -> None:
-        """Delete all but the newest `keep` steps (orbax does it only when it saves)."""
+        """Delete all but the newest `keep` steps and the preserved ones (orbax does it only when it saves)."""
+        if self.keep is None:
+            return
         for step in sorted(self._manager.all_steps())[:-self.keep]:
-            self._manager.delete(step)
+            if step not in self.preserve:
+                self._manager.delete(step)
 
     def wait(self) -> None:
         """Until the save in flight is committed; then a process other than 0 writes the manifest of the

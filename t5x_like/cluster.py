@@ -329,7 +329,9 @@ class Cluster:
         """Print `error: <line>`, tell the others this process has read the failure, and exit 1 without
         jax's shutdown barrier; process 0 first waits (up to ACK_WAIT_S) until the others have read it."""
         self.stopping.set()
+        logging.flush()
         print(f"error: {line}", file=sys.stderr, flush=True)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the dying jax client's own lines would follow ours
         if not self.store_lost:
             self._say(STOPPED.encode())
             try:

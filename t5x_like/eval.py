@@ -7,6 +7,8 @@
     python -m t5x_like.eval --task=tokens --checkpoint=MODEL_DIR --data=PREFIX --split=validation \
         --max_batches=50      # the validation documents training held out (the run's DATA_SPLIT), 50 batches
     python -m t5x_like.eval --task=seq2seq --checkpoint=T5_DIR --data=pairs.jsonl   # encoder-decoder
+    python -m t5x_like.eval --task=lm_eval --checkpoint=MODEL_DIR --lm_eval_tasks=hellaswag,arc_easy \
+        [--lm_eval_include_path=DIR] [--num_fewshot=N] [--limit=N] --output=results.json
 
 wikitext: read the whole file, count original tokens as len(text.strip().split(" ")), detokenize,
 tokenize, then score overlapping windows of seq_len+1 tokens that start every `stride` tokens; the
@@ -27,6 +29,8 @@ text with the target text.
 classification (encoder-only checkpoints with a classification head): a JSONL / TSV of text, text_pair,
 label (or BoolQ's question, passage, label) as OBJECTIVE='classification' reads it; accuracy, F1 for
 two labels, and each example's prediction (in --output).
+lm_eval (decoder-only checkpoints): lm-evaluation-harness tasks, groups or tags (t5x_like/harness/); lm-eval's
+summary table, and its results JSON in --output.
 
 """
 from __future__ import annotations
@@ -49,6 +53,7 @@ from t5x_like.evaluation.lambada import evaluate_lambada
 from t5x_like.evaluation.scoring import Scorer
 from t5x_like.evaluation.seq2seq import evaluate_seq2seq
 from t5x_like.evaluation.wikitext import evaluate_tokens, evaluate_wikitext
+from t5x_like.harness import cli as lm_eval_cli
 from t5x_like.lm import make_lm
 
 
@@ -79,13 +84,15 @@ def summary(result: dict) -> str:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", required=True, choices=("wikitext", "lambada", "tokens", "seq2seq", "classification"))
+    parser.add_argument("--task", required=True,
+                        choices=("wikitext", "lambada", "tokens", "seq2seq", "classification", "lm_eval"))
     parser.add_argument("--checkpoint", required=True, help="MODEL_DIR (latest step) or a step directory")
-    parser.add_argument("--data", required=True,
-                        help="wikitext file, lambada .jsonl, token-file prefix, or seq2seq .jsonl of pairs")
+    parser.add_argument("--data", default=None, help="wikitext file, lambada .jsonl, token-file prefix, or seq2seq "
+                                                      ".jsonl of pairs (every task but lm_eval)")
     parser.add_argument("--tokenizer", default=None, help="default: the tokenizer the checkpoint records")
     parser.add_argument("--seq_len", type=int, default=None, help="window length (default: the model's max_len)")
-    parser.add_argument("--stride", type=int, default=None, help="new targets per window (default: seq_len)")
+    parser.add_argument("--stride", type=int, default=None,
+                        help="new targets per window (default: seq_len; lm_eval: the model's max_len)")
     parser.add_argument("--batch_size", type=int, default=8, help="windows per step (global)")
     parser.add_argument("--max_batches", type=int, default=None,
                         help="score only the first N batches (of --batch_size windows or examples)")
@@ -99,12 +106,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lambada_last_token", action="store_true",
                         help="LAMBADA: predict only the last BPE token instead of the whole last word")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
+    lm_eval_cli.add_arguments(parser)
     inference.add_mesh_flags(parser)
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> dict:
     check_arguments(args)
+    if args.task == "lm_eval":
+        return lm_eval_cli.run(args)
     if args.task == "tokens":
         check_token_file_tokenizer(args.data, args.tokenizer or inference.read_config(args.checkpoint)[1])
     config, params, tokenizer, partitioner = inference.load_for_inference(args, with_tokenizer=args.task != "tokens")
@@ -159,6 +169,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         validate.output_file("--output", args.output)
     if args.split and args.task != "tokens":
         raise UserError(f"--split applies to --task=tokens (a token file split by DATA_SPLIT), not {args.task}.")
+    lm_eval_cli.check_flags_apply(args)
+    if args.task == "lm_eval":
+        return
+    if args.data is None:
+        raise UserError(f"--task={args.task} needs --data (the file or token-file prefix to score).")
     if args.task == "tokens":
         if args.data.endswith((".bin", ".idx")):
             raise UserError(f"--data={args.data}: pass the token file's prefix, without {args.data[-4:]}.")
@@ -216,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inference.join_cluster(args)
     result = run(args)
-    if not distributed.is_primary():
+    if args.task == "lm_eval":
+        lm_eval_cli.report(result, args.output)
+    if args.task == "lm_eval" or not distributed.is_primary():
         return result
     print(summary(result))
     if args.output:

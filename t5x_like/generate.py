@@ -12,13 +12,18 @@ EOS appended as in training (and as transformers' T5 tokenizer does), and the co
 decoded target text; the decoder starts from id 0 and caches its own and the
 cross-attention keys/values (the encoder runs once). Each output line is a JSON object
 with `prompt`, `completion`, `tokens` (the generated ids, without the end-of-document id) and
-`finish_reason` ('eod' or 'length').
+`finish_reason` ('eod' or 'length'), and `sample` (1, 2, ...) with --num_samples > 1.
+
+As GPT2-Chinese's and CPM-Generate's users expect: --num_samples completions per prompt,
+--repetition_penalty (transformers' definition), --interactive (type prompts, read completions), and
+every default in --help.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -31,7 +36,7 @@ import numpy as np
 from absl import logging
 
 from partitioning import Partitioner
-from t5x_like import cluster, distributed, inference, validate
+from t5x_like import cluster, distributed, inference, prompts, validate
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.lm import make_lm
 
@@ -41,19 +46,32 @@ PROMPT_BUCKET = 64
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """temperature 0 = greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 = greedy; top_k 0 and top_p 1 disable those filters; repetition_penalty 1 = none."""
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise UserError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
+            raise UserError(f"sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
+                            "repetition_penalty > 0.")
 
 
-def sample(logits: jax.Array, rng: jax.Array, settings: Sampling) -> jax.Array:
-    """One id per row from fp32 logits [batch, vocab]."""
+def penalize_repetition(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
+    """transformers' RepetitionPenaltyLogitsProcessor (Keskar et al. 2019): the logit of every id already in
+    the row (prompt or generated) is divided by `penalty` when positive and multiplied by it when negative, so
+    penalty > 1 makes repeats less likely. `seen` is [batch, vocab] bool."""
+    penalized = jnp.where(logits < 0, logits * penalty, logits / penalty)
+    return jnp.where(seen, penalized, logits)
+
+
+def sample(logits: jax.Array, rng: jax.Array, settings: Sampling, seen: jax.Array | None = None) -> jax.Array:
+    """One id per row from fp32 logits [batch, vocab], after the repetition penalty over `seen` (the ids each row
+    holds so far), the temperature, top-k and top-p, in transformers' order."""
+    if settings.repetition_penalty != 1 and seen is not None:
+        logits = penalize_repetition(logits, seen, settings.repetition_penalty)
     if settings.temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits / settings.temperature
@@ -87,13 +105,15 @@ class Generator:
     length. num_beams > 1: beam search with this length penalty instead of `settings`."""
 
     def __init__(self, config, params, partitioner: Partitioner, *, eod_id: int, max_new_tokens: int,
-                 settings: Sampling, batch_size: int = 8, num_beams: int = 1, length_penalty: float = 1.0):
+                 settings: Sampling, batch_size: int = 8, num_beams: int = 1, length_penalty: float = 1.0,
+                 start_id: int | None = None):
         if num_beams < 1:
             raise UserError(f"--num_beams={num_beams} must be at least 1 (1 = no beam search).")
         self.lm = make_lm(config)
         self.room = self.lm.max_prompt_length(max_new_tokens)
         self.config, self.params, self.partitioner = config, params, partitioner
         self.eod_id, self.max_new_tokens, self.settings = eod_id, max_new_tokens, settings
+        self.start_id = eod_id if start_id is None else start_id
         self.num_beams, self.length_penalty = num_beams, length_penalty
         shards = partitioner.batch_shards
         self.batch_size = -(-batch_size // shards) * shards
@@ -112,8 +132,9 @@ class Generator:
                                            length_penalty=self.length_penalty, cache_layout=layout)
                 fn = lambda params, tokens, valid, rng: search(params, tokens, valid)  # noqa: E731 (deterministic)
             else:
+                pick = lambda logits, rng, seen: sample(logits, rng, self.settings, seen)  # noqa: E731
                 fn = functools.partial(self.lm.decode, max_new_tokens=self.max_new_tokens, eod_id=self.eod_id,
-                                       sample=functools.partial(sample, settings=self.settings), cache_layout=layout)
+                                       sample=pick, cache_layout=layout)
             self._compiled[prompt_len] = self.partitioner.partition(fn, None, self.partitioner.replicated)
         return self._compiled[prompt_len]
 
@@ -121,19 +142,20 @@ class Generator:
         bucketed = -(-max(map(len, prompts)) // PROMPT_BUCKET) * PROMPT_BUCKET
         return bucketed if self.room is None else min(self.room, bucketed)
 
-    def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[list[int]]:
+    def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0, num_samples: int = 1) -> list[list[int]]:
         """Generated ids per prompt (a prompt text's token ids; the model's kind adds what training adds:
         EOS after an encoder's input), cut before the first end-of-document id. Prompts longer than the
         model's room (decoder-only: max_len - max_new_tokens) keep their last tokens; an empty prompt
-        starts from end-of-document."""
-        prompts = [self.lm.prompt_ids(p, self.eod_id) for p in prompts]
+        starts from the tokenizer's start of document (`start_id`; else its end-of-document id). With
+        `num_samples`, each prompt is sampled that many times (its samples follow it)."""
+        prompts = [self.lm.prompt_ids(p, self.eod_id) for p in prompts for _ in range(num_samples)]
         for number, ids in enumerate(prompts, 1):
             if self.room is not None and len(ids) > self.room:
                 logging.warning("prompt %d is %d tokens but the model's max_len %d less --max_new_tokens=%d leaves "
                                 "room for %d: its first %d tokens are dropped; shorten it or lower --max_new_tokens",
                                 number, len(ids), self.room + self.max_new_tokens, self.max_new_tokens, self.room,
                                 len(ids) - self.room)
-        prompts = [p[-(self.room or len(p)):] if p else [self.eod_id] for p in prompts]
+        prompts = [p[-(self.room or len(p)):] if p else [self.start_id] for p in prompts]
         results = []
         sharding = self.partitioner.batch_sharding()
         for first in range(0, len(prompts), self.batch_size):
@@ -154,41 +176,14 @@ def cut_at(ids: np.ndarray, eod_id: int) -> list[int]:
     return ids[:ids.index(eod_id)] if eod_id in ids else ids
 
 
-def read_prompts(args: argparse.Namespace) -> list[str]:
-    """--prompt values, then --prompts_file (a .jsonl with 'prompt' fields, or one prompt per line)."""
-    prompts = list(args.prompt or [])
-    if args.prompts_file:
-        validate.existing_file("--prompts_file", args.prompts_file)
-        try:
-            with open(args.prompts_file, encoding="utf-8") as f:
-                lines = [line.rstrip("\n") for line in f if line.strip()]
-        except UnicodeDecodeError as e:
-            raise UserError(f"--prompts_file={args.prompts_file}: byte {e.start} is not UTF-8 (a binary file?); "
-                            "give a UTF-8 text file.") from None
-        if args.prompts_file.endswith(".jsonl"):
-            lines = [jsonl_prompt(args.prompts_file, number, line) for number, line in enumerate(lines, 1)]
-        prompts.extend(lines)
-    if not prompts:
-        raise UserError("no prompts: pass --prompt=TEXT (repeatable) or --prompts_file=FILE.")
-    return prompts
-
-
-def jsonl_prompt(path: str, number: int, line: str) -> str:
-    try:
-        prompt = json.loads(line)["prompt"]
-    except (ValueError, KeyError, TypeError):
-        prompt = None
-    if not isinstance(prompt, str):
-        raise UserError(f"--prompts_file={path}: line {number} is not a JSON object with a string 'prompt' field "
-                        "(a .jsonl file holds {\"prompt\": \"...\"} per line; any other name: one prompt per line).")
-    return prompt
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """Every number in range and --output writable, before anything is loaded."""
     validate.positive_int("--max_new_tokens", args.max_new_tokens)
     validate.positive_int("--batch_size", args.batch_size)
     validate.positive_int("--num_beams", args.num_beams, fix="1 = no beam search")
+    validate.positive_int("--num_samples", args.num_samples)
+    validate.finite_float("--repetition_penalty", args.repetition_penalty, minimum=0.0, exclusive_minimum=True,
+                          fix="1 = no penalty")
     validate.non_negative_int("--top_k", args.top_k, fix="0 = no top-k filter")
     validate.finite_float("--temperature", args.temperature, minimum=0.0, fix="0 = greedy")
     validate.finite_float("--top_p", args.top_p, minimum=0.0, exclusive_minimum=True, maximum=1.0,
@@ -224,21 +219,41 @@ def memory_per_device() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.device_count()
 
 
+class DefaultsHelp(argparse.HelpFormatter):
+    """--help shows each flag's default (unless its help says it already)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False or \
+                action.default == argparse.SUPPRESS or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m t5x_like.generate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.generate", description=__doc__.split("\n\n")[0],
+                                     formatter_class=DefaultsHelp)
     parser.add_argument("--checkpoint", required=True, help="MODEL_DIR (latest step) or a step directory")
     parser.add_argument("--tokenizer", default=None, help="default: the tokenizer the checkpoint records")
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     parser.add_argument("--prompts_file", default=None, help="one prompt per line, or .jsonl with 'prompt'")
-    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--interactive", action="store_true",
+                        help="read prompts typed at the terminal, one per line ('stop' or end of input exits), and "
+                             "print their completions as they come")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="new tokens per completion at most")
+    parser.add_argument("--num_samples", type=int, default=1,
+                        help="completions per prompt (GPT2-Chinese's --nsamples), each its own sample")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=0, help="keep the k most likely ids (0 = all)")
     parser.add_argument("--top_p", type=float, default=1.0, help="nucleus: smallest set with this much mass")
+    parser.add_argument("--repetition_penalty", type=float, default=1.0,
+                        help="divide (multiply, when negative) the logits of ids already in the text by this, as "
+                             "transformers does; > 1 discourages repeats (1 = none)")
     parser.add_argument("--num_beams", type=int, default=1,
                         help="beam search with this many beams (1 = greedy or sampling, as set above)")
     parser.add_argument("--length_penalty", type=float, default=1.0,
                         help="beam search: a finished beam scores sum(log p) / length ** length_penalty")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--batch_size", type=int, default=8, help="prompts decoded together (global)")
     parser.add_argument("--output", default=None, help="JSONL file (default: JSONL on stdout)")
     inference.add_mesh_flags(parser)
@@ -246,10 +261,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def sampling_settings(args: argparse.Namespace) -> Sampling:
-    settings = Sampling(args.temperature, args.top_k, args.top_p)
-    if args.num_beams > 1 and (args.top_k or args.top_p < 1 or args.temperature not in (0.0, 1.0)):
-        raise UserError(f"--num_beams={args.num_beams} searches deterministically; --temperature, --top_k and "
-                        "--top_p apply to sampling only: drop them, or set --num_beams=1.")
+    settings = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
+    if args.num_beams > 1 and (args.top_k or args.top_p < 1 or args.temperature not in (0.0, 1.0)
+                               or args.repetition_penalty != 1 or args.num_samples > 1):
+        raise UserError(f"--num_beams={args.num_beams} searches deterministically; --temperature, --top_k, --top_p, "
+                        "--repetition_penalty and --num_samples apply to sampling only: drop them, or set "
+                        "--num_beams=1.")
+    if args.num_samples > 1 and args.temperature == 0:
+        raise UserError(f"--num_samples={args.num_samples} with --temperature=0 (greedy) gives {args.num_samples} "
+                        "identical completions; sample (e.g. --temperature=1 --top_k=8, GPT2-Chinese's default) or "
+                        "drop --num_samples.")
     return settings
 
 
@@ -259,29 +280,56 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_arguments(args)
     inference.join_cluster(args)
-    prompts = read_prompts(args)
+    if args.interactive and jax.process_count() > 1:
+        raise UserError("--interactive reads one terminal: run it as one process (one host), or give --prompt / "
+                        "--prompts_file.")
+    texts = prompts.read_prompts(args)
     settings = sampling_settings(args)
     check_model_fits(inference.read_config(args.checkpoint)[0], args)
     config, params, tokenizer, partitioner = inference.load_for_inference(args)
     generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
                           max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size,
-                          num_beams=args.num_beams, length_penalty=args.length_penalty)
-    generated = generator.generate([tokenizer.encode(p) for p in prompts], seed=args.seed)
-    records = [{"prompt": prompt, "completion": tokenizer.decode(ids), "tokens": ids,
-                "finish_reason": "length" if len(ids) == args.max_new_tokens else "eod"}
-               for prompt, ids in zip(prompts, generated)]
-    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    if not distributed.is_primary():
-        return records
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(lines)
-        joint = " => " if generator.lm.KIND == "encoder_decoder" else ""  # a target, or a continuation
-        for r in records:
-            print(f"{r['prompt']}{joint}{r['completion']}\n{'-' * 40}")
-    else:
-        sys.stdout.write(lines)
+                          num_beams=args.num_beams, length_penalty=args.length_penalty,
+                          start_id=getattr(tokenizer, "document_start_id", None))
+
+    def complete(batch: list[str], seed: int) -> list[dict]:
+        generated = generator.generate([tokenizer.encode(p) for p in batch], seed=seed, num_samples=args.num_samples)
+        return prompts.records(batch, generated, tokenizer.decode, args.max_new_tokens, args.num_samples)
+
+    joint = " => " if generator.lm.KIND == "encoder_decoder" else ""  # a target, or a continuation
+    if args.interactive:
+        return interact(complete, texts, args, joint)
+    records = complete(texts, args.seed)
+    if distributed.is_primary():
+        write(records, args.output, joint)
     return records
+
+
+def interact(complete: Callable[[list[str], int], list[dict]], given: list[str], args: argparse.Namespace,
+             joint: str) -> list[dict]:
+    """The prompts given first, then each typed prompt's completions, printed as they come (and appended to
+    --output as JSONL); every prompt samples with its own seed (--seed, then the next ones)."""
+    done: list[dict] = []
+    typed = prompts.typed_prompts(sys.stdin, sys.stdout)
+    for number, text in enumerate(itertools.chain(given, typed)):
+        records = complete([text], args.seed + number)
+        prompts.show(records, joint)
+        done.extend(records)
+        if args.output:
+            with open(args.output, "a" if number else "w", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return done
+
+
+def write(records: list[dict], output: str | None, joint: str) -> None:
+    """JSONL to --output (and the completions shown on the console), or JSONL on stdout."""
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if not output:
+        sys.stdout.write(lines)
+        return
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(lines)
+    prompts.show(records, joint)
 
 
 if __name__ == "__main__":

@@ -364,6 +364,9 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
                 raise UserError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
                                 "(`--help` and gin/base.gin list the macros).") from None
     apply_bindings(bindings)
+    from t5x_like import epochs  # reads the data's length: only when EPOCHS is set
+
+    epochs.resolve()  # EPOCHS: TRAIN_STEPS, EVAL_EVERY and CHECKPOINT_EVERY in passes over the training split
     extra = apply_extra_file()
     if extra:
         logging.info("%s=%s: applied after the command line", EXTRA_GIN_ENV, extra)

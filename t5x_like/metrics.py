@@ -56,10 +56,13 @@ class MetricsWriter:
     """Writes rows to MODEL_DIR/metrics.jsonl and TensorBoard; a no-op on non-primary hosts.
 
     A run (re)starting at `start_step` first drops the rows of later steps from metrics.jsonl, and
-    TensorBoard purges its events from the steps after it, so a resumed run's rows appear once."""
+    TensorBoard purges its events from the steps after it, so a resumed run's rows appear once. Its events go
+    to `tensorboard_dir` (default MODEL_DIR/tensorboard)."""
 
-    def __init__(self, model_dir: str, *, enabled: bool = True, start_step: int = 0):
+    def __init__(self, model_dir: str, *, enabled: bool = True, start_step: int = 0,
+                 tensorboard_dir: str | None = None):
         self.enabled = enabled
+        self.tensorboard = tensorboard_dir or os.path.join(model_dir, "tensorboard")
         self._jsonl = None
         self._tb = None
         if enabled:
@@ -71,7 +74,7 @@ class MetricsWriter:
                 logging.info("%s: dropped %d rows of steps after %d (they are computed again)",
                              os.path.join(model_dir, METRICS_FILE), dropped, start_step)
             self._jsonl = open(os.path.join(model_dir, METRICS_FILE), "a", encoding="utf-8")
-            self._tb = SummaryWriter(os.path.join(model_dir, "tensorboard"), purge_step=start_step + 1)
+            self._tb = SummaryWriter(self.tensorboard, purge_step=start_step + 1)
 
     def write(self, step: int, row: Mapping[str, Any]) -> None:
         if not self.enabled:

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 import gin
 
 from t5x_like import checkpoints, distributed, gin_cli, run_lock, storage
 
 
-def open_model_dir(run: contextlib.ExitStack, model_dir: str, keep: int) -> checkpoints.Checkpointer:
+def open_model_dir(run: contextlib.ExitStack, model_dir: str, keep: int | None,
+                   save_steps: Sequence[int] = ()) -> checkpoints.Checkpointer:
     """MODEL_DIR opened for this run (released by `run`): storage errors as one line, the run lock and the
-    clean-up of a failed start (process 0), and its checkpoints, keeping the last `keep`."""
+    clean-up of a failed start (process 0), and its checkpoints, keeping the last `keep` (None: all) and those
+    of `save_steps`."""
     run.enter_context(storage.one_line_errors(model_dir))  # a full disk: one line, not orbax's tracebacks
     if distributed.is_primary():
         run.push(no_empty_folders_after_failure(model_dir))  # runs last, after the lock is released
         run.enter_context(run_lock.RunLock(model_dir))
-    ckpt = checkpoints.Checkpointer(model_dir, keep=keep)
+    ckpt = checkpoints.Checkpointer(model_dir, keep=keep, preserve=save_steps)
     run.callback(ckpt.close)
     return ckpt
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import os
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import gin
 import jax
@@ -18,7 +19,9 @@ import models
 from t5x_like import (checkpoints, distributed, metrics, nonfinite, resume, run_config, run_dir, stopping, trainer,
                       validate, validation)
 from t5x_like.errors import UserError
+from t5x_like.harness import during_training
 from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.data import load_tokenizer
 from t5x_like.run_config import make_source
 
 
@@ -30,12 +33,16 @@ class TrainResult:
 
 @gin.configurable(denylist=["data_source", "experiment"])
 def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
-          keep_checkpoints: int = 3, eval_every: int = 0, eval_steps: int = 20, restore_from: str | None = None,
-          log_every: int = 10, on_corrupt_checkpoint: str = "fallback", nonfinite_in_a_row: int = 5,
-          restart_data: bool = False, data_source: Callable = make_source,
-          experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
+          keep_checkpoints: int | None = 3, save_steps: Sequence[int] = (), eval_every: int = 0, eval_steps: int = 20,
+          restore_from: str | None = None, log_every: int = 10, tensorboard_dir: str | None = None,
+          on_corrupt_checkpoint: str = "fallback", nonfinite_in_a_row: int = 5, restart_data: bool = False,
+          data_source: Callable = make_source, experiment: Callable[..., Experiment] = build_experiment) -> TrainResult:
     """Train for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint. `experiment`
     assembles the run (gin binds build_experiment's arguments); it is called with the restored model config.
+
+    Checkpoints every `checkpoint_every` steps and at `save_steps` (Pythia's log-spaced ones; 0 saves the
+    initial state), keeping the newest `keep_checkpoints` (None: every one) and every save step. TensorBoard's
+    events go to `tensorboard_dir` (default MODEL_DIR/tensorboard; Megatron's --tensorboard-dir).
 
     A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
     stops the run, nothing of that step saved; 'skip' goes on, and stops after `nonfinite_in_a_row` such steps
@@ -45,11 +52,12 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
     A resume continues the data where the checkpoint left it (at the next unseen row when BATCH_SIZE changed)
     and refuses data other than the checkpoint's; `restart_data` starts the data over instead."""
     settings = dict(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
-                    eval_every=eval_every, log_every=log_every, nonfinite_in_a_row=nonfinite_in_a_row)
+                    eval_every=eval_every, log_every=log_every, nonfinite_in_a_row=nonfinite_in_a_row,
+                    save_steps=save_steps, tensorboard_dir=tensorboard_dir)
     check_settings(**settings, keep_checkpoints=keep_checkpoints, eval_steps=eval_steps, restore_from=restore_from,
                    on_corrupt_checkpoint=on_corrupt_checkpoint)
     with contextlib.ExitStack() as run:
-        ckpt = run_dir.open_model_dir(run, model_dir, keep_checkpoints)
+        ckpt = run_dir.open_model_dir(run, model_dir, keep_checkpoints, save_steps)
         latest = ckpt.latest_step()
         if latest is not None and latest >= train_steps and ckpt.intact(latest):
             run_config.agree_on_settings(latest)
@@ -74,17 +82,20 @@ class Loop:
 
     def __init__(self, run: contextlib.ExitStack, exp: Experiment, ckpt: checkpoints.Checkpointer, source,
                  validating, state: trainer.TrainState, *, model_dir: str, train_steps: int, checkpoint_every: int,
-                 eval_every: int, log_every: int, nonfinite_in_a_row: int):
+                 eval_every: int, log_every: int, nonfinite_in_a_row: int, save_steps: tuple[int, ...] = (),
+                 tensorboard_dir: str | None = None):
         self.exp, self.ckpt, self.source, self.validating = exp, ckpt, source, validating
         self.model_dir, self.train_steps, self.log_every = model_dir, train_steps, log_every
-        self.checkpoint_every, self.eval_every = checkpoint_every, eval_every
+        self.checkpoint_every, self.eval_every, self.save_steps = checkpoint_every, eval_every, set(save_steps)
         self.primary = distributed.is_primary()
         if self.primary:
             run_dir.write_config(model_dir, int(state.step))
         self.model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": resume.tokenizer_record(source),
                            "train_steps": train_steps}
-        self.writer = metrics.MetricsWriter(model_dir, enabled=self.primary, start_step=int(state.step))
+        self.writer = metrics.MetricsWriter(model_dir, enabled=self.primary, start_step=int(state.step),
+                                            tensorboard_dir=tensorboard_dir)
         run.callback(self.writer.close)
+        self.lm_eval = lm_eval_evaluator(exp, source)
         self.throughput = metrics.Throughput(
             tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
@@ -97,6 +108,8 @@ class Loop:
     def run(self, state: trainer.TrainState) -> TrainResult:
         step = first_step = int(state.step)
         start, step_fn, pending = time.perf_counter(), self.exp.train_step, None
+        if step == 0 and 0 in self.save_steps and self.ckpt.latest_step() is None:  # the initial state (Pythia's)
+            resume.save(self.ckpt, 0, state, self.source, self.model_info, self.exp.optimizer)
         while step < self.train_steps and not self.stop.reached(step):
             batch = self.exp.global_batch(next(self.source))
             if step == first_step:
@@ -108,7 +121,7 @@ class Loop:
         self.finish(step, state, pending)
         if self.primary:
             logging.info("%s", summary(self.model_dir, step - first_step, step, self.train_steps,
-                                       self.exp.tokens_per_step, time.perf_counter() - start))
+                                       self.exp.tokens_per_step, time.perf_counter() - start, self.writer.tensorboard))
         return TrainResult(step, self.stop.signum)
 
     def after_step(self, step: int, state: trainer.TrainState, step_metrics, pending):
@@ -116,14 +129,18 @@ class Loop:
         if pending:
             self.report(*pending)
         self.throughput.step_done()
-        saving, evaluating = step % self.checkpoint_every == 0, self.eval_every and step % self.eval_every == 0
-        if not (saving or evaluating):
+        saving = step % self.checkpoint_every == 0 or step in self.save_steps
+        evaluating = self.eval_every and step % self.eval_every == 0
+        lm_eval_due = self.lm_eval is not None and self.lm_eval.due(step)
+        if not (saving or evaluating or lm_eval_due):
             return step, step_metrics
         self.report(step, step_metrics)  # only a step that passed the check is saved or evaluated
         if saving:
             resume.save(self.ckpt, step, state, self.source, self.model_info, self.exp.optimizer)
         if evaluating:
             self.evaluate(step, state.params)
+        if lm_eval_due:
+            self.run_lm_eval(step, state.params)
         return None
 
     def finish(self, step: int, state: trainer.TrainState, pending) -> None:
@@ -136,6 +153,8 @@ class Loop:
             resume.save(self.ckpt, step, state, self.source, self.model_info, self.exp.optimizer)
         if self.eval_every and step % self.eval_every and step >= self.train_steps:
             self.evaluate(step, state.params)
+        if self.lm_eval is not None and not self.lm_eval.due(step) and step >= self.train_steps:
+            self.run_lm_eval(step, state.params)
         self.ckpt.wait()
 
     def report(self, step: int, step_metrics, log_every: int | None = None) -> None:
@@ -156,6 +175,24 @@ class Loop:
         validation.evaluate(self.exp, params, source, batches, self.writer, step)
         self.throughput.reset()  # step times exclude evaluation (and its compilation)
 
+    def run_lm_eval(self, step: int, params) -> None:
+        self.writer.write(step, self.lm_eval(params, step))
+        self.throughput.reset()
+
+
+def lm_eval_evaluator(exp: Experiment, source) -> during_training.TrainingEvaluator | None:
+    """The lm-eval tasks of gin's lm_eval_during_training on this run's model and tokenizer (loaded once, now);
+    None when no tasks are set."""
+    settings = during_training.LmEvalDuringTraining()
+    settings.check()
+    if not settings.enabled:
+        return None
+    if source.tokenizer_path is None:
+        raise UserError("lm_eval_during_training needs the run's tokenizer, and this data source records none: "
+                        "train on token files (DATA_PATH) or the builtin corpus.")
+    return during_training.TrainingEvaluator(settings, exp.config, exp.partitioner,
+                                             load_tokenizer(source.tokenizer_path))
+
 
 def open_validation(run: contextlib.ExitStack, data_source: Callable, exp: Experiment, eval_steps: int):
     """(the validation split's source, the batches each evaluation reads)."""
@@ -164,11 +201,22 @@ def open_validation(run: contextlib.ExitStack, data_source: Callable, exp: Exper
 
 
 def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps,
-                   restore_from, log_every, on_corrupt_checkpoint, nonfinite_in_a_row, **_) -> None:
+                   restore_from, log_every, on_corrupt_checkpoint, nonfinite_in_a_row, save_steps=(),
+                   tensorboard_dir=None, **_) -> None:
     """train()'s settings in range and MODEL_DIR writable: run by train() and by --print_config."""
     validate.non_negative_int("TRAIN_STEPS", train_steps)
     validate.positive_int("CHECKPOINT_EVERY", checkpoint_every)
-    validate.positive_int("train.keep_checkpoints", keep_checkpoints)
+    if keep_checkpoints is not None:
+        validate.positive_int("train.keep_checkpoints", keep_checkpoints, fix="or None to keep every checkpoint")
+    if isinstance(save_steps, (str, int)):
+        raise UserError(f"train.save_steps={save_steps!r}: expected a list of steps, e.g. [0, 1, 2, 4, 8].")
+    for step in save_steps:
+        validate.non_negative_int("train.save_steps", step, fix="a list of steps, e.g. [0, 1, 2, 4, 8]")
+    if tensorboard_dir is not None:
+        if not isinstance(tensorboard_dir, str) or not tensorboard_dir.strip():
+            raise UserError(f"train.tensorboard_dir={tensorboard_dir!r}: expected a path in quotes, or None for "
+                            "MODEL_DIR/tensorboard.")
+        validate.writable_dir("train.tensorboard_dir", tensorboard_dir)
     validate.non_negative_int("EVAL_EVERY", eval_every, fix="0 = no periodic validation")
     if eval_steps != validation.ALL_BATCHES:
         validate.positive_int("EVAL_STEPS", eval_steps, fix=f"or {validation.ALL_BATCHES} for the whole "
@@ -215,7 +263,8 @@ def compile_step(step_fn, state, batch):
     return compiled
 
 
-def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float) -> str:
+def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float,
+            tensorboard: str | None = None) -> str:
     """The end-of-run lines: steps, tokens, wall time, validation losses, where the outputs are."""
     evals = [(row["step"], row["eval_loss"]) for row in metrics.read_rows(model_dir) if "eval_loss" in row]
     lines = [f"done: step {step}/{train_steps}; this run trained {steps} steps, {steps * tokens_per_step:,} tokens "
@@ -224,5 +273,7 @@ def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_
         best = min(evals, key=lambda e: e[1])
         lines.append(f"validation loss: final {evals[-1][1]:.4f} (step {evals[-1][0]}), best {best[1]:.4f} "
                      f"(step {best[0]})")
-    lines.append(f"outputs in {model_dir}: checkpoints/, metrics.jsonl, tensorboard/, config.gin")
+    own = tensorboard is None or os.path.abspath(tensorboard) == os.path.abspath(os.path.join(model_dir, "tensorboard"))
+    lines.append(f"outputs in {model_dir}: checkpoints/, metrics.jsonl, {'tensorboard/, ' if own else ''}config.gin"
+                 + ("" if own else f"; TensorBoard events in {tensorboard}"))
     return "\n".join(lines)

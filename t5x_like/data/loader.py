@@ -48,6 +48,8 @@ class BatchSource(Protocol):
     tokenizer_path: str | None
     num_batches: int | None
     """Batches in one pass over the split (validation, test), None when the batches never end (training)."""
+    rows_per_epoch: int | None
+    """Rows in one pass over the split (training's too: EPOCHS counts in them), None when not known (a stream)."""
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
 
@@ -82,11 +84,13 @@ class GrainBatchSource:
 
     def __init__(self, batches: Callable[[int], grain.IterDataset], *, vocab_size: int, eod_id: int,
                  tokenizer_path: str | None, global_batch: int, lengths: dict[str, int],
-                 fingerprint: dict | None = None, data_paths: Sequence[str] = (), num_batches: int | None = None):
+                 fingerprint: dict | None = None, data_paths: Sequence[str] = (), num_batches: int | None = None,
+                 rows_per_epoch: int | None = None):
         self.vocab_size = vocab_size
         self.eod_id = eod_id
         self.tokenizer_path = tokenizer_path
         self.num_batches = num_batches
+        self.rows_per_epoch = rows_per_epoch  # rows of one pass over the split (EPOCHS counts in them)
         self.global_batch, self.lengths, self.fingerprint = global_batch, dict(lengths), fingerprint
         self._batches, self._paths = batches, list(data_paths)
         self._iterator = None
@@ -327,7 +331,17 @@ def batch_source(rows: grain.MapDataset, *, batch_size: int, shard_index: int, s
     return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
                             global_batch=global_batch, lengths=feature_lengths, fingerprint=fingerprint,
                             data_paths=data_paths,
-                            num_batches=None if num_rows is None else -(-num_rows // global_batch))
+                            num_batches=None if num_rows is None else -(-num_rows // global_batch),
+                            rows_per_epoch=pass_rows(rows))
+
+
+def pass_rows(rows: grain.MapDataset) -> int | None:
+    """The rows of one pass over a dataset that may repeat (training repeats each file's rows, shuffled per
+    epoch; a blend repeats several): the sum of what each repetition repeats; None when that is not known."""
+    if len(rows) < sys.maxsize:
+        return len(rows)
+    counts = [pass_rows(parent) for parent in rows.parents if isinstance(parent, grain.MapDataset)]
+    return sum(counts) if counts and None not in counts else None
 
 
 class PaddingRows:

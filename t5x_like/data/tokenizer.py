@@ -12,7 +12,8 @@ models and CPM's jieba + sentencepiece tokenizer.
   - a directory with `vocab.txt`, or a `*.txt` vocabulary file (BERT WordPiece, as transformers'
     BertTokenizerFast; lower-cased unless a tokenizer_config.json beside it says `"do_lower_case": false`),
   - a directory with exactly one `*.model`, or a `*.model` file (sentencepiece).
-Documents are encoded without special tokens; the end-of-document id is the tokenizer's own
+`gpt2_chinese:PATH` (a vocab.txt or its directory) reads and writes documents in GPT2-Chinese's layout
+(t5x_like/data/layouts.py). Documents are encoded without special tokens; the end-of-document id is the tokenizer's own
 (`<|endoftext|>`, `</s>`, else `[SEP]`; CPM's `<eod>`) and is appended by the caller.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sentencepiece
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
+from t5x_like.data import layouts
 from t5x_like.data.cpm_tokenizer import CPM_TOKENIZER_CLASSES, cpm_tokenizer
 from t5x_like.data.tokenizer_base import (EOD_TOKENS, Tokenizer, decode_runs, find_eod, split_special,
                                           tokenizer_config)
@@ -268,8 +270,15 @@ def _bpe_pair(p: Path) -> tuple[Path, Path] | None:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Loads the tokenizer at `path` (see the module docstring for what it may be)."""
-    path = str(path)
+    """Loads the tokenizer at `path` (see the module docstring for what it may be), in the document layout a
+    `gpt2_chinese:` prefix or its tokenizer_config.json's `document_layout` names (t5x_like/data/layouts.py)."""
+    layout, path = layouts.split_prefix(str(path))
+    tokenizer = _load(path)
+    layout = layout or layouts.configured(path)
+    return tokenizer if layout is None else layouts.with_layout(tokenizer, layout, f"{layout}:{path}")
+
+
+def _load(path: str) -> Tokenizer:
     if path.startswith("cpm:"):
         tokenizer = cpm_tokenizer(path[len("cpm:"):])
         tokenizer.path = path

@@ -63,7 +63,8 @@ def tokenizer_record(tokenizer: Tokenizer) -> dict:
 
 
 def _absolute(path: str) -> str:
-    prefix = "cpm:" if path.startswith("cpm:") else ""
+    """The path made absolute, a kind prefix (`cpm:`, `gpt2_chinese:`) kept."""
+    prefix = next((p for p in ("cpm:", "gpt2_chinese:") if path.startswith(p)), "")
     return prefix + os.path.abspath(path[len(prefix):])
 
 

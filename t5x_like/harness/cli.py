@@ -32,6 +32,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lm_eval: keep every request's responses ('samples') in --output")
 
 
+LM_EVAL_FLAGS = ("lm_eval_tasks", "lm_eval_include_path", "num_fewshot", "limit", "lm_eval_log_samples")
+OTHER_TASKS_FLAGS = ("data", "seq_len", "max_batches", "max_examples", "split", "data_split", "lambada_last_token")
+"""t5x_like.eval's flags of the other tasks, which --task=lm_eval does not take (its tasks bring their data)."""
+
+
+def check_flags_apply(args: argparse.Namespace) -> None:
+    """Refuse lm_eval's flags with another task, and the other tasks' flags with lm_eval, naming them."""
+    if args.task == "lm_eval":
+        given = [f"--{name}" for name in OTHER_TASKS_FLAGS if getattr(args, name) not in (None, False)]
+        fix = "its tasks bring their data (--lm_eval_tasks, --lm_eval_include_path)"
+    else:
+        given = [f"--{name}" for name in LM_EVAL_FLAGS if getattr(args, name) not in (None, False)]
+        fix = "they apply to --task=lm_eval"
+    if given:
+        raise UserError(f"--task={args.task} does not take {', '.join(given)}: {fix}.")
+
+
 def check_arguments(args: argparse.Namespace) -> list[str]:
     """The task names, after refusing bad numbers, a missing lm-eval, and a checkpoint that is not causal
     (before anything heavy is loaded)."""

@@ -107,8 +107,10 @@ class LanguageModel:
 
     def abstract_params(self) -> tuple[Any, Any]:
         """(unboxed ShapeDtypeStructs, logical PartitionSpecs) of the parameters, allocating nothing."""
-        boxed = self._abstract_params
-        return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
+        boxed = self._abstract_params  # unboxed without sharding constraints: they are shapes (and a training
+        is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # mesh may be active, lm-eval during training)
+        unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, boxed, is_leaf=is_box)
+        return unboxed, nn.get_partition_spec(boxed)
 
     def num_params(self) -> int:
         """Parameters, excluding every vocabulary-padding row (tied or untied heads alike)."""
@@ -189,26 +191,36 @@ class LanguageModel:
                             shapes, shardings)
 
     def decode(self, params: Any, tokens: jax.Array, valid: jax.Array, rng: jax.Array, *, max_new_tokens: int,
-               eod_id: int, sample: Callable[[jax.Array, jax.Array], jax.Array], cache_layout: tuple[Any, Any]
-               ) -> jax.Array:
+               eod_id: int, sample: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+               cache_layout: tuple[Any, Any]) -> jax.Array:
         """Generated ids [batch, max_new_tokens] for left-padded prompts `tokens` [batch, P] (`valid`
-        marks real tokens); `sample(logits [batch, vocab], rng)` picks each id; rows stop at eod_id
+        marks real tokens); `sample(logits [batch, vocab], rng, seen)` picks each id, `seen` [batch, vocab] bool
+        marking the ids the row's text holds so far (for a repetition penalty); rows stop at eod_id
         (eod_id fills the rest). `cache_layout`: (shapes, shardings) from cache_layout(batch, P, max_new_tokens)."""
         batch = tokens.shape[0]
         logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))
         out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
+        rows = jnp.arange(batch)
 
         def unfinished(loop):
             i, _, done, *_ = loop
             return (i < max_new_tokens) & ~done.all()
 
         def body(loop):
-            i, out, done, logits, state = loop
-            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i)))
+            i, out, done, logits, state, seen = loop
+            token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i), seen))
             logits, state = self.step(params, token[:, None], state)
-            return i + 1, out.at[:, i].set(token), done | (token == eod_id), logits, state
+            seen = seen.at[rows, token].set(True)
+            return i + 1, out.at[:, i].set(token), done | (token == eod_id), logits, state, seen
 
-        return jax.lax.while_loop(unfinished, body, (0, out, jnp.zeros(batch, bool), logits, state))[1]
+        start = (0, out, jnp.zeros(batch, bool), logits, state, self.seen_before(tokens, valid, logits.shape[-1]))
+        return jax.lax.while_loop(unfinished, body, start)[1]
+
+    def seen_before(self, tokens: jax.Array, valid: jax.Array, vocab: int) -> jax.Array:
+        """[batch, vocab] bool: the ids of the text a row's first new token continues (a decoder's prompt)."""
+        ids = jnp.where(valid, tokens, vocab)  # padding goes to a column dropped below
+        seen = jnp.zeros((tokens.shape[0], vocab + 1), bool).at[jnp.arange(tokens.shape[0])[:, None], ids].set(True)
+        return seen[:, :vocab]
 
     def beam_search(self, params: Any, tokens: jax.Array, valid: jax.Array, *, num_beams: int, max_new_tokens: int,
                     eod_id: int, length_penalty: float, cache_layout: tuple[Any, Any]) -> jax.Array:

@@ -68,6 +68,11 @@ class EncoderDecoderLM(LanguageModel):
         boxed = jax.eval_shape(create, self.abstract_params()[0])
         return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
 
+    def seen_before(self, tokens: jax.Array, valid: jax.Array, vocab: int) -> jax.Array:
+        """The decoder's text so far is its start id alone (the prompt is the encoder's: transformers' repetition
+        penalty reads the decoder's ids too)."""
+        return jnp.zeros((tokens.shape[0], vocab), bool).at[:, DECODER_START_ID].set(True)
+
     def prefill(self, params: Any, tokens: jax.Array, valid: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
         """The prompts are the encoder's input; the state is (cache, the encoder's padding mask)."""
         mask = valid.astype(jnp.int32)

@@ -151,3 +151,26 @@ def test_beam_search_equals_transformers(converted, loaded):
                                  do_sample=False, num_beams=4, early_stopping=False, length_penalty=0.6,
                                  max_new_tokens=NEW, eos_token_id=eos, pad_token_id=eos)
         assert got == generate.cut_at(out[0, len(prompt):].numpy(), eos)
+
+
+def test_repetition_penalty_equals_transformers_generate(converted, loaded):
+    """Greedy decoding under a repetition penalty of 1.5 (prompt ids and generated ones penalised):
+    transformers' generate(repetition_penalty=1.5) per prompt, token for token."""
+    import torch
+
+    _, model = converted
+    ours = generator(loaded, generate.Sampling(temperature=0.0, repetition_penalty=1.5)).generate(PROMPTS)
+    for prompt, got in zip(PROMPTS, ours):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, repetition_penalty=1.5, max_new_tokens=NEW, eos_token_id=EOD,
+                                 pad_token_id=EOD)
+        assert got == generate.cut_at(out[0, len(prompt):].numpy(), EOD)
+    assert ours != generator(loaded, generate.Sampling(temperature=0.0)).generate(PROMPTS)
+
+
+def test_several_samples_per_prompt_differ_and_follow_their_prompt(loaded):
+    sampler = generator(loaded, generate.Sampling(temperature=1.0, top_k=50))
+    samples = sampler.generate(PROMPTS[:2], seed=3, num_samples=3)
+    assert len(samples) == 6 and len({tuple(s) for s in samples[:3]}) == 3
+    assert samples[3:] != samples[:3]

@@ -73,7 +73,7 @@ def unboxed_params(model):
         name: 8 for name in model.required_lengths()}), is_leaf=lambda x: hasattr(x, "unbox"))
 
 
-def greedy(logits, rng):
+def greedy(logits, rng, seen=None):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 

@@ -53,3 +53,33 @@ def test_bad_settings_are_one_line_in_gin_names(settings, message):
 
     with pytest.raises(UserError, match=message):
         LmEvalDuringTraining(**settings).check()
+
+
+@pytest.mark.slow
+def test_train_runs_the_tasks_every_n_steps_and_logs_them(tmp_path):
+    """`python -m t5x_like.train` with lm_eval_during_training bound on the command line, from the folder of the
+    user's tasks: the tasks' metrics in metrics.jsonl at every `every` steps and at the last step."""
+    import shutil
+    import subprocess
+    import sys
+
+    from t5x_like import metrics
+    from tests.conftest import cpu_env
+    from tests.t5x_like.harness.conftest import TASKS
+    from tests.t5x_like.test_multihost_train import REPO
+
+    shutil.copytree(TASKS, tmp_path / "lm_eval_tasks")
+    done = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", "--gin.MODEL_DIR='run'",
+         "--gin.BATCH_SIZE=2", "--gin.SEQ_LEN=64", "--gin.TRAIN_STEPS=3", "--gin.WARMUP_STEPS=1",
+         "--gin.EVAL_EVERY=0", "--gin.model_config.overrides={'num_layers': 1, 'embed_dim': 32, 'num_heads': 2, "
+         "'mlp_dim': 64}", "--gin.lm_eval_during_training.tasks='t5xl_choices'",
+         "--gin.lm_eval_during_training.every=2", "--gin.lm_eval_during_training.include_path='lm_eval_tasks'",
+         "--gin.lm_eval_during_training.limit=3"],
+        cwd=tmp_path, env=cpu_env(1, PYTHONPATH=REPO, HF_DATASETS_OFFLINE="1"), capture_output=True, text=True,
+        timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [row for row in metrics.read_rows(str(tmp_path / "run")) if "lm_eval/t5xl_choices/acc" in row]
+    assert [row["step"] for row in rows] == [2, 3]
+    assert all(0 <= row["lm_eval/t5xl_choices/acc"] <= 1 for row in rows)
+    assert "step 2: lm-eval t5xl_choices/acc" in done.stderr

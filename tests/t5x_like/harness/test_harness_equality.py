@@ -115,3 +115,52 @@ def test_a_data_by_tensor_mesh_equals_lm_evals_hf_backend(causal_checkpoint, hf_
     results = evaluate(causal_checkpoint, ours(causal_checkpoint, Partitioner(mesh, "fsdp_tensor")))
     assert_same_responses(results, hf_results)
     assert_same_metrics(results, hf_results)
+
+
+def flat(values) -> list:
+    return [x for value in values for x in flat(value)] if isinstance(values, list) else [values]
+
+
+@pytest.mark.slow
+def test_the_cli_on_two_processes_writes_lm_evals_results(causal_checkpoint, hf_results):
+    """`python -m t5x_like.eval --task=lm_eval` as a user runs it, from the folder of their tasks with relative
+    paths, as two processes with the tensor axis across them: lm-eval's results JSON (written by process 0
+    only), the same metrics and responses as lm-eval's hf backend, and its summary table printed."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import cpu_env
+    from tests.t5x_like.test_multihost_train import REPO, free_port
+
+    port, procs = free_port(), []
+    for i in range(2):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "t5x_like.eval", "--task=lm_eval", "--checkpoint=ours",
+             f"--lm_eval_tasks={','.join(NAMES)}", "--lm_eval_include_path=lm_eval_tasks", "--batch_size=4",
+             "--lm_eval_log_samples", "--tensor_parallel=2", "--output=results/lm_eval.json",
+             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+            cwd=causal_checkpoint, env=cpu_env(1, PYTHONPATH=REPO, HF_DATASETS_OFFLINE="1"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outputs = [p.communicate(timeout=280) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outputs]
+    results = json.loads((causal_checkpoint / "results" / "lm_eval.json").read_text())
+    assert isinstance(results["results"]["t5xl_choices"]["acc_stderr,none"], float)  # the CLI bootstraps them
+    without_stderr = {"results": {task: {key: value for key, value in hf_results["results"][task].items()
+                                         if "_stderr" not in key} for task in NAMES}}
+    for task in NAMES:
+        results["results"][task] = {k: v for k, v in results["results"][task].items() if "_stderr" not in k}
+    assert_same_metrics(results, without_stderr)
+    reference = json.loads(json.dumps(hf_results["samples"], default=str))  # as the JSON file holds them
+    for task in NAMES:
+        for got, want in zip(results["samples"][task], reference[task], strict=True):
+            assert got["arguments"] == want["arguments"]
+            mine, theirs = flat(got["resps"]), flat(want["resps"])
+            assert [type(x) for x in mine] == [type(x) for x in theirs]
+            assert mine == [pytest.approx(x, abs=1e-4) if isinstance(x, float) else x for x in theirs]
+    assert {"results", "configs", "versions", "n-shot"} <= results.keys()
+    assert "t5xl_choices" in outputs[0][0] and "t5xl_choices" not in outputs[1][0]  # process 0's table only

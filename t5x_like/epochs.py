@@ -1,0 +1,61 @@
+"""EPOCHS: a run measured in passes over its training split, as fine-tuning recipes count (ModelCenter's BoolQ
+quickstart trains 5 epochs and evaluates the dev set after each; GPT2-Chinese's train.py --epochs 5 saves after
+each).
+
+Set, it decides the run's lengths before gin is finalised, so every command that reads the run (train,
+--print_config, compile) sees the same numbers: TRAIN_STEPS = EPOCHS x the steps of one pass, ceil(training rows
+/ BATCH_SIZE) (the last batch of a pass takes its missing rows from the next, shuffled, pass), and EVAL_EVERY and
+CHECKPOINT_EVERY become one pass (EVAL_EVERY = 0 keeps validation off). The rows are counted as training reads
+them (the objective's rows of DATA_PATH's training split; a blend's files added up).
+"""
+from __future__ import annotations
+
+import math
+
+import gin
+from absl import logging
+
+from t5x_like import data, validate
+from t5x_like.errors import UserError
+
+
+def resolve() -> int | None:
+    """Bind TRAIN_STEPS, EVAL_EVERY and CHECKPOINT_EVERY from EPOCHS when it is set; the steps of one pass (None
+    without EPOCHS). Call after the gin files and bindings are parsed, before gin.finalize()."""
+    epochs = _macro("EPOCHS")
+    if epochs is None:
+        return None
+    validate.positive_int("EPOCHS", epochs, fix="or None to count the run in TRAIN_STEPS")
+    rows = training_rows()
+    batch = gin.get_bindings("build_experiment")["batch_size"]
+    steps = math.ceil(rows / batch)
+    gin.bind_parameter("TRAIN_STEPS/macro.value", epochs * steps)
+    gin.bind_parameter("CHECKPOINT_EVERY/macro.value", steps)
+    if _macro("EVAL_EVERY"):
+        gin.bind_parameter("EVAL_EVERY/macro.value", steps)
+    logging.info("EPOCHS=%d: %d training rows per pass, %d steps of BATCH_SIZE=%d each: TRAIN_STEPS=%d, validation "
+                 "and a checkpoint every %d steps", epochs, rows, steps, batch, epochs * steps, steps)
+    return steps
+
+
+def training_rows() -> int:
+    """The rows of one pass over the training split, as data.make_source reads them."""
+    bound = gin.get_bindings("build_experiment")
+    settings = dict(gin.get_bindings("data.make_source"))
+    source = data.make_source("train", batch_size=bound["batch_size"], feature_lengths=dict(bound["feature_lengths"]),
+                              seed=bound.get("seed", 0), shard_index=0, shard_count=1, **settings)
+    try:
+        rows = getattr(source, "rows_per_epoch", None)
+    finally:
+        source.close()
+    if not rows:
+        raise UserError("EPOCHS counts passes over the training split, but this source's length is not known ahead "
+                        "(a TFDS stream): set TRAIN_STEPS instead.")
+    return rows
+
+
+def _macro(name: str):
+    try:
+        return gin.query_parameter(f"%{name}")
+    except ValueError:
+        return None

@@ -1,0 +1,54 @@
+"""Upstream settings with no equivalent here, and why: each is listed in the migrated gin file (never dropped
+silently) and in docs/migrating.md's tables."""
+from __future__ import annotations
+
+from t5x_like.migration.rows import Row, translates
+from t5x_like.migration.translate import Out
+from t5x_like.migration.upstream import Upstream
+
+FUSIONS = ("scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion", "bias_gelu_fusion",
+           "bias_dropout_fusion", "masked_softmax_fusion", "rope_fusion", "layernorm_fusion",
+           "gradient_accumulation_fusion", "apply_query_key_layer_scaling", "attention_softmax_in_fp32")
+IGNORED = (
+    Row((), "XLA compiles and fuses the kernels (ATTENTION picks the attention kernel)",
+        megatron=tuple(f"--{name.replace('_', '-')}" for name in FUSIONS) + ("--fp16-lm-cross-entropy",),
+        neox=FUSIONS + ("attention_config",)),
+    Row((), "XLA chooses the collectives; the mesh comes from the *_PARALLEL macros",
+        megatron=("--distributed-backend", "--local_rank", "--DDP-impl", "--use-cpu-initialization"),
+        neox=("distributed_backend",)),
+    Row((), "token files are read as Megatron's mmap .bin/.idx whatever this says", megatron=("--data-impl",),
+        neox=("data_impl",)),
+    Row((), "communication buckets and their overlap are XLA's to choose", neox=(
+        "zero_optimization.allgather_partitions", "zero_optimization.allgather_bucket_size",
+        "zero_optimization.overlap_comm", "zero_optimization.reduce_scatter", "zero_optimization.reduce_bucket_size",
+        "zero_optimization.contiguous_gradients"), deepspeed=(
+        "zero_optimization.allgather_partitions", "zero_optimization.allgather_bucket_size",
+        "zero_optimization.overlap_comm", "zero_optimization.reduce_scatter", "zero_optimization.reduce_bucket_size",
+        "zero_optimization.contiguous_gradients", "zero_allow_untested_optimizer"),
+        megatron=("--zero-reduce-scatter", "--zero-contigious-gradients")),
+    Row((), "DeepSpeed's engine: the settings of its config (--deepspeed_config) are migrated with the others",
+        megatron=("--deepspeed",)),
+    Row((), "remat applies per layer; activations are laid out by the mesh (RULES)",
+        megatron=("--checkpoint-num-layers", "--partition-activations", "--contigious-checkpointing",
+                  "--checkpoint-in-cpu", "--synchronize-each-layer", "--distribute-checkpointed-activations",
+                  "--deepspeed-activation-checkpointing", "--profile-backward"),
+        neox=("checkpoint_num_layers", "partition_activations", "synchronize_each_layer"),
+        deepspeed=("activation_checkpointing.partition_activations",
+                   "activation_checkpointing.contiguous_memory_optimization",
+                   "activation_checkpointing.cpu_checkpointing", "activation_checkpointing.number_checkpoints",
+                   "activation_checkpointing.synchronize_checkpoint_boundary", "activation_checkpointing.profile")),
+    Row((), "GPT-2 and NeoX blocks here have their biases, as CPM's --hidden-bias gives them", megatron=("--hidden-bias",)),
+    Row((), "the output layer is split over 'tensor' by the rules (RULES)", neox=("output_layer_parallelism",)),
+    Row((), "metrics.jsonl and the console line carry step times; XLA's profiler is separate",
+        neox=("wall_clock_breakdown", "log_dir"), deepspeed=("wall_clock_breakdown",)),
+    Row((), "the data loader has its own workers (data.make_source.worker_count)",
+        megatron=("--num-workers",), neox=("num_workers",)),
+    Row((), "a checkpoint's integrity is checked on restore", neox=("checkpoint_validation_with_forward_pass",)),
+)
+
+
+@translates(*IGNORED)
+def ignored(upstream: Upstream, out: Out) -> None:
+    for row in IGNORED:
+        for key in sorted(row.keys()):
+            out.skip(upstream.get(key), row.note)

@@ -1,0 +1,310 @@
+"""The training recipe: the mesh and the global batch, the learning-rate schedule and the optimizer, and the
+precision with its loss scaling. Upstream defaults are written out where a file leaves a setting unsaid (ours
+may differ: Adam's b2 is 0.999 there, 0.95 here)."""
+from __future__ import annotations
+
+import math
+
+from t5x_like.errors import UserError
+from t5x_like.migration.rows import Row, translates
+from t5x_like.migration.translate import Out, provenance
+from t5x_like.migration.upstream import MEGATRON, Setting, Upstream
+
+MESH_ROWS = (
+    Row(("TENSOR_PARALLEL",), megatron=("--tensor-model-parallel-size", "--model-parallel-size"),
+        neox=("model_parallel_size",)),
+    Row(("PIPELINE_PARALLEL", "NUM_MICROBATCHES"), "with a pipeline, the accumulation steps are its microbatches, as "
+        "in DeepSpeed's pipeline engine", megatron=("--pipeline-model-parallel-size", "--pipe-parallel-size"),
+        neox=("pipe_parallel_size",)),
+    Row(("BATCH_SIZE",), "global, in sequences: train_batch_size, else micro batch x accumulation steps x data-"
+        "parallel ways (`migrate --num_gpus=N` when the files do not say how many GPUs ran)",
+        megatron=("--global-batch-size",), neox=("train_batch_size",), deepspeed=("train_batch_size",)),
+    Row(("GRAD_ACCUM_STEPS",), "the micro batch follows from BATCH_SIZE / GRAD_ACCUM_STEPS over the devices",
+        megatron=("--micro-batch-size", "--batch-size", "--gas"),
+        neox=("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"),
+        deepspeed=("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")),
+    Row(("RULES", "DATA_PARALLEL", "FSDP_PARALLEL"), "stage 0: data parallel; 1 and 2: 'zero1' (the optimizer state "
+        "sharded over FSDP_PARALLEL); 3: 'fsdp'; `_tensor` variants with tensor parallelism",
+        megatron=("--use-distributed-optimizer",), neox=("zero_optimization.stage",),
+        deepspeed=("zero_optimization.stage",)),
+    Row(("RULES",), "'tensor_sequence' or 'fsdp_tensor_sequence'", megatron=("--sequence-parallel",)),
+    Row(("build_experiment.offload_optimizer_state",), "the optimizer state in host memory (parameters stay on the "
+        "devices)", neox=("zero_optimization.cpu_offload", "zero_optimization.offload_optimizer.device"),
+        deepspeed=("zero_optimization.cpu_offload", "zero_optimization.offload_optimizer.device")),
+)
+
+
+def count(upstream: Upstream, *keys: str, default: int = 1) -> tuple[int, Setting | None]:
+    setting = upstream.get(*keys)
+    return (default if setting is None else setting.number(int)), setting
+
+
+@translates(*MESH_ROWS)
+def mesh_and_batch(upstream: Upstream, out: Out) -> None:
+    out.section = "mesh and batch"
+    tensor, tensor_setting = count(upstream, "tensor_model_parallel_size", "model_parallel_size")
+    stages, stage_setting = count(upstream, "pipeline_model_parallel_size", "pipe_parallel_size")
+    stages = max(stages, 1)  # NeoX / CPM: 0 = no pipeline engine, 1 = one stage
+    out.set("TENSOR_PARALLEL", tensor, provenance(tensor_setting, f"1: {out.default()}"))
+    out.set("PIPELINE_PARALLEL", stages, provenance(stage_setting, f"1: {out.default()}"))
+    accumulation, why = global_batch(upstream, out, tensor * stages)
+    if stages > 1:
+        out.set("NUM_MICROBATCHES", accumulation, f"{why}: the pipeline's microbatches")
+        out.set("GRAD_ACCUM_STEPS", 1, "the pipeline accumulates over its microbatches")
+    else:
+        out.set("GRAD_ACCUM_STEPS", accumulation, why)
+    sharding(upstream, out, tensor)
+
+
+def global_batch(upstream: Upstream, out: Out, model_ways: int) -> tuple[int, str]:
+    """BATCH_SIZE from train_batch_size, or micro x accumulation x data-parallel ways; returns the accumulation
+    steps and where they came from."""
+    total = agreed(upstream, out, "train_batch_size", "global_batch_size")
+    micro = agreed(upstream, out, "train_micro_batch_size_per_gpu", "micro_batch_size", "batch_size")
+    steps = agreed(upstream, out, "gradient_accumulation_steps", "gas")
+    gpus = upstream.gpus
+    if gpus is not None and gpus % model_ways:
+        raise UserError(f"{gpus} GPUs do not divide into tensor x pipeline = {model_ways} ways; check --num_gpus.")
+    ways = gpus // model_ways if gpus else None
+    gpus_why = f"{gpus} GPUs / {model_ways} (tensor x pipeline)" if gpus else ""
+    if total is not None:
+        batch = total.number(int)
+        out.set("BATCH_SIZE", batch, provenance(total))
+        if steps is not None:
+            return steps.number(int), provenance(steps)
+        if micro is not None and ways:
+            return inferred_steps(batch, micro.number(int), ways), f"{provenance(total)} / ({provenance(micro)} x {gpus_why})"
+        return 1, f"1: {out.default()}"
+    if micro is None:
+        raise UserError(f"{upstream.files[0]}: no batch size (train_batch_size, --global-batch-size, "
+                        "train_micro_batch_size_per_gpu or --micro-batch-size / --batch-size); add one.")
+    if ways is None:
+        raise UserError(f"{upstream.files[0]}: the global batch is {provenance(micro)} x the accumulation steps x the "
+                        "data-parallel ways, which depend on how many GPUs ran it (the files do not say): pass "
+                        "--num_gpus=N (e.g. 96 for NeoX's 20B.yml, 32 for its Pythia configs).")
+    accumulation = 1 if steps is None else steps.number(int)
+    batch = micro.number(int) * accumulation * ways
+    out.set("BATCH_SIZE", batch, f"{provenance(micro)} x {accumulation} accumulation steps x {gpus_why}")
+    return accumulation, provenance(steps, f"1: {out.default()}")
+
+
+def inferred_steps(batch: int, micro: int, ways: int) -> int:
+    if batch % (micro * ways):
+        raise UserError(f"train_batch_size {batch} is not a multiple of micro batch {micro} x {ways} data-parallel "
+                        "ways (DeepSpeed refuses it too); check --num_gpus.")
+    return batch // (micro * ways)
+
+
+def agreed(upstream: Upstream, out: Out, *keys: str) -> Setting | None:
+    """The first of `keys` given (a DeepSpeed config's before a script's), noting when the others disagree."""
+    given = [upstream.settings[k] for k in keys if k in upstream.settings]
+    setting = upstream.get(*keys)
+    for other in given[1:]:
+        if str(other.value) != str(setting.value):
+            out.notes.append(f"{provenance(other)} differs from {provenance(setting)}; the latter is used, as "
+                             "DeepSpeed's engine applies its config")
+    return setting
+
+
+def sharding(upstream: Upstream, out: Out, tensor: int) -> None:
+    """RULES and the data-parallel axes from the ZeRO stage, the distributed optimizer and sequence parallelism."""
+    stage_setting = upstream.get("zero_optimization.stage")
+    stage = 0 if stage_setting is None else stage_setting.number(int)
+    distributed = upstream.get("use_distributed_optimizer")
+    if distributed is not None and distributed.flag():
+        stage, stage_setting = max(stage, 1), distributed
+    sequence = upstream.get("sequence_parallel")
+    suffix = "_tensor" if tensor > 1 else ""
+    rules = ("fsdp" + suffix) if stage >= 3 else ("zero1" + suffix) if stage >= 1 else \
+        ("tensor" if tensor > 1 else "data_parallel")
+    if sequence is not None and sequence.flag():
+        if stage in (1, 2):
+            out.skip(sequence, "no rule set combines ZeRO-1 with sequence parallelism; RULES keeps ZeRO-1")
+        else:
+            rules = "fsdp_tensor_sequence" if stage >= 3 else "tensor_sequence"
+    why = provenance(stage_setting, f"ZeRO stage 0: {out.default()}")
+    if stage == 2:
+        why += " (ZeRO-2's gradient sharding is XLA's to choose; the optimizer state is sharded as ZeRO-1's)"
+    out.set("RULES", rules, why)
+    out.set("DATA_PARALLEL", 1 if stage else -1, "the data-parallel ways: every device left")
+    out.set("FSDP_PARALLEL", -1 if stage else 1, "the ZeRO group: every device left" if stage else "no ZeRO")
+    offload = upstream.get("zero_optimization.offload_optimizer.device", "zero_optimization.cpu_offload")
+    if offload is not None and str(offload.value).lower() in ("cpu", "nvme", "true"):
+        out.set("build_experiment.offload_optimizer_state", True, provenance(offload))
+
+
+SCHEDULE_ROWS = (
+    Row(("TRAIN_STEPS",), "Megatron's --train-samples: divided by the global batch", megatron=("--train-iters",
+        "--train-samples"), neox=("train_iters",)),
+    Row(("LEARNING_RATE",), "the peak", megatron=("--lr",), neox=("optimizer.params.lr",),
+        deepspeed=("optimizer.params.lr", "scheduler.params.warmup_max_lr")),
+    Row(("optim.make_optimizer.decay",), "'cosine', 'linear', 'constant'; Megatron's 'inverse-square-root' is "
+        "'noam'; DeepSpeed's WarmupLR is 'constant', WarmupDecayLR 'linear'; 'exponential' has no equivalent",
+        megatron=("--lr-decay-style",), neox=("lr_decay_style",), deepspeed=("scheduler.type",)),
+    Row(("optim.make_optimizer.decay_steps",), "steps, or a fraction of TRAIN_STEPS; the rate stays at its minimum "
+        "after", megatron=("--lr-decay-iters",), neox=("lr_decay_iters",),
+        deepspeed=("scheduler.params.total_num_steps",)),
+    Row(("optim.make_optimizer.min_learning_rate",), "absolute (`min_learning_rate_ratio` is the relative form); "
+        "upstream's default is 0", megatron=("--min-lr",), neox=("min_lr",),
+        deepspeed=("scheduler.params.warmup_min_lr",)),
+    Row(("WARMUP_STEPS",), "steps, or a fraction of the decay length (0.01), as Megatron and NeoX count it; the "
+        "ramp is linear from 0", megatron=("--warmup", "--lr-warmup-fraction", "--lr-warmup-iters"),
+        neox=("warmup",), deepspeed=("scheduler.params.warmup_num_steps", "scheduler.params.warmup_type")),
+)
+DECAY_STYLES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "inverse-square-root": "noam",
+                "WarmupLR": "constant", "WarmupDecayLR": "linear"}
+
+
+@translates(*SCHEDULE_ROWS)
+def schedule(upstream: Upstream, out: Out) -> None:
+    out.section = "schedule and optimizer"
+    steps = upstream.get("train_iters")
+    if steps is not None:
+        out.set("TRAIN_STEPS", steps.number(int), provenance(steps))
+    elif (samples := upstream.get("train_samples")) is not None:
+        out.set("TRAIN_STEPS", math.ceil(samples.number(int) / out.value("BATCH_SIZE")),
+                f"{provenance(samples)} / BATCH_SIZE")
+    peak = upstream.get("optimizer.params.lr", "scheduler.params.warmup_max_lr", "lr")
+    if peak is None:
+        raise UserError(f"{upstream.files[0]}: no learning rate (--lr, or optimizer.params.lr); add it.")
+    out.set("LEARNING_RATE", peak.number(), provenance(peak))
+    style = upstream.get("scheduler.type", "lr_decay_style")
+    name = "linear" if style is None else str(style.value)
+    if name not in DECAY_STYLES:
+        out.skip(style, "no such schedule here (cosine, linear, constant, noam, rsqrt); 'cosine' is used")
+    out.set("optim.make_optimizer.decay", DECAY_STYLES.get(name, "cosine"), provenance(style, f"linear: {out.default()}"))
+    lengths(upstream, out)
+
+
+def lengths(upstream: Upstream, out: Out) -> None:
+    """decay_steps, the floor and the warmup (steps, or Megatron's / NeoX's fraction of the decay length)."""
+    decay = upstream.get("scheduler.params.total_num_steps", "lr_decay_iters")
+    if decay is not None:
+        out.set("optim.make_optimizer.decay_steps", decay.number(int), provenance(decay))
+    floor = upstream.get("scheduler.params.warmup_min_lr", "min_lr")
+    out.set("optim.make_optimizer.min_learning_rate", 0.0 if floor is None else floor.number(),
+            provenance(floor, f"0: {out.default()}"))
+    if floor is not None and floor.key == "scheduler.params.warmup_min_lr" and floor.number():
+        out.notes.append(f"{provenance(floor)}: DeepSpeed ramps up from it; the warmup here starts from 0")
+    warmup = upstream.get("scheduler.params.warmup_num_steps", "lr_warmup_iters", "lr_warmup_fraction", "warmup")
+    if warmup is not None and warmup.key == "scheduler.params.warmup_num_steps":
+        kind = upstream.get("scheduler.params.warmup_type")
+        if kind is None or kind.value != "linear":
+            out.skip(kind or warmup, "DeepSpeed's warmup_type 'log' (its default) has no equivalent: the ramp here "
+                     "is linear")
+    if warmup is None:
+        modern = upstream.kind == MEGATRON and {"micro_batch_size", "global_batch_size"} & set(upstream.settings)
+        out.set("WARMUP_STEPS", 0 if modern else 0.01, f"{'0' if modern else '0.01'}: {out.default()}")
+    elif warmup.key in ("warmup", "lr_warmup_fraction"):
+        out.set("WARMUP_STEPS", warmup.number(), provenance(warmup) + ": a fraction of the decay length")
+    else:
+        out.set("WARMUP_STEPS", warmup.number(int), provenance(warmup))
+
+
+OPTIMIZER_ROWS = (
+    Row(("OPTIMIZER",), "Adam and AdamW are 'adamw' (decoupled weight decay, as Megatron's and DeepSpeed's Adam)",
+        megatron=("--optimizer",), neox=("optimizer.type",), deepspeed=("optimizer.type",)),
+    Row(("optim.make_optimizer.b1", "optim.make_optimizer.b2"), "upstream's default (0.9, 0.999); ours is (0.9, "
+        "0.95)", megatron=("--adam-beta1", "--adam-beta2"), neox=("optimizer.params.betas",),
+        deepspeed=("optimizer.params.betas",)),
+    Row(("optim.make_optimizer.eps",), megatron=("--adam-eps",), neox=("optimizer.params.eps",),
+        deepspeed=("optimizer.params.eps",)),
+    Row(("optim.make_optimizer.weight_decay", "optim.make_optimizer.decay_embeddings"), "Megatron and NeoX decay "
+        "every weight but biases and norms: decay_embeddings=True", megatron=("--weight-decay",),
+        neox=("weight_decay", "optimizer.params.weight_decay"), deepspeed=("optimizer.params.weight_decay",)),
+    Row(("optim.make_optimizer.clip_grad_norm",), "0 = none", megatron=("--clip-grad",), neox=("gradient_clipping",),
+        deepspeed=("gradient_clipping",)),
+)
+OPTIMIZER_DEFAULTS = {"megatron": (0.01, 1.0), "neox": (0.1, 1.0)}  # weight decay, clipping
+ADAM = ("adam", "adamw", "fusedadam", "cpu_adam", "deepspeedcpuadam")
+
+
+@translates(*OPTIMIZER_ROWS)
+def optimizer(upstream: Upstream, out: Out) -> None:
+    kind = upstream.get("optimizer.type", "optimizer")
+    if kind is not None and str(kind.value).lower() not in ADAM:
+        out.skip(kind, "AdamW (and Adafactor) only; AdamW is used")
+    out.set("OPTIMIZER", "adamw", provenance(kind, f"Adam: {out.default()}"))
+    betas = upstream.get("optimizer.params.betas")
+    b1, b2 = upstream.get("adam_beta1"), upstream.get("adam_beta2")
+    if betas is not None:
+        out.set("optim.make_optimizer.b1", float(betas.value[0]), provenance(betas))
+        out.set("optim.make_optimizer.b2", float(betas.value[1]), provenance(betas))
+    else:
+        out.set("optim.make_optimizer.b1", 0.9 if b1 is None else b1.number(), provenance(b1, f"0.9: {out.default()}"))
+        out.set("optim.make_optimizer.b2", 0.999 if b2 is None else b2.number(),
+                provenance(b2, f"0.999: {out.default()}"))
+    eps = upstream.get("optimizer.params.eps", "adam_eps")
+    out.set("optim.make_optimizer.eps", 1e-8 if eps is None else eps.number(), provenance(eps, f"1e-8: {out.default()}"))
+    decay_default, clip_default = OPTIMIZER_DEFAULTS[upstream.kind]
+    decay = upstream.get("optimizer.params.weight_decay", "weight_decay")
+    out.set("optim.make_optimizer.weight_decay", decay_default if decay is None else decay.number(),
+            provenance(decay, f"{decay_default}: {out.default()}"))
+    out.set("optim.make_optimizer.decay_embeddings", True, "Megatron and NeoX decay the embeddings too")
+    clip = upstream.get("gradient_clipping", "clip_grad")
+    out.set("optim.make_optimizer.clip_grad_norm", clip_default if clip is None else clip.number(),
+            provenance(clip, f"{clip_default}: {out.default()}"))
+
+
+PRECISION_ROWS = (
+    Row(("DTYPE",), "'float16' (with loss scaling) or 'bfloat16'; neither: 'float32'",
+        megatron=("--fp16", "--bf16"), neox=("precision", "fp16.enabled", "fp16.fp16", "bf16.enabled"),
+        deepspeed=("fp16.enabled", "bf16.enabled")),
+    Row(("trainer.LossScaleConfig.static_scale",), "a fixed scale; 0 = dynamic", megatron=("--loss-scale",),
+        neox=("fp16.loss_scale",), deepspeed=("fp16.loss_scale",)),
+    Row(("trainer.LossScaleConfig.initial_scale_power",), "Megatron: log2 of --initial-loss-scale (2**32 by "
+        "default)", megatron=("--initial-loss-scale",), neox=("fp16.initial_scale_power",),
+        deepspeed=("fp16.initial_scale_power",)),
+    Row(("trainer.LossScaleConfig.window",), megatron=("--loss-scale-window",), neox=("fp16.loss_scale_window",),
+        deepspeed=("fp16.loss_scale_window",)),
+    Row(("trainer.LossScaleConfig.hysteresis",), megatron=("--hysteresis",), neox=("fp16.hysteresis",),
+        deepspeed=("fp16.hysteresis",)),
+    Row(("trainer.LossScaleConfig.min_scale",), megatron=("--min-loss-scale", "--min-scale"),
+        neox=("fp16.min_loss_scale",), deepspeed=("fp16.min_loss_scale",)),
+)
+LOSS_SCALE = (("initial_scale_power", "fp16.initial_scale_power", "initial_loss_scale", 16, 32),
+              ("window", "fp16.loss_scale_window", "loss_scale_window", 1000, 1000),
+              ("hysteresis", "fp16.hysteresis", "hysteresis", 2, 2),
+              ("min_scale", "fp16.min_loss_scale", "min_loss_scale", 1.0, 1.0))
+"""(LossScaleConfig field, DeepSpeed key, Megatron key, DeepSpeed's default, Megatron's default)."""
+
+
+@translates(*PRECISION_ROWS)
+def precision(upstream: Upstream, out: Out) -> None:
+    out.section = "precision"
+    deepspeed_fp16, megatron_fp16 = upstream.get("fp16.enabled"), upstream.get("fp16")
+    fp16 = deepspeed_fp16 if deepspeed_fp16 is not None else megatron_fp16
+    bf16 = upstream.get("bf16.enabled", "bf16")
+    named = upstream.get("precision")
+    upstream.get("fp16.fp16")  # NeoX's legacy alias of fp16.enabled
+    if (fp16 is not None and fp16.flag()) or (named is not None and named.value == "fp16"):
+        out.set("DTYPE", "float16", provenance(fp16 or named))
+        loss_scale(upstream, out, deepspeed=deepspeed_fp16 is not None)
+    elif (bf16 is not None and bf16.flag()) or (named is not None and named.value == "bfloat16"):
+        out.set("DTYPE", "bfloat16", provenance(bf16 or named))
+    else:
+        out.set("DTYPE", "float32", "neither fp16 nor bf16: upstream trains in float32 ('bfloat16' is faster)")
+
+
+def loss_scale(upstream: Upstream, out: Out, *, deepspeed: bool) -> None:
+    """DeepSpeed's fp16 section when the run has one (it is what DeepSpeed's engine uses), else Megatron's flags."""
+    out.set("build_experiment.loss_scale", LossScale(), "the float16 loss scaling below")
+    static = upstream.get("fp16.loss_scale" if deepspeed else "loss_scale")
+    scale = 0.0 if static is None or static.value is None else static.number()
+    out.set("trainer.LossScaleConfig.static_scale", scale, provenance(static, f"dynamic: {out.default()}"))
+    for field, ds_key, megatron_key, ds_default, megatron_default in LOSS_SCALE:
+        keys = (ds_key,) if deepspeed else (megatron_key, "min_scale") if field == "min_scale" else (megatron_key,)
+        setting = upstream.get(*keys)
+        default = ds_default if deepspeed else megatron_default
+        value = default if setting is None else setting.number()
+        if field == "initial_scale_power" and setting is not None and not deepspeed:
+            value = math.log2(value)  # Megatron gives the scale itself
+        out.set(f"trainer.LossScaleConfig.{field}", float(value) if field == "min_scale" else round(value),
+                provenance(setting, f"{default}: {'DeepSpeed' if deepspeed else 'Megatron-LM'}'s default"))
+
+
+class LossScale:
+    """Renders as the gin reference @trainer.LossScaleConfig()."""
+
+    def __repr__(self) -> str:
+        return "@trainer.LossScaleConfig()"

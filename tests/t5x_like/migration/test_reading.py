@@ -1,0 +1,111 @@
+"""Reading upstream files as their tools do: a launch script's variables, conditions and `eval`, the launchers'
+GPU counts, flags files, NeoX's merge of several YAML files, DeepSpeed's JSON, and the refusals (one line each,
+naming the file and the fix)."""
+import json
+import textwrap
+
+import pytest
+
+from t5x_like.migration import shell, upstream
+
+SCRIPT = textwrap.dedent('''\
+    #! /bin/bash
+    GPUS_PER_NODE=8   # per node
+    NNODES=2
+    WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
+    export DATA="${HOME}/corpus/my text_document"
+    LR=6e-4
+    NAME='it''s $LR'
+    USE_FP16=true
+    opts="--num-layers 12 \\
+          --lr $LR --min-lr ${LR}"
+    if [ "$USE_FP16" = "true" ]; then
+        opts="$opts --fp16"
+    elif [ "$USE_FP16" = "bf16" ]; then
+        opts="$opts --bf16"
+    else
+        opts="$opts --fp32"
+    fi
+    if ["${UNSET}" = "true"]; then opts="$opts --never"; fi
+    if [ -n "$UNSET" ]; then
+        opts="$opts --never-either"
+    fi
+    echo python pretrain_gpt.py --ignored   # echo runs nothing
+    cmd="torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py $opts --data-path \\"$DATA\\""
+    eval $cmd 2>&1 | tee log.txt
+    ''')
+
+
+def test_a_script_is_read_as_bash_runs_it():
+    launch = shell.find_launch("run.sh", SCRIPT, {"HOME": "/home/me"})
+    assert launch.program == "pretrain_gpt.py"
+    assert launch.launcher[:1] == ["torchrun"] and shell.launcher_gpus(launch.launcher) == 16
+    assert launch.arguments == ["--num-layers", "12", "--lr", "6e-4", "--min-lr", "6e-4", "--fp16", "--data-path",
+                                "/home/me/corpus/my text_document"]
+    notes = "\n".join(launch.notes)
+    assert "run.sh:18: `[\"${UNSET}\" = \"true\"]` is not a valid test" in notes
+    assert "$UNSET is not set by the script or the environment: empty, as in bash" in notes
+
+
+@pytest.mark.parametrize("launcher, gpus", [
+    ("python pretrain_gpt2.py", 1), ("python3 -u pretrain_gpt2.py", 1),
+    ("deepspeed --num_gpus 8 --num_nodes 2 pretrain_gpt2.py", 16),
+    ("deepspeed --master_port 8888 -i node1:4,5,6,7 --hostfile hostfile pretrain_gpt2.py", 4),
+    ("python -m torch.distributed.launch --nproc_per_node=4 pretrain_gpt2.py", 4),
+    ("srun python pretrain_gpt2.py", None)])
+def test_launchers_say_how_many_gpus(launcher, gpus):
+    launch = shell.find_launch("run.sh", launcher + " --lr 1\n", {})
+    assert shell.launcher_gpus(launch.launcher) == gpus
+
+
+def test_a_flags_file_and_a_deepspeed_config_read_as_one(tmp_path):
+    flags = tmp_path / "args.txt"
+    flags.write_text("# my run\n--num-layers 2 --hidden-size 64\n--data-path 0.3 a_text_document 0.7 b_text_document"
+                     "\n--fp16\n--lr=3e-4\n--lr 2e-4\n")
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 64, "fp16": {"enabled": True, "initial_scale_power": 12}}))
+    read = upstream.read([str(flags), str(config)])
+    assert read.kind == upstream.MEGATRON and read.program is None
+    values = {key: s.value for key, s in read.settings.items()}
+    assert values["num_layers"] == "2" and values["fp16"] is True and values["lr"] == "2e-4"  # the last one wins
+    assert values["data_path"] == ["0.3", "a_text_document", "0.7", "b_text_document"]
+    assert values["fp16.initial_scale_power"] == 12 and values["train_batch_size"] == 64
+    assert read.settings["hidden_size"].where == f"{flags}:2" and read.settings["fp16.enabled"].where == f"{config}:1"
+
+
+def test_neox_files_merge_as_neox_merges_them(tmp_path):
+    (tmp_path / "model.yml").write_text('{\n  "num_layers": 2,\n  # a comment\n  "tokenizer_type": "HFTokenizer",\n'
+                                        '  "optimizer": {"type": "Adam", "params": {"lr": 1.0e-4}},\n}\n')
+    (tmp_path / "paths.yml").write_text('{"tokenizer-type": "GPT2BPETokenizer", "data_path": "data/x"}\n')
+    read = upstream.read([str(tmp_path / "model.yml"), str(tmp_path / "paths.yml")])
+    assert read.kind == upstream.NEOX
+    assert read.settings["tokenizer_type"].value == "GPT2BPETokenizer"  # a '-' spelling replaces, as in NeoX
+    assert read.settings["optimizer.params.lr"].value == 1e-4
+    assert read.settings["num_layers"].where == f"{tmp_path / 'model.yml'}:2"
+    (tmp_path / "again.yml").write_text('{"num_layers": 4}\n')
+    with pytest.raises(ValueError, match=r"again.yml: 'num_layers' is set again \(already in .*model.yml\); NeoX "
+                                         "refuses a key two files set: keep one."):
+        upstream.read([str(tmp_path / "model.yml"), str(tmp_path / "again.yml")])
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a.yml": '{"num_layers": 2}', "b.sh": "python pretrain_gpt.py --lr 1\n"},
+     "give one Megatron-LM argument list .* or GPT-NeoX YAML configs, and at most DeepSpeed configs besides"),
+    ({"run.sh": "echo hello\n"}, r"run.sh: neither a script that starts a pretrain_\*.py program nor a file of --flag"),
+    ({"run.sh": "python pretrain_gpt.py --lr 1 --deepspeed_config /nowhere/ds.json\n"},
+     r"run.sh:1: --deepspeed_config /nowhere/ds.json does not exist here; pass your copy of it with "
+     r"--deepspeed_config=FILE."),
+    ({"bad.yml": '{"a": [1, 2}'}, r"bad.yml:1: not valid YAML / JSON"),
+    ({"run.sh": 'X="never closed\npython pretrain_gpt.py\n'}, "line 1: a \" quote is never closed")])
+def test_unreadable_inputs_are_refused_in_one_line(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        upstream.read([str(tmp_path / name) for name in files])
+
+
+def test_numbers_are_checked_where_they_are_written():
+    setting = upstream.Setting("num_layers", "2.5", "--num-layers", "run.sh:7")
+    with pytest.raises(ValueError, match=r"^run.sh:7: --num-layers '2.5' is not a whole number; fix the value.$"):
+        setting.number(int)
+    assert upstream.Setting("lr", "1.0e-5", "--lr", "run.sh:8").number() == 1e-5
