@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from models.gpt2 import Block, GPT2Config
+from models.gpt2 import GPT2Config
+from models.layers.decoder import DecoderBlock
 from partitioning import make_mesh
 from t5x_like import optim
 from t5x_like.experiment import build_experiment
@@ -30,7 +31,7 @@ def train(exp, state, data):
 
     def record_block_shardings(next_fun, args, kwargs, context):
         out = next_fun(*args, **kwargs)
-        if isinstance(context.module, Block) and context.method_name == "__call__":
+        if isinstance(context.module, DecoderBlock) and context.method_name == "__call__":
             for x in (args[0], out[0]):
                 jax.debug.inspect_array_sharding(x, callback=residual.append)
         return out
