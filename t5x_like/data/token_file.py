@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import struct
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -45,9 +46,11 @@ class TokenFileError(UserError):
 
 
 class MappedTokens:
-    """The ids of `P.bin`, memory-mapped; indexing returns a copy, read after checking that the file still holds
-    every id it held when opened. A mapped file cut short while it is read (rewritten in place, truncated)
-    would otherwise kill the process with SIGBUS, naming nothing, at the first read past its new end."""
+    """The ids of `P.bin`. A range (`tokens[a:b]`, `tokens[i]`) is read with pread into a new array, so a file
+    cut short while it is read (rewritten in place, truncated, even by another thread's reader racing the
+    truncation) is a short read named by TokenFileError; a memory map read past the file's new end would kill the
+    process with SIGBUS, naming nothing. Index arrays (`tokens[[i, j, ...]]`, used while a source is built) read
+    through a memory map after the same size check."""
 
     def __init__(self, path: str, dtype: np.dtype, count: int):
         self.path, self.dtype, self.shape = path, np.dtype(dtype), (count,)
@@ -55,9 +58,9 @@ class MappedTokens:
         self._open()
 
     def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_RDONLY)  # the inode mapped: a file replaced by rename stays readable
-        self._array = np.memmap(self.path, self.dtype, mode="r", shape=self.shape) if self._bytes else \
-            np.zeros(0, self.dtype)
+        self._fd = os.open(self.path, os.O_RDONLY)  # the inode read: a file replaced by rename stays readable
+        weakref.finalize(self, os.close, self._fd)
+        self._array = None
 
     def check(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -66,12 +69,30 @@ class MappedTokens:
                                  "while being read (rewritten in place or truncated); restore it, or write a new "
                                  "token file under another prefix, then resume from the last checkpoint")
 
-    def __len__(self) -> int:
-        return self.shape[0]
+    def _read_range(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty(max(stop - start, 0), self.dtype)
+        if out.nbytes and os.preadv(self._fd, [memoryview(out).cast("B")],
+                                    start * self.dtype.itemsize) < out.nbytes:
+            self.check()  # names the file cut short
+            raise TokenFileError(f"{self.path}: a short read at id {start}: the file was cut short while being read")
+        return out
 
     def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, slice) and key.step in (None, 1):
+            return self._read_range(*key.indices(len(self))[:2])
+        if isinstance(key, (int, np.integer)):
+            index = int(key) + (len(self) if key < 0 else 0)
+            if not 0 <= index < len(self):
+                raise IndexError(f"{self.path}: id {key} of {len(self)}")
+            return self._read_range(index, index + 1)[0]
         self.check()
+        if self._array is None:
+            self._array = np.memmap(self.path, self.dtype, mode="r", shape=self.shape) if self._bytes else \
+                np.zeros(0, self.dtype)
         return np.array(self._array[key])
+
+    def __len__(self) -> int:
+        return self.shape[0]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return self[:] if dtype is None else self[:].astype(dtype)
@@ -84,7 +105,7 @@ class MappedTokens:
             best = value if best is None else max(best, value)
         return best
 
-    def __getstate__(self) -> dict:  # grain's worker processes: map the file again there
+    def __getstate__(self) -> dict:  # grain's worker processes: open the file again there
         return {"path": self.path, "dtype": self.dtype, "shape": self.shape, "_bytes": self._bytes}
 
     def __setstate__(self, state: dict) -> None:
@@ -92,13 +113,9 @@ class MappedTokens:
         self._open()
         self.check()
 
-    def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
-
 
 class TokenFile:
-    """A memory-mapped token file: documents are `tokens[offsets[i]:offsets[i+1]]`."""
+    """A token file: documents are `tokens[offsets[i]:offsets[i+1]]`."""
 
     def __init__(self, prefix: str, tokens: MappedTokens, offsets: np.ndarray, metadata: dict | None):
         self.prefix = prefix

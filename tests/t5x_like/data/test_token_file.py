@@ -105,3 +105,31 @@ def test_writing_nothing_is_an_error_and_writes_nothing(tmp_path):
         with TokenFileWriter(tmp_path / "p", np.uint16, {"tokenizer": {}}):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+
+LATE_TRUNCATION = """
+import os, sys
+from t5x_like.data import open_token_file
+from t5x_like.data.token_file import MappedTokens, TokenFileError
+tokens = open_token_file(sys.argv[1]).tokens
+os.truncate(sys.argv[1] + ".bin", 4096)
+MappedTokens.check = lambda self: None  # the size check ran just before the truncation and passed
+try:
+    tokens[100_000:200_000]
+except TokenFileError as e:
+    print(e)
+"""
+
+
+def test_a_truncation_between_the_size_check_and_the_read_is_named_not_sigbus(tmp_path, write_token_file):
+    """grain's prefetch threads read while the main thread runs: a file cut short after a reader checked its size
+    and before it read must still be an error naming the file. A memory map read there is SIGBUS (exit -7), which
+    took down a pytest worker in CI; ranges are read with pread, where it is a short read."""
+    import subprocess
+    import sys
+    prefix = write_token_file(tmp_path / "p", [list(range(1000)) * 100] * 20, vocab_size=1000)
+    done = subprocess.run([sys.executable, "-c", LATE_TRUNCATION, str(prefix)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.startswith(f"{prefix}.bin: a short read at id 100000: the file was cut short"), done.stdout
