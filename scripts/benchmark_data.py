@@ -65,8 +65,8 @@ def plain_loop(corpus: str, tokenizer_path: str, output: str) -> tuple[int, floa
 
 def loader_rate(prefix: str, packing: bool, batch_size: int, seq_len: int, seconds: float) -> float:
     """Training tokens (batch_size x seq_len per batch) per second from one host process's loader."""
-    source = make_source("train", batch_size=batch_size, seq_len=seq_len, seed=0, shard_index=0, shard_count=1,
-                         data_path=prefix, packing=packing)
+    source = make_source("train", batch_size=batch_size, feature_lengths={"targets": seq_len}, seed=0, shard_index=0,
+                         shard_count=1, data_path=prefix, packing=packing)
     for _ in range(20):
         next(source)
     start, batches = time.perf_counter(), 0

@@ -1,11 +1,12 @@
 """`make_source`: the one entry point the trainer and eval tools call for batches, for every objective (the
-objective's module in t5x_like/data/objectives/ makes them)."""
+objective's module in t5x_like/data/objectives/ makes them from a SourceRequest and its own settings)."""
 from __future__ import annotations
 
 import inspect
 
 from t5x_like.data.loader import BatchSource
 from t5x_like.data.objectives import objective as objective_module
+from t5x_like.data.objectives.common import SourceRequest
 from t5x_like.errors import UserError
 
 
@@ -19,16 +20,16 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     masked-LM's mask_rate, classification's labels: data.make_source.<setting> in gin)."""
     module = objective_module(objective)
     check_settings(module, objective, settings)
-    return module.make_source(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=seed,
-                              shard_index=shard_index, shard_count=shard_count, data_path=data_path,
-                              blend_weights=blend_weights, tokenizer=tokenizer, data_split=data_split,
-                              packing=packing, worker_count=worker_count, **settings)
+    request = SourceRequest(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=seed,
+                            shard_index=shard_index, shard_count=shard_count, data_path=data_path,
+                            blend_weights=blend_weights, tokenizer=tokenizer, data_split=data_split, packing=packing,
+                            worker_count=worker_count)
+    return module.make_source(request, **settings)
 
 
 def check_settings(module, objective: str, settings: dict) -> None:
     """A setting the objective does not take is named with the ones it does, instead of a TypeError."""
-    common = set(inspect.signature(make_source).parameters)
-    own = [name for name in inspect.signature(module.make_source).parameters if name not in common]
+    own = [name for name in inspect.signature(module.make_source).parameters if name != "request"]
     unknown = sorted(set(settings) - set(own))
     if unknown:
         raise UserError(f"data.make_source.{unknown[0]}: OBJECTIVE={objective!r} has no setting {unknown[0]!r}; its "

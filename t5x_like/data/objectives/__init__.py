@@ -7,10 +7,11 @@ features a LanguageModel's loss reads (t5x_like/features.py names them).
     mlm              BERT's masked-LM pre-training                {'inputs': N}
     classification   labelled text (BERT/RoBERTa fine-tuning)     {'inputs': N}
 
-An objective module defines `make_source(split, *, batch_size, feature_lengths, seed, shard_index, shard_count,
-data_path, blend_weights, tokenizer, data_split, packing, worker_count, **its own settings) -> BatchSource`
-(t5x_like/data/loader.py: rows -> split_pass -> combine -> batch_source) and `vocab_size(*, data_path,
-tokenizer, ...)`; adding one is a module here and a line in OBJECTIVES (docs/add_an_objective.md).
+An objective module defines `make_source(request: SourceRequest, *, <its own settings>) -> BatchSource` (the
+request, common.py, holds what every objective takes: split, batch size, FEATURE_LENGTHS, seed, the host's shard,
+DATA_PATH, BLEND_WEIGHTS, TOKENIZER, DATA_SPLIT, PACKING, worker_count; rows -> loader.split_pass ->
+common.combined_source) and `vocab_size(*, data_path, tokenizer, ...)`; adding one is a module here and a line
+in OBJECTIVES (docs/add_an_objective.md).
 """
 from __future__ import annotations
 

@@ -17,33 +17,31 @@ import logging
 from t5x_like.data import builtin, loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
-from t5x_like.data.objectives.common import as_list, token_files_vocabulary, tokenizer_sha256, vocabulary_from_metadata
+from t5x_like.data.objectives.common import (SourceRequest, as_list, combined_source, token_files_vocabulary,
+                                             tokenizer_sha256, vocabulary_from_metadata)
 from t5x_like.data.token_file import TokenFile, check_ids, open_token_file
 from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.errors import UserError
 from t5x_like.features import decoder_only_length
 
 
-def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
-                shard_count: int, data_path: str | list[str] | None = None, blend_weights: list[float] | None = None,
-                tokenizer: str | None = None, data_split: str = "949,50,1", packing: bool = False,
-                worker_count: int = 0, tfds_name: str | None = None, tfds_data_dir: str | None = None,
+def make_source(request: SourceRequest, *, tfds_name: str | None = None, tfds_data_dir: str | None = None,
                 tfds_splits: dict[str, str] | None = None, text_key: str = "text") -> BatchSource:
-    """Causal-LM batches of `split` for this host (`batch_size` rows of every global batch)."""
-    seq_len = decoder_only_length(feature_lengths)
-    if split not in loader.SPLITS:
-        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
-    if batch_size < 1 or seq_len < 1:
-        raise UserError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
+    """Causal-LM batches of the request's split for this host."""
+    seq_len, split, packing = decoder_only_length(request.feature_lengths), request.split, request.packing
+    if seq_len < 1:
+        raise UserError(f"seq_len={seq_len}: must be positive")
     if tfds_name is not None:
         from t5x_like.data import tfds_source  # tensorflow_datasets is heavy: import only when used
         return tfds_source.make_tfds_source(
-            tfds_name, split, (tfds_splits or {}).get(split, split), data_dir=tfds_data_dir, tokenizer=tokenizer,
-            text_key=text_key, batch_size=batch_size, seq_len=seq_len, seed=seed, shard_index=shard_index,
-            shard_count=shard_count, packing=packing, worker_count=worker_count)
+            tfds_name, split, (tfds_splits or {}).get(split, split), data_dir=tfds_data_dir,
+            tokenizer=request.tokenizer, text_key=text_key, batch_size=request.batch_size, seq_len=seq_len,
+            seed=request.seed, shard_index=request.shard_index, shard_count=request.shard_count, packing=packing,
+            worker_count=request.worker_count)
+    data_path, tokenizer = request.data_path, request.tokenizer
     if data_path is None:
         data_path, tokenizer = builtin.builtin_corpus()
-    prefixes = as_list(data_path)
+    prefixes, data_split, blend_weights = as_list(data_path), request.data_split, request.blend_weights
     files = [open_token_file(p) for p in prefixes]
     vocab_size, eod_id, tokenizer_path = token_files_vocabulary(files, tokenizer)
     for f in files:
@@ -51,14 +49,13 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
     passes = [loader.split_rows(f, split, data_split=data_split, seq_len=seq_len, packing=packing) for f in files]
     logging.info("data: %s split (DATA_SPLIT=%s, SEQ_LEN=%d%s)\n%s", split, data_split, seq_len,
                  ", packed" if packing else "", split_table(files, passes, split, data_split, blend_weights))
-    rows = [loader.split_pass(p, f"{f.prefix} ({split})", split, seed) for f, p in zip(files, passes)]
+    rows = [loader.split_pass(p, f"{f.prefix} ({split})", split, request.seed) for f, p in zip(files, passes)]
     fingerprint = data_fingerprint(prefixes, tokenizer_sha256(files, tokenizer_path), objective="causal_lm",
-                                   data_split=data_split, blend_weights=blend_weights, packing=packing, seed=seed)
-    return loader.batch_source(loader.combine(rows, blend_weights, split), batch_size=batch_size,
-                               shard_index=shard_index, shard_count=shard_count, worker_count=worker_count,
-                               vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
-                               feature_lengths=dict(feature_lengths), fingerprint=fingerprint, data_paths=prefixes,
-                               arrays=loader.packed_arrays if packing else loader.window_arrays)
+                                   data_split=data_split, blend_weights=blend_weights, packing=packing,
+                                   seed=request.seed)
+    return combined_source(rows, request, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
+                           feature_lengths=dict(request.feature_lengths), fingerprint=fingerprint,
+                           data_paths=prefixes, arrays=loader.packed_arrays if packing else loader.window_arrays)
 
 
 def vocab_size(*, data_path: str | list[str] | None = None, tokenizer: str | None = None,

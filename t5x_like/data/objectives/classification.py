@@ -13,8 +13,9 @@ import numpy as np
 from t5x_like.data import loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
-from t5x_like.data.objectives.common import (RECORD_FORMATS, combined_source, decoded, encoder_lengths,
-                                             jsonl_records, load_data_tokenizer, split_paths, tsv_records)
+from t5x_like.data.objectives.common import (RECORD_FORMATS, SourceRequest, combined_source, decoded,
+                                             encoder_lengths, jsonl_records, load_data_tokenizer, split_paths,
+                                             tsv_records)
 from t5x_like.data.objectives.mlm import MLM_SPECIAL_TOKENS, MLMVocabulary, mlm_vocabulary
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.errors import UserError
@@ -142,44 +143,36 @@ def classification_examples(path: str, tokenizer: Tokenizer, labels: Sequence[st
     return ids, label_ids(examples, labels, path), labels
 
 
-def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int,
-                               shard_index: int, shard_count: int,
-                               data_path: str | list[str] | dict[str, str | list[str]] | None = None,
-                               blend_weights: list[float] | None = None,
-                               tokenizer: str | None = None,
-                               data_split: str = "949,50,1",
-                               labels: Sequence[str] | None = None,
-                               packing: bool = False,
-                               worker_count: int = 0) -> BatchSource:
-    """Classification batches of `split` for this host: one example per row, [CLS] text [SEP] (text_pair
-    [SEP]) padded to FEATURE_LENGTHS['inputs'] with token types, and its label's index in `labels` (the
-    label list; by default 'False'/'True', 0..max or the sorted labels of each file). `data_path`: a .jsonl
-    / .tsv file split by example with `data_split`, or a dict naming each split's files."""
-    lengths = encoder_lengths(feature_lengths, split, batch_size)
+def make_source(request: SourceRequest, *, labels: Sequence[str] | None = None) -> BatchSource:
+    """Classification batches of the request's split for this host: one example per row, [CLS] text [SEP]
+    (text_pair [SEP]) padded to FEATURE_LENGTHS['inputs'] with token types, and its label's index in `labels`
+    (the label list; by default 'False'/'True', 0..max or the sorted labels of each file). DATA_PATH: a .jsonl
+    / .tsv file split by example with DATA_SPLIT, or a dict naming each split's files."""
+    lengths, split, data_path, tokenizer = (encoder_lengths(request.feature_lengths), request.split,
+                                            request.data_path, request.tokenizer)
     if data_path is None:
         raise UserError("OBJECTIVE='classification' needs DATA_PATH: a .jsonl / .tsv of text, text_pair and label "
                         "(or BoolQ's question, passage, label), or a dict of them per split.")
-    if packing:
+    if request.packing:
         raise UserError("OBJECTIVE='classification' takes one example per row; set PACKING=False")
     if tokenizer is None:
         raise UserError(f"data_path={data_path!r}: set TOKENIZER (make_source.tokenizer) to tokenize the examples "
                         "with (the pre-trained model's vocab.txt or tokenizer.json)")
     paths, whole = split_paths(data_path, split)
     loaded = load_data_tokenizer(tokenizer, ", ".join(paths))
+    data_split = None if whole else request.data_split
     rows = []
     for path in paths:
         ids, label_index, _ = classification_examples(path, loaded, labels, lengths["inputs"])
         first, last = (0, len(ids)) if whole else loader.split_documents(data_split, len(ids), split, path)
         source = ClassificationRows(ids[first:last], label_index[first:last], lengths["inputs"],
                                     mlm_vocabulary(loaded).pad_id)
-        rows.append(loader.split_pass(source, f"{path} ({split})", split, seed))
-    fingerprint = data_fingerprint(paths, loaded.sha256, objective="classification",
-                                   data_split=None if whole else data_split, blend_weights=blend_weights, seed=seed,
-                                   labels=labels)
-    return combined_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
-                         shard_count=shard_count, worker_count=worker_count,
-                         vocab_size=mlm_vocabulary(loaded).vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer,
-                         feature_lengths=lengths, fingerprint=fingerprint, data_paths=paths)
+        rows.append(loader.split_pass(source, f"{path} ({split})", split, request.seed))
+    fingerprint = data_fingerprint(paths, loaded.sha256, objective="classification", data_split=data_split,
+                                   blend_weights=request.blend_weights, seed=request.seed, labels=labels)
+    return combined_source(rows, request, vocab_size=mlm_vocabulary(loaded).vocab_size, eod_id=loaded.eod_id,
+                           tokenizer_path=tokenizer, feature_lengths=lengths, fingerprint=fingerprint,
+                           data_paths=paths)
 
 
 def vocab_size(*, data_path=None, tokenizer: str | None = None) -> int:

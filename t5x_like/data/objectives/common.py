@@ -1,8 +1,9 @@
-"""What the objectives share: their settings checks, the tokenizer of their data, and the pieces rows are made
-of (examples grouped into rows, tokens concatenated into padded features, JSONL / TSV records read with the file
-and line of every mistake)."""
+"""What the objectives share: the request every objective's `make_source` answers (SourceRequest), their
+settings checks, the tokenizer of their data, and the pieces rows are made of (examples grouped into rows, tokens
+concatenated into padded features, JSONL / TSV records read with the file and line of every mistake)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,6 +18,36 @@ from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.errors import UserError
 
 RECORD_FORMATS = (".jsonl", ".tsv")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceRequest:
+    """What every objective's `make_source(request, *, <its own settings>)` is asked for: this host's
+    `batch_size` rows of every global batch of `split` ('train' | 'validation' | 'test'), rows of
+    `feature_lengths` (FEATURE_LENGTHS), shuffled and masked from `seed`, this host being `shard_index` of
+    `shard_count`; read from `data_path` (DATA_PATH: token-file prefix(es) or record files, a list of them, or a
+    dict by split; None: the objective's default), several blended by `blend_weights` (BLEND_WEIGHTS), tokenized
+    with `tokenizer` (TOKENIZER), split train/validation/test by `data_split` (DATA_SPLIT), several examples per
+    row with `packing` (PACKING), by `worker_count` grain worker processes (0: in this process)."""
+
+    split: str
+    batch_size: int
+    feature_lengths: dict[str, int]
+    seed: int
+    shard_index: int
+    shard_count: int
+    data_path: str | list[str] | dict | None = None
+    blend_weights: list[float] | None = None
+    tokenizer: str | None = None
+    data_split: str = "949,50,1"
+    packing: bool = False
+    worker_count: int = 0
+
+    def __post_init__(self):
+        if self.split not in loader.SPLITS:
+            raise UserError(f"split={self.split!r}: expected one of {loader.SPLITS}")
+        if self.batch_size < 1:
+            raise UserError(f"batch_size={self.batch_size}: must be positive")
 
 
 def as_list(data_path: str | list[str]) -> list[str]:
@@ -73,16 +104,15 @@ def load_data_tokenizer(path: str, data: str) -> Tokenizer:
                         "was made with") from None
 
 
-def combined_source(rows: list[grain.MapDataset], blend_weights: list[float] | None, split: str, **kwargs
-                  ) -> GrainBatchSource:
-    return loader.batch_source(loader.combine(rows, blend_weights, split), **kwargs)
+def combined_source(rows: list[grain.MapDataset], request: SourceRequest, **batches) -> GrainBatchSource:
+    """The request's batches of the files' `rows` blended by its weights (`batches`: the rest of
+    loader.batch_source's arguments: vocab_size, eod_id, tokenizer_path, feature_lengths, ...)."""
+    return loader.batch_source(loader.combine(rows, request.blend_weights, request.split),
+                               batch_size=request.batch_size, shard_index=request.shard_index,
+                               shard_count=request.shard_count, worker_count=request.worker_count, **batches)
 
 
-def encoder_lengths(feature_lengths: dict[str, int], split: str, batch_size: int) -> dict[str, int]:
-    if split not in loader.SPLITS:
-        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
-    if batch_size < 1:
-        raise UserError(f"batch_size={batch_size}: must be positive")
+def encoder_lengths(feature_lengths: dict[str, int]) -> dict[str, int]:
     if not isinstance(feature_lengths, dict) or set(feature_lengths) != {"inputs"} or \
             not isinstance(feature_lengths["inputs"], int) or feature_lengths["inputs"] < 3:
         raise UserError(f"FEATURE_LENGTHS={feature_lengths!r}: an encoder-only objective needs {{'inputs': N}} "
@@ -165,6 +195,17 @@ def tsv_records(path: str, lines: list[tuple[int, str]]) -> list[tuple[int, dict
                             f"{len(header)}; a field may not contain a tab or a newline")
         records.append((number, dict(zip(header, fields))))
     return records
+
+
+def loaded_token_files(request: SourceRequest) -> tuple[list[TokenFile], str, Tokenizer]:
+    """(token files, tokenizer path, the tokenizer loaded) of the request: DATA_PATH's files (the builtin
+    corpus without it) and their tokenizer, which TOKENIZER, when given, must be."""
+    data_path, tokenizer = request.data_path, request.tokenizer
+    if data_path is None:
+        data_path, tokenizer = builtin.builtin_corpus()
+    files = [open_token_file(p) for p in as_list(data_path)]
+    _, _, tokenizer_path = token_files_vocabulary(files, tokenizer)
+    return files, tokenizer_path, load_data_tokenizer(tokenizer_path, ", ".join(f.prefix for f in files))
 
 
 def tokenizer_of(data_path: str | list[str] | None, tokenizer: str | None) -> str:

@@ -43,11 +43,7 @@ def vocabulary_with_sentinels(tokenizer: Tokenizer) -> tuple[int, int]:
     return tokenizer.vocab_size, len(found)
 
 
-def encoder_decoder_lengths(feature_lengths: dict[str, int], split: str, batch_size: int) -> dict[str, int]:
-    if split not in loader.SPLITS:
-        raise UserError(f"split={split!r}: expected one of {loader.SPLITS}")
-    if batch_size < 1:
-        raise UserError(f"batch_size={batch_size}: must be positive")
+def encoder_decoder_lengths(feature_lengths: dict[str, int]) -> dict[str, int]:
     if not isinstance(feature_lengths, dict) or sorted(feature_lengths) != sorted(PAIR_FIELDS) or \
             not all(isinstance(n, int) and n >= 2 for n in feature_lengths.values()):
         raise UserError(f"FEATURE_LENGTHS={feature_lengths!r}: an encoder-decoder objective needs "

@@ -13,13 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from t5x_like.data import builtin, loader
+from t5x_like.data import loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
-from t5x_like.data.objectives.common import (ExampleRows, Pieces, as_list, combined_source, concatenated,
-                                             encoder_lengths, load_data_tokenizer, next_fit, token_files_vocabulary,
-                                             tokenizer_of)
-from t5x_like.data.token_file import TokenFile, open_token_file
+from t5x_like.data.objectives.common import (ExampleRows, Pieces, SourceRequest, combined_source, concatenated,
+                                             encoder_lengths, loaded_token_files, next_fit, tokenizer_of)
+from t5x_like.data.token_file import TokenFile
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.errors import UserError
 from t5x_like.features import (ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS,
@@ -146,47 +145,34 @@ def mlm_row(examples: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], lengt
     return row
 
 
-def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int,
-                    shard_index: int, shard_count: int,
-                    data_path: str | list[str] | None = None,
-                    blend_weights: list[float] | None = None,
-                    tokenizer: str | None = None,
-                    data_split: str = "949,50,1",
-                    packing: bool = False,
-                    mask_rate: float = 0.15,
-                    whole_word_masking: bool = False,
-                    worker_count: int = 0) -> BatchSource:
-    """Masked-LM batches of `split` for this host (`batch_size` rows of it), FEATURE_LENGTHS {'inputs': N}.
+def make_source(request: SourceRequest, *, mask_rate: float = 0.15, whole_word_masking: bool = False) -> BatchSource:
+    """Masked-LM batches of the request's split for this host, FEATURE_LENGTHS {'inputs': N}.
 
-    Documents of the token files (the builtin corpus without `data_path`) are cut into pieces of at most
-    N - 2 tokens; each piece is a row [CLS] piece [SEP] (padded), or with `packing` as many pieces as fit
+    Documents of the token files (the builtin corpus without DATA_PATH) are cut into pieces of at most
+    N - 2 tokens; each piece is a row [CLS] piece [SEP] (padded), or with PACKING as many pieces as fit
     go into one row (segment ids 1, 2, ..., positions restarting). `mask_rate` of the non-special tokens
     are selected (80 % [MASK], 10 % random, 10 % kept), whole words at a time with `whole_word_masking`;
     the masks are a pure function of (seed, file, row index in the endless stream): new every epoch,
     the same after a resume."""
-    lengths = encoder_lengths(feature_lengths, split, batch_size)
+    lengths, split, seed = encoder_lengths(request.feature_lengths), request.split, request.seed
     if not 0 < mask_rate < 1:
         raise UserError(f"mask_rate={mask_rate}: the share of tokens masked must be in (0, 1), BERT uses 0.15")
-    if data_path is None:
-        data_path, tokenizer = builtin.builtin_corpus()
-    files = [open_token_file(p) for p in as_list(data_path)]
-    _, _, tokenizer_path = token_files_vocabulary(files, tokenizer)
-    loaded = load_data_tokenizer(tokenizer_path, ", ".join(f.prefix for f in files))
+    files, tokenizer_path, loaded = loaded_token_files(request)
     vocab = mlm_vocabulary(loaded)
     starts_word = word_starts(loaded) if whole_word_masking else None
     rows = []
     for salt, file in enumerate(files):
         mask = MaskTokens(vocab=vocab, starts_word=starts_word, rate=mask_rate, length=lengths["inputs"],
-                          packed=packing, seed=seed, salt=salt)
-        source = _mlm_pieces(file, split, data_split, lengths["inputs"], packing, loaded.eod_id)
+                          packed=request.packing, seed=seed, salt=salt)
+        source = _mlm_pieces(file, split, request.data_split, lengths["inputs"], request.packing, loaded.eod_id)
         rows.append(loader.split_pass(source, f"{file.prefix} ({split})", split, seed).map_with_index(mask))
-    fingerprint = data_fingerprint([f.prefix for f in files], loaded.sha256, objective="mlm", data_split=data_split,
-                                   blend_weights=blend_weights, packing=packing, seed=seed, mask_rate=mask_rate,
+    fingerprint = data_fingerprint([f.prefix for f in files], loaded.sha256, objective="mlm",
+                                   data_split=request.data_split, blend_weights=request.blend_weights,
+                                   packing=request.packing, seed=seed, mask_rate=mask_rate,
                                    whole_word_masking=whole_word_masking)
-    return combined_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
-                         shard_count=shard_count, worker_count=worker_count, vocab_size=vocab.vocab_size,
-                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path, feature_lengths=lengths,
-                         fingerprint=fingerprint, data_paths=[f.prefix for f in files])
+    return combined_source(rows, request, vocab_size=vocab.vocab_size, eod_id=loaded.eod_id,
+                           tokenizer_path=tokenizer_path, feature_lengths=lengths, fingerprint=fingerprint,
+                           data_paths=[f.prefix for f in files])
 
 
 def _mlm_pieces(file: TokenFile, split: str, data_split: str, length: int, packing: bool,

@@ -15,9 +15,9 @@ import numpy as np
 from t5x_like.data import loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
-from t5x_like.data.objectives.common import (RECORD_FORMATS, ExampleRows, as_list, combined_source, decoded,
-                                             jsonl_records, load_data_tokenizer, split_paths, token_files_vocabulary,
-                                             tsv_records)
+from t5x_like.data.objectives.common import (RECORD_FORMATS, ExampleRows, SourceRequest, as_list, combined_source,
+                                             decoded, jsonl_records, load_data_tokenizer, split_paths,
+                                             token_files_vocabulary, tsv_records)
 from t5x_like.data.objectives.encoder_decoder import (PAIR_FIELDS, encoder_decoder_lengths, row_features, row_starts,
                                                       vocabulary_with_sentinels)
 from t5x_like.data.token_file import TokenFile, open_token_file, token_dtype
@@ -48,21 +48,15 @@ class TrimPairs:
         return row_features(trimmed, self._feature_lengths, self._packed)
 
 
-def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int,
-                        shard_index: int, shard_count: int,
-                        data_path: str | list[str] | dict[str, str | list[str]] | None = None,
-                        blend_weights: list[float] | None = None,
-                        tokenizer: str | None = None,
-                        data_split: str = "949,50,1",
-                        packing: bool = False,
-                        worker_count: int = 0) -> BatchSource:
-    """Batches of input/target pairs of `split` for this host (`batch_size` rows of it).
+def make_source(request: SourceRequest) -> BatchSource:
+    """Batches of input/target pairs of the request's split for this host.
 
-    `data_path`: a `.jsonl` / `.tsv` file of pairs (tokenized with `tokenizer`, then required) or the prefix
-    P of token files `P.inputs` + `P.targets`; several are blended by `blend_weights`. Each is split into
-    train/validation/test by pair with `data_split`, unless `data_path` is a dict naming each split's files,
-    e.g. {'train': 'train.jsonl', 'validation': 'dev.jsonl'}. `packing` packs several pairs per row."""
-    lengths = encoder_decoder_lengths(feature_lengths, split, batch_size)
+    DATA_PATH: a `.jsonl` / `.tsv` file of pairs (tokenized with TOKENIZER, then required) or the prefix P of
+    token files `P.inputs` + `P.targets`; several are blended by BLEND_WEIGHTS. Each is split into
+    train/validation/test by pair with DATA_SPLIT, unless DATA_PATH is a dict naming each split's files,
+    e.g. {'train': 'train.jsonl', 'validation': 'dev.jsonl'}. PACKING packs several pairs per row."""
+    lengths, split, data_path, tokenizer = (encoder_decoder_lengths(request.feature_lengths), request.split,
+                                            request.data_path, request.tokenizer)
     if data_path is None:
         raise UserError("OBJECTIVE='seq2seq' needs DATA_PATH: a .jsonl / .tsv file of input/target pairs, token "
                         "files P.inputs + P.targets, or a dict of them per split.")
@@ -75,20 +69,19 @@ def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int],
         _, _, tokenizer = token_files_vocabulary([f for pair in token_files.values() for f in pair], tokenizer)
     loaded = load_data_tokenizer(tokenizer, ", ".join(paths))
     vocab_size, _ = vocabulary_with_sentinels(loaded)
-    trim = TrimPairs(eos_id=loaded.eod_id, feature_lengths=lengths, packed=packing)
+    trim = TrimPairs(eos_id=loaded.eod_id, feature_lengths=lengths, packed=request.packing)
+    data_split = None if whole else request.data_split
     rows = []
     for path in paths:
         inputs, targets = token_files[path] if path in token_files else _tokenized_pairs(path, loaded)
-        source = _pair_examples(inputs, targets, path, split, None if whole else data_split, lengths, packing)
-        rows.append(loader.split_pass(source, f"{path} ({split})", split, seed).map(trim))
+        source = _pair_examples(inputs, targets, path, split, data_split, lengths, request.packing)
+        rows.append(loader.split_pass(source, f"{path} ({split})", split, request.seed).map(trim))
     files = [f"{p}.{side}" for p in paths if p in token_files for side in ("inputs", "targets")] + \
         [p for p in paths if p not in token_files]
-    fingerprint = data_fingerprint(files, loaded.sha256, objective="seq2seq", data_split=None if whole else data_split,
-                                   blend_weights=blend_weights, packing=packing, seed=seed)
-    return combined_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
-                         shard_count=shard_count, worker_count=worker_count, vocab_size=vocab_size,
-                         eod_id=loaded.eod_id, tokenizer_path=tokenizer, feature_lengths=lengths,
-                         fingerprint=fingerprint, data_paths=files)
+    fingerprint = data_fingerprint(files, loaded.sha256, objective="seq2seq", data_split=data_split,
+                                   blend_weights=request.blend_weights, packing=request.packing, seed=request.seed)
+    return combined_source(rows, request, vocab_size=vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer,
+                           feature_lengths=lengths, fingerprint=fingerprint, data_paths=files)
 
 
 def _pair_examples(inputs: TokenFile, targets: TokenFile, path: str, split: str, data_split: str | None,

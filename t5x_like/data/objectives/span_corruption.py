@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from t5x_like.data import builtin, loader
+from t5x_like.data import loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
-from t5x_like.data.objectives.common import (ExampleRows, Pieces, as_list, combined_source, load_data_tokenizer,
-                                             token_files_vocabulary, tokenizer_of)
+from t5x_like.data.objectives.common import (ExampleRows, Pieces, SourceRequest, combined_source, loaded_token_files,
+                                             tokenizer_of)
 from t5x_like.data.objectives.encoder_decoder import (encoder_decoder_lengths, row_features, row_starts,
                                                       vocabulary_with_sentinels)
-from t5x_like.data.token_file import TokenFile, open_token_file
+from t5x_like.data.token_file import TokenFile
 from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.errors import UserError
 
@@ -126,45 +126,31 @@ class CorruptSpans:
         return row_features(corrupted, self._feature_lengths, self._packed)
 
 
-def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int,
-                                shard_index: int, shard_count: int,
-                                data_path: str | list[str] | None = None,
-                                blend_weights: list[float] | None = None,
-                                tokenizer: str | None = None,
-                                data_split: str = "949,50,1",
-                                packing: bool = False,
-                                noise_density: float = 0.15,
-                                mean_noise_span_length: float = 3.0,
-                                worker_count: int = 0) -> BatchSource:
-    """T5 span-corruption batches of `split` for this host (`batch_size` rows of it).
+def make_source(request: SourceRequest, *, noise_density: float = 0.15,
+                mean_noise_span_length: float = 3.0) -> BatchSource:
+    """T5 span-corruption batches of the request's split for this host.
 
-    `data_path`, `blend_weights`, `tokenizer`, `data_split` and `worker_count` as for `make_source` (no
-    `data_path`: the builtin corpus); the tokenizer must load, since the sentinels come from it. `packing`
+    No DATA_PATH: the builtin corpus; the tokenizer must load, since the sentinels come from it. PACKING
     packs document pieces several per row; without it, examples are windows of the concatenated documents,
     each filling its row (T5's default, merging examples to reduce padding)."""
-    lengths = encoder_decoder_lengths(feature_lengths, split, batch_size)
-    if data_path is None:
-        data_path, tokenizer = builtin.builtin_corpus()
-    files = [open_token_file(p) for p in as_list(data_path)]
-    _, _, tokenizer_path = token_files_vocabulary(files, tokenizer)
-    loaded = load_data_tokenizer(tokenizer_path, ", ".join(f.prefix for f in files))
+    lengths, split, seed = encoder_decoder_lengths(request.feature_lengths), request.split, request.seed
+    files, tokenizer_path, loaded = loaded_token_files(request)
     vocab_size, num_sentinels = vocabulary_with_sentinels(loaded)
     raw_length = _raw_length(lengths, noise_density, mean_noise_span_length, num_sentinels)
     rows = []
     for salt, file in enumerate(files):
         corrupt = CorruptSpans(noise_density=noise_density, mean_noise_span_length=mean_noise_span_length,
                                first_sentinel=vocab_size - 1, eos_id=loaded.eod_id, feature_lengths=lengths,
-                               packed=packing, seed=seed, salt=salt)
-        source = _span_examples(file, split, data_split, raw_length, lengths, packing,
+                               packed=request.packing, seed=seed, salt=salt)
+        source = _span_examples(file, split, request.data_split, raw_length, lengths, request.packing,
                                 (noise_density, mean_noise_span_length))
         rows.append(loader.split_pass(source, f"{file.prefix} ({split})", split, seed).map_with_index(corrupt))
     fingerprint = data_fingerprint([f.prefix for f in files], loaded.sha256, objective="span_corruption",
-                                   data_split=data_split, blend_weights=blend_weights, packing=packing, seed=seed,
-                                   noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
-    return combined_source(rows, blend_weights, split, batch_size=batch_size, shard_index=shard_index,
-                         shard_count=shard_count, worker_count=worker_count, vocab_size=vocab_size,
-                         eod_id=loaded.eod_id, tokenizer_path=tokenizer_path, feature_lengths=lengths,
-                         fingerprint=fingerprint, data_paths=[f.prefix for f in files])
+                                   data_split=request.data_split, blend_weights=request.blend_weights,
+                                   packing=request.packing, seed=seed, noise_density=noise_density,
+                                   mean_noise_span_length=mean_noise_span_length)
+    return combined_source(rows, request, vocab_size=vocab_size, eod_id=loaded.eod_id, tokenizer_path=tokenizer_path,
+                           feature_lengths=lengths, fingerprint=fingerprint, data_paths=[f.prefix for f in files])
 
 
 def _raw_length(lengths: dict[str, int], noise_density: float, mean_noise_span_length: float,

@@ -5,6 +5,7 @@ import tokenizers
 from tokenizers import models, pre_tokenizers
 
 from t5x_like.data.objectives import seq2seq, span_corruption
+from t5x_like.data.objectives.common import SourceRequest
 from t5x_like.data.objectives.encoder_decoder import NUM_EXTRA_IDS
 from t5x_like.data.tokenizer import load_tokenizer
 
@@ -29,16 +30,20 @@ def made_with(tokenizer_path):
     return {"path": tokenizer_path, "sha256": loaded.sha256, "vocab_size": loaded.vocab_size, "eod_id": loaded.eod_id}
 
 
-def span_source(prefix, split="train", *, batch_size=8, feature_lengths=SMALL, seed=0, shard_index=0,
-                shard_count=1, **configured):
-    return span_corruption.make_source(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=seed,
-                                       shard_index=shard_index, shard_count=shard_count, data_path=prefix,
-                                       **configured)
+def request(split="train", *, batch_size, feature_lengths, seed=0, shard_index=0, shard_count=1, **common):
+    """A SourceRequest; `common` holds its other fields (data_path, tokenizer, packing, ...)."""
+    return SourceRequest(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=seed,
+                         shard_index=shard_index, shard_count=shard_count, **common)
+
+
+def span_source(prefix, split="train", *, batch_size=8, feature_lengths=SMALL, **configured):
+    return span_corruption.make_source(request(split, batch_size=batch_size, feature_lengths=feature_lengths,
+                                               data_path=prefix, **configured))
 
 
 def pair_source(data_path, split="train", *, batch_size=4, feature_lengths=SMALL, **configured):
-    return seq2seq.make_source(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=0,
-                               shard_index=0, shard_count=1, data_path=data_path, **configured)
+    return seq2seq.make_source(request(split, batch_size=batch_size, feature_lengths=feature_lengths,
+                                       data_path=data_path, **configured))
 
 
 def take(src, steps):

@@ -6,14 +6,13 @@ import pytest
 from t5x_like.data.objectives import mlm
 from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.errors import UserError
-from tests.t5x_like.data.objectives.helpers import VOCAB, made_with, take, word_tokenizer
+from tests.t5x_like.data.objectives.helpers import VOCAB, made_with, request, take, word_tokenizer
 
 
 @pytest.mark.parametrize("lengths", [{"inputs": 2}, {"targets": 8}, {"inputs": 8, "targets": 8}])
 def test_encoder_only_feature_lengths_are_checked_naming_the_fix(lengths):
     with pytest.raises(UserError) as raised:
-        mlm.make_source("train", batch_size=4, feature_lengths=lengths, seed=0, shard_index=0,
-                                   shard_count=1)
+        mlm.make_source(request(batch_size=4, feature_lengths=lengths))
     assert str(raised.value) == (f"FEATURE_LENGTHS={lengths!r}: an encoder-only objective needs {{'inputs': N}} "
                                  "with N >= 3, e.g. {'inputs': 512}")
 
@@ -37,8 +36,8 @@ def test_mlm_sources_are_blended_by_their_weights(tmp_path, write_token_file):
                               tokenizer=made_with(path)) for name, low in (("a", 100), ("b", 600))]
 
     def words(weights):
-        src = mlm.make_source("train", batch_size=4, feature_lengths={"inputs": 16}, seed=0,
-                                         shard_index=0, shard_count=1, data_path=files, blend_weights=weights)
+        src = mlm.make_source(request(batch_size=4, feature_lengths={"inputs": 16}, data_path=files,
+                                      blend_weights=weights))
         batches = take(src, 3)
         targets = np.concatenate([b["encoder_target_tokens"][b["encoder_segment_ids"] > 0] for b in batches])
         return targets[targets >= 100]
