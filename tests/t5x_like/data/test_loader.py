@@ -349,3 +349,14 @@ def test_a_split_shorter_than_one_row_names_the_file_and_split(tmp_path, write_t
         source(prefix, seq_len=16, data_split="100,0,0")
     assert str(raised.value) == (f"{prefix} (train): 7 tokens, fewer than one row of SEQ_LEN+1 = 17; lower SEQ_LEN "
                                  "or give the split more documents")
+
+
+@pytest.mark.parametrize("objective,setting,own", [("causal_lm", "mask_rate", "tfds_name, tfds_data_dir"),
+                                                   ("mlm", "noise_density", "mask_rate, whole_word_masking"),
+                                                   ("seq2seq", "labels", "none")])
+def test_a_setting_the_objective_does_not_take_names_the_ones_it_does(objective, setting, own):
+    """data.make_source.<setting> in gin: a setting of another objective is one line naming this one's own."""
+    with pytest.raises(UserError, match=rf"^data.make_source.{setting}: OBJECTIVE='{objective}' has no setting "
+                                        rf"'{setting}'; its own settings: {own}"):
+        make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
+                    objective=objective, **{setting: 0.5})
