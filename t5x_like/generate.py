@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 from absl import logging
 
 from partitioning import Partitioner
@@ -76,12 +77,13 @@ def sample(logits: jax.Array, rng: jax.Array, settings: Sampling, seen: jax.Arra
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits / settings.temperature
     lowest = jnp.finfo(jnp.float32).min
+    # the candidates, most likely first: the top k (what top-k keeps is all top-p ever sees), else every id
+    ordered = jax.lax.top_k(logits, settings.top_k)[0] if settings.top_k else \
+        jnp.sort(logits, axis=-1)[:, ::-1] if settings.top_p < 1 else None
     if settings.top_k:
-        kth = jax.lax.top_k(logits, settings.top_k)[0][:, -1:]
-        logits = jnp.where(logits < kth, lowest, logits)
-    if settings.top_p < 1:
-        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(ordered, axis=-1)
+        logits = jnp.where(logits < ordered[:, -1:], lowest, logits)
+    if settings.top_p < 1:  # a running sum over a vocabulary split across devices is slow: keep each row whole
+        probs = jax.nn.softmax(nn.with_logical_constraint(ordered, ("batch", None)), axis=-1)
         keep = jnp.cumsum(probs, axis=-1) - probs < settings.top_p  # the most likely id is always kept
         cutoff = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
         logits = jnp.where(logits < cutoff, lowest, logits)

@@ -5,9 +5,11 @@ import tempfile
 
 # Single-threaded Eigen inside each XLA:CPU op: the suite already runs one worker per core, and the
 # multi-threaded pool has wedged a restore on a 2-core CI machine (a known XLA:CPU hazard; no slower here).
-# (XLA's cheapest CPU code generation, --xla_backend_optimization_level=0, would halve a mesh-equality test's
-# time, but a sampled decoding loop compiled that way never ends on jax 0.10.2: not for the whole suite.)
-XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+# XLA's cheapest CPU code generation: the suite's small programs spend their time compiling, not running
+# (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
+# vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
+XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
+                "--xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One JAX compilation cache for the whole suite, its workers and the CLIs its tests start (they inherit the

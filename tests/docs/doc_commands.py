@@ -40,7 +40,6 @@ SMALL_BY_KIND = {
 """The lines small.gin gets for each kind of model: the sequence lengths' macro differs between kinds (an
 encoder-decoder run file refuses SEQ_LEN) and so do the model's fields (T5 has its decoder's own)."""
 COMMAND_TIMEOUT_S = 300
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 RUN_FILES_BY_KIND = (("encoder_decoder", re.compile(r"--gin_file=\S*t5")),
                      ("encoder_only", re.compile(r"--gin_file=\S*(bert|roberta|boolq)")))
 PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
@@ -172,14 +171,12 @@ def write_small_gin(directory: Path) -> dict[str, Path]:
 
 def command_env(cache_dir: Path) -> dict[str, str]:
     """What a user's shell has after `source .venv/bin/activate` on a CPU machine, plus the suite's settings:
-    8 simulated devices, XLA's CPU compiler at its cheapest optimisation level (compiling, not running, is
-    what small programs spend their time on: a third of the compile time), JAX's compilation cache for the
-    session, and no network for transformers (the runner adds T5X_LIKE_EXTRA_GIN per command)."""
+    8 simulated devices, the suite's XLA flags (tests/conftest.py: the cheapest CPU code generation), JAX's
+    compilation cache for the session, and no network for transformers (the runner adds T5X_LIKE_EXTRA_GIN per command)."""
     from tests.conftest import cpu_env
 
     env = cpu_env(8)
-    return dict(env, XLA_FLAGS=f"{env['XLA_FLAGS']} {FAST_COMPILE}",
-                PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}",
+    return dict(env, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}",
                 JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                 PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")

@@ -88,6 +88,19 @@ def test_sampling_is_reproducible_by_seed(loaded, greedy):
     assert first != greedy
 
 
+def test_top_p_sampling_on_the_mesh_draws_what_one_device_draws(converted, loaded):
+    """Top-p alone sorts and sums the whole vocabulary, which the data x tensor mesh splits over devices (a
+    running sum over the split never finished when compiled at XLA's cheapest level, the suite's)."""
+    checkpoint, _ = converted
+    config, _ = inference.read_config(str(checkpoint))
+    one = Partitioner(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor")
+    single = (config, inference.restore_sharded(str(checkpoint), config, one), one)
+    settings = generate.Sampling(temperature=1.0, top_p=0.9)
+    drawn = generator(loaded, settings).generate(PROMPTS, seed=3)
+    assert drawn == generator(single, settings).generate(PROMPTS, seed=3)
+    assert drawn != generator(loaded, settings).generate(PROMPTS, seed=4)
+
+
 def test_top_k_1_and_tiny_top_p_are_greedy():
     logits = jnp.array([[0.1, 2.0, 1.0, -1.0], [3.0, 0.0, 2.9, 1.0]])
     for settings in (generate.Sampling(1.0, top_k=1), generate.Sampling(1.0, top_p=1e-6)):
