@@ -4,7 +4,10 @@
 `jax.nn.dot_product_attention` does. Key/value may carry fewer heads than the query
 (grouped-query / multi-query attention); query heads are split evenly over them. Key/value may
 have another length than the query (cross-attention), an additive `bias` may be added to the
-logits (T5's relative positions) and `scale` replaces 1/sqrt(head_dim) (T5 uses 1.0).
+logits (T5's relative positions) and `scale` replaces 1/sqrt(head_dim) (T5 uses 1.0). A causal sliding
+`window` W (Mistral's sliding_window) lets query i, at key position i' = i + kv_len - q_len, see key j only
+when 0 <= i' - j < W; every implementation serves it ('xla' and 'cudnn' by their masks, 'splash' and 'pallas'
+skipping the key blocks wholly outside it), so 'auto' needs no other choice for it.
 
 The model never holds a mesh: for 'pallas' and 'splash' this module reads the ambient one
 (`jax.sharding.get_abstract_mesh()`, entered by the trainer with `jax.set_mesh`) and the active
@@ -20,7 +23,7 @@ from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from models.kernels import splash_attention as splash
-from models.kernels.flash_attention import flash_attention
+from models.kernels.flash_attention import check_window, flash_attention
 from models.kernels.sharding import active_mesh, axes_size, mesh_axes
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "splash")
@@ -35,17 +38,22 @@ causal 128x128, cross 128x256 and GQA 8/2 heads over 64x192 all lowered to cuDNN
 
 def attention_mask(
     q_len: int, kv_len: int, *, causal: bool, segment_ids: jax.Array | None,
-    kv_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None, window: int | None = None,
 ) -> jax.Array | None:
     """Boolean [batch or 1, 1, q_len, kv_len] mask of allowed (query, key) pairs, or None.
 
     Segment id 0 marks padding: a padding query attends nowhere and no query attends to it.
     kv_segment_ids are the keys' own ids (cross-attention); they default to segment_ids. With
-    kv_segment_ids alone, only the padding keys are masked.
+    kv_segment_ids alone, only the padding keys are masked. window (with causal): query i sees key j
+    only when i + kv_len - q_len - j < window.
     """
     mask = None
     if causal:
-        mask = jnp.tril(jnp.ones((q_len, kv_len), dtype=bool), k=kv_len - q_len)[None, None]
+        distance = jnp.arange(q_len)[:, None] + (kv_len - q_len) - jnp.arange(kv_len)[None, :]
+        mask = distance >= 0
+        if window is not None:
+            mask &= distance < window
+        mask = mask[None, None]
     if kv_segment_ids is None:
         kv_segment_ids = segment_ids
     if kv_segment_ids is not None:
@@ -72,9 +80,9 @@ def check_segment_ids(query, key, segment_ids, kv_segment_ids) -> None:
 
 
 def xla_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None, bias=None, scale=None,
-                  dropout_rate=0.0, dropout_rng=None):
-    """Reference attention in plain jnp: fp32 logits and softmax, bias, masks, optional dropout on
-    the probabilities."""
+                  dropout_rate=0.0, dropout_rng=None, window=None):
+    """Reference attention in plain jnp: fp32 logits and softmax, bias, masks (a causal window among them),
+    optional dropout on the probabilities."""
     batch, q_len, num_heads, head_dim = query.shape
     kv_heads = key.shape[2]
     if num_heads % kv_heads:
@@ -89,7 +97,8 @@ def xla_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None
     logits *= head_dim**-0.5 if scale is None else scale
     if bias is not None:
         logits += bias.astype(jnp.float32).reshape(bias.shape[0], kv_heads, group, q_len, kv_len)
-    mask = attention_mask(q_len, kv_len, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids)
+    mask = attention_mask(q_len, kv_len, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                          window=check_window(window, causal))
     if mask is not None:
         logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
@@ -102,17 +111,25 @@ def xla_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None
     return out.reshape(batch, q_len, num_heads, head_dim)
 
 
-def cudnn_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None, bias=None, scale=None):
-    """cuDNN fused attention through jax.nn.dot_product_attention (GPU only); takes a bias."""
+def cudnn_attention(query, key, value, *, causal, segment_ids, kv_segment_ids=None, bias=None, scale=None,
+                    window=None):
+    """cuDNN fused attention through jax.nn.dot_product_attention (GPU only); takes a bias. A window
+    goes in as local_window_size (W - 1, 0): cuDNN's sliding_window_length W, each token's keys
+    (pos - W, pos]. jax's causal mask and window are aligned top-left, so queries of another length
+    than the keys get our bottom-right causal mask (and window) in the boolean mask instead."""
+    window = check_window(window, causal)
+    q_len, kv_len = query.shape[1], key.shape[1]
+    in_mask = causal and q_len != kv_len
     mask = None
-    if segment_ids is not None or kv_segment_ids is not None:
-        mask = attention_mask(query.shape[1], key.shape[1], causal=False, segment_ids=segment_ids,
-                              kv_segment_ids=kv_segment_ids)
+    if segment_ids is not None or kv_segment_ids is not None or in_mask:
+        mask = attention_mask(q_len, kv_len, causal=in_mask, segment_ids=segment_ids,
+                              kv_segment_ids=kv_segment_ids, window=window if in_mask else None)
     if bias is not None:
         bias = bias.astype(query.dtype)
+    local_window = None if window is None or in_mask else (window - 1, 0)
     return jax.nn.dot_product_attention(
-        query, key, value, bias=bias, mask=mask, scale=scale, is_causal=causal, implementation="cudnn"
-    )
+        query, key, value, bias=bias, mask=mask, scale=scale, is_causal=causal and not in_mask,
+        local_window_size=local_window, implementation="cudnn")
 
 
 def per_shard(kernel, query, key, value, segment_ids):
@@ -156,15 +173,15 @@ def repeat_kv_heads(key, value, num_heads: int, shards: int):
     return jnp.repeat(key, r, axis=2), jnp.repeat(value, r, axis=2)
 
 
-def pallas_attention(query, key, value, *, causal, segment_ids, scale=None):
+def pallas_attention(query, key, value, *, causal, segment_ids, scale=None, window=None):
     """Our Pallas flash attention (models/kernels/flash_attention.py); per shard under a mesh."""
     def kernel(q, k, v, segments):
-        return flash_attention(q, k, v, segments, causal=causal, scale=scale)
+        return flash_attention(q, k, v, segments, causal=causal, scale=scale, window=window)
 
     return per_shard(kernel, query, key, value, segment_ids)
 
 
-def splash_attention(query, key, value, *, causal, segment_ids, scale=None, block_sizes=None):
+def splash_attention(query, key, value, *, causal, segment_ids, scale=None, block_sizes=None, window=None):
     """jax's TPU splash-attention kernels (models/kernels/splash_attention.py); per shard under a
     mesh. Off TPU they run interpreted (slow, exact). Block sizes default to
     `splash.block_sizes_for` the lengths; a `splash.BlockSizes` overrides them."""
@@ -172,7 +189,7 @@ def splash_attention(query, key, value, *, causal, segment_ids, scale=None, bloc
 
     def kernel(q, k, v, segments):
         return splash.splash_attention(q, k, v, segments, causal=causal, scale=scale,
-                                       block_sizes=block_sizes, interpret=interpret)
+                                       block_sizes=block_sizes, interpret=interpret, window=window)
 
     return per_shard(kernel, query, key, value, segment_ids)
 
@@ -290,10 +307,14 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     block_sizes: splash.BlockSizes | None = None,
+    window: int | None = None,
 ) -> jax.Array:
     """Multi-head attention over BTNH inputs; returns BTNH with the query's heads.
 
     causal: query i sees keys j <= i + (kv_len - q_len); False for encoder and cross-attention.
+    window: a causal sliding window (needs causal=True; Mistral's sliding_window): query i sees only keys
+    j > i + (kv_len - q_len) - window, its last `window` keys itself included; None: no window. Every
+    implementation serves it.
     segment_ids [batch, q_len] / kv_segment_ids [batch, kv_len]: packed documents (0 = padding);
     kv_segment_ids default to segment_ids (equal lengths). bias: added to the fp32 logits,
     [batch or 1, heads, q_len, kv_len]. scale: multiplies q.k (default head_dim ** -0.5).
@@ -304,22 +325,24 @@ def dot_product_attention(
     their accelerators. block_sizes: a `splash.BlockSizes` overriding the ones 'splash' picks.
     """
     check_segment_ids(query, key, segment_ids, kv_segment_ids)
+    window = check_window(window, causal)
     implementation = resolve_implementation(implementation, query, dropout_rate=dropout_rate,
                                             has_bias=bias is not None)
     if implementation == "splash":
         implementation = splash_or_fallback(query, key, kv_segment_ids)
     if implementation == "splash":
         return splash_attention(query, key, value, causal=causal, segment_ids=segment_ids, scale=scale,
-                                block_sizes=block_sizes)
+                                block_sizes=block_sizes, window=window)
     if implementation == "xla":
         return xla_attention(
             query, key, value, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-            bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+            bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng, window=window,
         )
     if implementation == "pallas":
         if kv_segment_ids is not None:
             raise ValueError("implementation 'pallas' takes one segment_ids for queries and keys of equal "
                              "length, not kv_segment_ids (cross-attention); use 'xla', 'cudnn' or 'auto'.")
-        return pallas_attention(query, key, value, causal=causal, segment_ids=segment_ids, scale=scale)
+        return pallas_attention(query, key, value, causal=causal, segment_ids=segment_ids, scale=scale,
+                                window=window)
     return cudnn_attention(query, key, value, causal=causal, segment_ids=segment_ids,
-                           kv_segment_ids=kv_segment_ids, bias=bias, scale=scale)
+                           kv_segment_ids=kv_segment_ids, bias=bias, scale=scale, window=window)

@@ -1,4 +1,5 @@
-"""Flash attention in Pallas: forward and backward, causal, packed segments, grouped KV heads.
+"""Flash attention in Pallas: forward and backward, causal (optionally a sliding window), packed segments,
+grouped KV heads.
 
 One kernel source in the portable `pl.pallas_call` grid style. It lowers through Triton on GPU
 (while the installed jax ships `jax.experimental.pallas.triton`), through Mosaic on TPU, and runs
@@ -13,12 +14,14 @@ online softmax and saves the log-sum-exp per query row; the backward pass recomp
 probabilities block by block from it, in two kernels (dK/dV over key blocks, dQ over query blocks;
 the kernels themselves are in flash_attention_kernels.py),
 so no [length, length] matrix ever reaches HBM. A query row with no allowed key (segment id 0, or a
-causal row before the first key) gets output 0 and gradient 0.
+causal row before the first key) gets output 0 and gradient 0. With a sliding window the kernels walk only
+the key blocks (query blocks, for dK/dV) that overlap it and mask inside the blocks on its edges.
 """
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -182,6 +185,20 @@ def pad_length(x, length: int, axis: int):
     return jnp.pad(x, widths)
 
 
+def check_window(window: int | None, causal: bool) -> int | None:
+    """The window as an int, after checking that it is a positive integer on causal attention (every
+    attention path, models.attention's included, checks it here)."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"attention window {window!r} must be a positive int (keys per query, itself "
+                         "included), or None for no window.")
+    if not causal:
+        raise ValueError(f"attention window {window} needs causal=True: a sliding window is causal "
+                         "(each query sees its last `window` keys).")
+    return int(window)
+
+
 def flash_attention(
     query: jax.Array,
     key: jax.Array,
@@ -190,6 +207,7 @@ def flash_attention(
     *,
     causal: bool = True,
     scale: float | None = None,
+    window: int | None = None,
     block_q: int = 128,
     block_k: int = 128,
     interpret: bool | None = None,
@@ -198,7 +216,8 @@ def flash_attention(
 
     segment_ids: int [batch, length] (needs equal query and key lengths); 0 marks padding, which
     attends nowhere (output 0) and is attended by nobody. scale defaults to head_dim ** -0.5.
-    interpret: None runs interpreted on CPU and compiled elsewhere.
+    window: causal sliding window (needs causal=True): query i sees key j iff 0 <= i + kv_len - q_len - j <
+    window; None: no window. interpret: None runs interpreted on CPU and compiled elsewhere.
     """
     batch, q_len, heads, head_dim = query.shape
     kv_len, kv_heads = key.shape[1], key.shape[2]
@@ -214,6 +233,7 @@ def flash_attention(
             f"segment_ids has shape {None if segment_ids is None else segment_ids.shape}; it must "
             f"be [batch, length] = {(batch, q_len)} with key length {kv_len} equal to it."
         )
+    window = check_window(window, causal)
     block_q, block_k = pick_block(q_len, block_q), pick_block(kv_len, block_k)
     padded_q, padded_kv = round_up(q_len, block_q), round_up(kv_len, block_k)
     if segment_ids is not None:  # one padded length serves both the query and key layouts
@@ -229,6 +249,7 @@ def flash_attention(
         padded_kv=padded_kv,
         group=heads // kv_heads,
         has_segments=segment_ids is not None,
+        window=window,
         interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
     )
     to_bhtd = lambda x, length: pad_length(jnp.swapaxes(x, 1, 2), length, 2)

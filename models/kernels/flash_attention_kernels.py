@@ -1,6 +1,7 @@
 """The Pallas kernels of flash attention (models/kernels/flash_attention.py calls them): the forward pass with
 its online softmax, and the backward pass's two kernels (dQ over query blocks, dK/dV over key blocks), with the
-block-level masking they share (causal, packed segments, padded keys). Layout [batch, heads, length, head_dim]."""
+block-level masking they share (causal, a sliding window, packed segments, padded keys). Layout [batch, heads,
+length, head_dim]."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ class Config:
     group: int  # query heads per key/value head
     has_segments: bool
     interpret: bool
+    window: int | None = None  # causal sliding window: query i sees key j iff 0 <= i + offset - j < window
 
     @property
     def causal_offset(self) -> int:
@@ -52,11 +54,21 @@ def allowed(cfg: Config, q_pos, k_pos, q_seg, k_seg):
 
     if cfg.causal:
         mask = conj(mask, k_pos <= q_pos + cfg.causal_offset)
+    if cfg.window is not None:
+        mask = conj(mask, q_pos + cfg.causal_offset - k_pos < cfg.window)
     if cfg.masks_kv_padding:
         mask = conj(mask, k_pos < cfg.kv_len)
     if cfg.has_segments:
         mask = conj(mask, (q_seg == k_seg) & (k_seg != 0))
     return mask
+
+
+def key_blocks_start(cfg: Config, q_block):
+    """The first key block a query block can see: 0, or with a window the block of the first row's first key."""
+    if cfg.window is None:
+        return 0
+    first_key = q_block * cfg.block_q + cfg.causal_offset - (cfg.window - 1)
+    return jnp.clip(first_key // cfg.block_k, 0, cfg.padded_kv // cfg.block_k)
 
 
 def key_blocks_end(cfg: Config, q_block):
@@ -74,6 +86,24 @@ def query_blocks_start(cfg: Config, k_block):
         return 0
     first_query = k_block * cfg.block_k - cfg.causal_offset
     return jnp.clip(first_query // cfg.block_q, 0, cfg.padded_q // cfg.block_q)
+
+
+def query_blocks_end(cfg: Config, k_block):
+    """One past the last query block that can see a key block: all, or with a window the block of the
+    last query whose window still holds the key block's last key."""
+    num_q = cfg.padded_q // cfg.block_q
+    if cfg.window is None:
+        return num_q
+    last_query = (k_block + 1) * cfg.block_k - 1 + cfg.window - 1 - cfg.causal_offset
+    return jnp.clip(last_query // cfg.block_q + 1, 0, num_q)
+
+
+def unmasked_key_blocks_start(cfg: Config, q_block):
+    """Key blocks before this one may fall outside the window of the query block's last row."""
+    if cfg.window is None:
+        return 0
+    last_row_first_key = (q_block + 1) * cfg.block_q - 1 + cfg.causal_offset - (cfg.window - 1)
+    return jnp.clip(-(-last_row_first_key // cfg.block_k), 0, cfg.padded_kv // cfg.block_k)
 
 
 def unmasked_key_blocks_end(cfg: Config, q_block):
@@ -99,6 +129,15 @@ def unmasked_query_blocks_start(cfg: Config, k_block):
     return jnp.where(last_key < cfg.kv_len, start, num_q)
 
 
+def unmasked_query_blocks_end(cfg: Config, k_block):
+    """Query blocks from this one on may have the key block's first key outside their window."""
+    num_q = cfg.padded_q // cfg.block_q
+    if cfg.window is None:
+        return num_q
+    last_query_sees_first_key = k_block * cfg.block_k + cfg.window - 1 - cfg.causal_offset
+    return jnp.clip((last_query_sees_first_key + 1) // cfg.block_q, 0, num_q)
+
+
 def split_refs(cfg: Config, refs):
     """Kernel refs after the fixed inputs: (query segments, key segments) when present, then outputs."""
     if cfg.has_segments:
@@ -113,11 +152,26 @@ def iota(shape, dim, start):
 # ----------------------------------------------------------------------------- kernels
 
 
-def two_phase_loop(lo, mid, hi, body, carry, *, masked_first: bool):
-    """body(i, carry, masked) over [lo, hi): masked on [lo, mid) or [mid, hi) as masked_first says."""
-    mid = jnp.clip(mid, lo, hi)
-    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=masked_first), carry)
-    return lax.fori_loop(mid, hi, functools.partial(body, masked=not masked_first), carry)
+def three_phase_loop(lo, unmasked_lo, unmasked_hi, hi, body, carry):
+    """body(i, carry, masked) over [lo, hi): unmasked on [unmasked_lo, unmasked_hi) (clipped into it; empty
+    when unmasked_hi <= unmasked_lo), masked on the blocks before and after. A masked phase whose bounds are
+    the same Python int (no window) is left out of the kernel."""
+    masked, unmasked = functools.partial(body, masked=True), functools.partial(body, masked=False)
+    static = lambda a, b: isinstance(a, int) and isinstance(b, int) and a == b
+    if not static(lo, unmasked_lo):
+        unmasked_lo = jnp.clip(unmasked_lo, lo, hi)
+        carry = lax.fori_loop(lo, unmasked_lo, masked, carry)
+    if static(unmasked_hi, hi):
+        return lax.fori_loop(unmasked_lo, hi, unmasked, carry)
+    unmasked_hi = jnp.clip(unmasked_hi, unmasked_lo, hi)
+    carry = lax.fori_loop(unmasked_lo, unmasked_hi, unmasked, carry)
+    return lax.fori_loop(unmasked_hi, hi, masked, carry)
+
+
+def key_block_phases(cfg: Config, q_block):
+    """(first, first unmasked, end of unmasked, end) key blocks of a query block, for three_phase_loop."""
+    return (key_blocks_start(cfg, q_block), unmasked_key_blocks_start(cfg, q_block),
+            unmasked_key_blocks_end(cfg, q_block), key_blocks_end(cfg, q_block))
 
 
 def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
@@ -158,8 +212,7 @@ def forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
         jnp.full((bq, 1), MASK_VALUE, jnp.float32),
         jnp.zeros((bq, 1), jnp.float32),
     )
-    mid, end = unmasked_key_blocks_end(cfg, q_block), key_blocks_end(cfg, q_block)
-    acc, row_max, row_sum = two_phase_loop(0, mid, end, body, init, masked_first=False)
+    acc, row_max, row_sum = three_phase_loop(*key_block_phases(cfg, q_block), body, init)
     empty = row_sum == 0.0  # no allowed key: output 0, and an lse that masks to p = 0
     o_ref[...] = (acc / jnp.where(empty, 1.0, row_sum)).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(empty, 0.0, row_max + jnp.log(jnp.where(empty, 1.0, row_sum)))
@@ -189,8 +242,7 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Confi
         return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
     dq = jnp.zeros(q.shape, jnp.float32)
-    mid, end = unmasked_key_blocks_end(cfg, q_block), key_blocks_end(cfg, q_block)
-    dq = two_phase_loop(0, mid, end, body, dq, masked_first=False)
+    dq = three_phase_loop(*key_block_phases(cfg, q_block), body, dq)
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
@@ -205,8 +257,8 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Conf
     k, v = k_ref[...], v_ref[...]
     k_pos = iota((bk, bq), 0, k_block * bk)
     k_seg = kv_seg_ref[...] if cfg.has_segments else None
-    first, mid = query_blocks_start(cfg, k_block), unmasked_query_blocks_start(cfg, k_block)
-    num_q = cfg.padded_q // bq
+    phases = (query_blocks_start(cfg, k_block), unmasked_query_blocks_start(cfg, k_block),
+              unmasked_query_blocks_end(cfg, k_block), query_blocks_end(cfg, k_block))
 
     def over_query_blocks(g, carry):
         def body(i, carry, masked):
@@ -228,7 +280,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Conf
             dk = dk + jnp.dot(ds_t.astype(q.dtype), q, preferred_element_type=jnp.float32)
             return dk, dv
 
-        return two_phase_loop(first, mid, num_q, body, carry, masked_first=True)
+        return three_phase_loop(*phases, body, carry)
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, cfg.group, over_query_blocks, (zeros, zeros))

@@ -7,6 +7,8 @@ logsumexp as the only O(T) residual) to `models.attention`'s conventions:
 - BTNH in and out (the kernels take [heads, length, head_dim] per example and run vmapped over batch);
 - `scale` multiplies the query before the kernel (the kernels have no scale of their own);
 - a causal mask is a block-sparse `CausalMask`: key blocks above the diagonal are skipped, not masked;
+  a causal sliding window of W keys is a `LocalMask` with window (W - 1, 0), which also skips the key
+  blocks wholly left of the window;
 - grouped-query / multi-query attention: K/V with fewer heads go in as they are (the MHA kernels map
   query head h to K/V head h // group);
 - segment ids: the kernels allow (query, key) pairs of equal id; ours also make segment id 0 padding
@@ -27,6 +29,8 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+from models.kernels.flash_attention import check_window
 
 BlockSizes = splash.BlockSizes
 
@@ -65,11 +69,16 @@ def block_sizes_for(q_len: int, kv_len: int) -> BlockSizes:
 
 
 def make_kernel(num_heads: int, length: int, *, causal: bool, block_sizes: BlockSizes,
-                interpret: bool | pltpu.InterpretParams = False):
+                interpret: bool | pltpu.InterpretParams = False, window: int | None = None):
     """A splash MHA kernel for one example's [num_heads, length, head_dim] queries (K/V may have
-    fewer heads). interpret: False (compile for TPU), True (HLO interpreter) or TPU interpret mode."""
+    fewer heads). interpret: False (compile for TPU), True (HLO interpreter) or TPU interpret mode.
+    window: a causal sliding window (query i sees keys i - window < j <= i); needs causal."""
     shape = (length, length)
-    mask = splash_mask.CausalMask(shape) if causal else splash_mask.FullMask(shape)
+    window = check_window(window, causal)
+    if window is not None:
+        mask = splash_mask.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+    else:
+        mask = splash_mask.CausalMask(shape) if causal else splash_mask.FullMask(shape)
     return splash.make_splash_mha(
         splash_mask.MultiHeadMask([mask] * num_heads), block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
         interpret=interpret)
@@ -77,14 +86,16 @@ def make_kernel(num_heads: int, length: int, *, causal: bool, block_sizes: Block
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: jax.Array | None, *,
                      causal: bool, scale: float | None = None, block_sizes: BlockSizes | None = None,
-                     interpret: bool = False) -> jax.Array:
+                     interpret: bool = False, window: int | None = None) -> jax.Array:
     """Attention over BTNH inputs (equal query and key lengths, a multiple of LANES) with the splash
     kernels, vmapped over the batch; returns BTNH. block_sizes default to `block_sizes_for` the
-    lengths. interpret: run the kernels interpreted (any backend; slow, exact)."""
+    lengths. interpret: run the kernels interpreted (any backend; slow, exact). window: a causal
+    sliding window of that many keys (see make_kernel)."""
     batch, length, num_heads, head_dim = query.shape
     if block_sizes is None:
         block_sizes = block_sizes_for(length, key.shape[1])
-    kernel = make_kernel(num_heads, length, causal=causal, block_sizes=block_sizes, interpret=interpret)
+    kernel = make_kernel(num_heads, length, causal=causal, block_sizes=block_sizes, interpret=interpret,
+                         window=window)
     scale = head_dim**-0.5 if scale is None else scale
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in ((query * scale).astype(query.dtype), key, value))
 

@@ -24,6 +24,9 @@ class Attention(nn.Module):
     `rotary` embeddings of queries and keys at the tokens' positions, a logit `scale` (None: 1/sqrt(head_dim);
     T5: 1.0, its query init carrying the factor instead) and, per call, an additive `bias` on the logits
     (T5's relative positions: [batch or 1, heads, q_len, kv_len], covering every cache slot when decoding).
+    `window`: a causal sliding window of that many keys for self-attention (Mistral's sliding_window: each
+    token sees itself and the window - 1 tokens before it, padding included; None: no window), in the
+    forward pass and when decoding through the cache.
     """
 
     num_heads: int
@@ -33,6 +36,7 @@ class Attention(nn.Module):
     query_init_std: float | None = None
     num_kv_heads: int | None = None
     causal: bool = True
+    window: int | None = None
     qkv_bias: bool = False
     out_bias: bool = False
     rotary: Rotary | None = None
@@ -99,10 +103,10 @@ class Attention(nn.Module):
         else:
             k, v = self.keys_values(x)
             q, k = self.rotate(q, k, positions)
-            cached = kv_cache.self_attention(self, k, v, segment_ids)
+            cached = kv_cache.self_attention(self, k, v, segment_ids, window=self.window)
             if cached is None:
                 out = dot_product_attention(q, k, v, causal=self.causal, segment_ids=segment_ids,
-                                            kv_segment_ids=kv_segment_ids, **options)
+                                            kv_segment_ids=kv_segment_ids, window=self.window, **options)
             else:
                 k, v, mask = cached
                 out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=self.scale,

@@ -63,12 +63,13 @@ def append(module: nn.Module, updates: dict[str, jax.Array]) -> tuple[jax.Array,
     return index, cached
 
 
-def self_attention(module: nn.Module, key: jax.Array, value: jax.Array, segment_ids: jax.Array | None
-                   ) -> tuple[jax.Array, jax.Array, jax.Array] | None:
+def self_attention(module: nn.Module, key: jax.Array, value: jax.Array, segment_ids: jax.Array | None,
+                   window: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array] | None:
     """Self-attention through the cache while decoding: None when not decoding or on the call that
     creates the cache (attend as without one); else this chunk's keys/values written at the index and
     (cached keys, cached values, mask [batch, 1, q_len, cache_len]): each query sees the filled slots up
-    to its own that hold real tokens (segment id != 0)."""
+    to its own that hold real tokens (segment id != 0) and, with a sliding `window`, only the slots less
+    than `window` before its own (slots are contiguous, padding included, as the forward pass counts)."""
     if not is_decoding(module):
         return None
     batch, length = key.shape[:2]
@@ -79,6 +80,9 @@ def self_attention(module: nn.Module, key: jax.Array, value: jax.Array, segment_
         return None
     index, cached = append(module, entries)
     slots = jnp.arange(cached["cached_key"].shape[1])
-    causal = slots[None, :] <= (index + jnp.arange(length))[:, None]
+    distance = (index + jnp.arange(length))[:, None] - slots[None, :]
+    causal = distance >= 0
+    if window is not None:
+        causal &= distance < window
     mask = causal[None, None] & cached["cached_valid"][:, None, None, :]
     return cached["cached_key"], cached["cached_value"], mask

@@ -1,5 +1,6 @@
 """models.attention: implementation choice, and 'pallas' (interpreted) equal to 'xla' with and
-without a mesh. Tolerance: float32, max abs error 1e-4 on outputs and gradients (O(1) values)."""
+without a mesh; sliding windows in 'xla' (against numpy and jax's own local_window_size), in cudnn's call
+and in 'pallas'. Tolerance: float32, max abs error 1e-4 on outputs and gradients (O(1) values)."""
 import functools
 from unittest import mock
 
@@ -33,10 +34,10 @@ def packed(batch, length):
     return jnp.asarray(ids)
 
 
-def loss_and_grads(implementation, segment_ids):
+def loss_and_grads(implementation, segment_ids, window=None):
     def loss(q, k, v):
         out = dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids,
-                                    implementation=implementation)
+                                    implementation=implementation, window=window)
         return jnp.sum(jnp.sin(out)), out
 
     return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
@@ -115,8 +116,9 @@ def test_unknown_implementation_is_refused():
         dot_product_attention(q, k, v, implementation="flash")
 
 
-def numpy_attention(q, k, v, *, causal, q_segments, kv_segments, bias, scale):
-    """Per (batch, head) loops in float64: softmax(scale * q.k + bias) over the allowed keys."""
+def numpy_attention(q, k, v, *, causal, q_segments, kv_segments, bias, scale, window=None):
+    """Per (batch, head) loops in float64: softmax(scale * q.k + bias) over the allowed keys (with a
+    window, query i sees key j only when i + kv_len - q_len - j < window)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     batch, q_len, heads, _ = q.shape
     kv_len, group = k.shape[1], heads // k.shape[2]
@@ -127,6 +129,8 @@ def numpy_attention(q, k, v, *, causal, q_segments, kv_segments, bias, scale):
             allowed = np.ones((q_len, kv_len), bool)
             if causal:
                 allowed &= np.tril(np.ones((q_len, kv_len), bool), k=kv_len - q_len)
+            if window is not None:
+                allowed &= np.triu(np.ones((q_len, kv_len), bool), k=kv_len - q_len - window + 1)
             allowed &= (kv_segments[b] != 0)[None, :]
             if q_segments is not None:
                 allowed &= q_segments[b][:, None] == kv_segments[b][None, :]
@@ -191,3 +195,61 @@ def test_cross_lengths_need_the_keys_segment_ids():
     _, k, v = inputs(1, 8, 2, 2)
     with pytest.raises(ValueError, match="pass the keys' own kv_segment_ids"):
         dot_product_attention(q, k, v, causal=False, segment_ids=jnp.ones((1, 5), jnp.int32))
+
+
+@pytest.mark.parametrize("packed_rows", [False, True], ids=["plain", "packed"])
+def test_window_in_xla_equals_numpy_and_jax_local_window(packed_rows):
+    """12 tokens, window 4, 4 query heads over 2 kv heads; packed: documents of 4 and 3 tokens then padding."""
+    q, k, v = inputs(2, 12, 4, 2, head_dim=8, seed=20)
+    segments = np.array([[1] * 4 + [2] * 3 + [0] * 5, [1] * 12]) if packed_rows else None
+    got = dot_product_attention(q, k, v, segment_ids=None if segments is None else jnp.asarray(segments),
+                                window=4, implementation="auto")
+    want = numpy_attention(q, k, v, causal=True, q_segments=segments,
+                           kv_segments=np.ones((2, 12), int) if segments is None else segments,
+                           bias=np.zeros((1, 4, 12, 12)), scale=8**-0.5, window=4)
+    mask = None if segments is None else attention.attention_mask(12, 12, causal=False, segment_ids=segments)
+    jax_local = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, local_window_size=(3, 0),
+                                             implementation="xla")
+    real = np.ones((2, 12), bool) if segments is None else segments != 0  # padding rows: jax averages
+    np.testing.assert_allclose(np.asarray(got)[real], want[real], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(jax_local)[real], atol=1e-5, rtol=0)
+    unwindowed = dot_product_attention(q, k, v, segment_ids=None if segments is None else jnp.asarray(segments))
+    assert np.abs(np.asarray(unwindowed - got)[real]).max() > 0.1
+
+
+@pytest.mark.parametrize("q_len, packed_rows", [(12, True), (5, False)], ids=["self-packed", "5-over-12"])
+def test_cudnn_call_with_a_window_means_the_same_to_jax(q_len, packed_rows):
+    """cudnn_attention's jax.nn.dot_product_attention call (local_window_size, or our bottom-right mask when
+    the query is shorter), run by jax's own XLA implementation, equals 'xla' with the window."""
+    q, _, _ = inputs(2, q_len, 4, 2, head_dim=8, seed=21)
+    _, k, v = inputs(2, 12, 4, 2, head_dim=8, seed=22)
+    segments = jnp.asarray(np.array([[1] * 4 + [2] * 8, [1] * 9 + [0] * 3])) if packed_rows else None
+    jax_attention = jax.nn.dot_product_attention
+    as_xla = lambda *args, **kwargs: jax_attention(*args, **{**kwargs, "implementation": "xla"})
+    with mock.patch.object(attention.jax.nn, "dot_product_attention", side_effect=as_xla) as call:
+        got = attention.cudnn_attention(q, k, v, causal=True, segment_ids=segments, window=3)
+    assert call.call_args.kwargs["local_window_size"] == ((2, 0) if q_len == 12 else None)
+    want = attention.xla_attention(q, k, v, causal=True, segment_ids=segments, window=3)
+    real = np.ones((2, q_len), bool) if segments is None else np.asarray(segments) != 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5, rtol=0)
+
+
+def test_pallas_with_a_window_equals_xla():
+    """Window 9 over 40 tokens of packed documents, 4 query heads over 2, forward and gradients (the
+    kernel's block skipping: tests/models/kernels/test_flash_attention.py)."""
+    q, k, v = inputs(2, 40, 4, 2, head_dim=16, seed=23)
+    segment_ids = packed(2, 40)
+    with mock.patch.object(attention, "flash_attention", wraps=attention.flash_attention) as kernel:
+        got = jax.jit(loss_and_grads("pallas", segment_ids, window=9))(q, k, v)
+    assert kernel.call_args.kwargs["window"] == 9
+    assert_close(got, jax.jit(loss_and_grads("xla", segment_ids, window=9))(q, k, v))
+
+
+@pytest.mark.parametrize("window, causal, message", [
+    (4, False, "attention window 4 needs causal=True"), (0, True, "window 0 must be a positive int")])
+def test_bad_windows_are_refused_in_one_line(window, causal, message):
+    q, k, v = inputs(1, 8, 2, 2)
+    for implementation in ("auto", "pallas"):
+        with pytest.raises(ValueError, match=message) as error:
+            dot_product_attention(q, k, v, causal=causal, window=window, implementation=implementation)
+        assert "\n" not in str(error.value)

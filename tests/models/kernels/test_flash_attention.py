@@ -45,14 +45,14 @@ def value_and_grads(attention, q, k, v):
     return [x.astype(jnp.float32) for x in (out, *grads)]
 
 
-def assert_matches_reference(q, k, v, segment_ids, *, causal, block_q, block_k, scale=None):
+def assert_matches_reference(q, k, v, segment_ids, *, causal, block_q, block_k, scale=None, window=None):
     kernel = lambda q, k, v: flash_attention(
-        q, k, v, segment_ids, causal=causal, scale=scale, block_q=block_q, block_k=block_k
+        q, k, v, segment_ids, causal=causal, scale=scale, block_q=block_q, block_k=block_k, window=window
     )
     q_scale = 1.0 if scale is None else scale * q.shape[-1] ** 0.5
     reference = lambda q, k, v: xla_attention(
         (q.astype(jnp.float32) * q_scale), k.astype(jnp.float32), v.astype(jnp.float32),
-        causal=causal, segment_ids=segment_ids,
+        causal=causal, segment_ids=segment_ids, window=window,
     )
     out_tol, grad_tol = TOLERANCE[q.dtype.type]
     got = value_and_grads(kernel, q, k, v)
@@ -118,3 +118,37 @@ def test_rejects_segment_ids_of_the_wrong_shape():
     q, k, v = random_inputs(0, 1, 16, 16, 2, 2, 64, jnp.float32)
     with pytest.raises(ValueError, match=r"\[batch, length\]"):
         flash_attention(q, k, v, jnp.ones((1, 8), jnp.int32))
+
+
+@pytest.mark.parametrize("q_len, kv_len, window, segments, block_q, block_k", [
+    (64, 64, 20, False, 16, 32),  # the window's edge inside blocks; key blocks left of it skipped
+    (50, 50, 17, True, 16, 16),  # packed, padded to 64
+    (24, 40, 9, False, 16, 16),  # bottom-right aligned: query i's keys (i + 16 - 9, i + 16]
+    (32, 32, 1, False, 16, 16),  # each token sees only itself
+])
+def test_sliding_window_matches_reference(q_len, kv_len, window, segments, block_q, block_k):
+    q, k, v = random_inputs(window, 2, q_len, kv_len, 4, 2, 32, jnp.float32)
+    segment_ids = packed_segments(window, 2, q_len) if segments else None
+    assert_matches_reference(q, k, v, segment_ids, causal=True, block_q=block_q, block_k=block_k, window=window)
+
+
+def windowed_grads(q, k, v, rows):
+    """Output and gradients of sum(out[:, rows]) with window 16 in blocks of 16."""
+    def loss(q, k, v):
+        out = flash_attention(q, k, v, causal=True, window=16, block_q=16, block_k=16)
+        return jnp.sum(out[:, rows]), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+    return [np.asarray(x) for x in (out, *grads)]
+
+
+def test_sliding_window_skips_blocks_wholly_outside_it():
+    """64 tokens in blocks of 16, window 16, so query block i reads key blocks i - 1 and i. A block the
+    kernels read, even masked, spreads NaN (0 * NaN): NaN values in key block 0 leave query block 2's output
+    and dQ finite; NaN queries in block 3 leave key blocks 0 and 1's dK/dV finite. The blocks that read
+    them turn NaN, so the check can fail."""
+    q, k, v = random_inputs(1, 1, 64, 64, 2, 2, 32, jnp.float32)
+    out, dq, _, _ = windowed_grads(q, k, v.at[:, :16].set(jnp.nan), slice(32, 48))
+    assert np.isfinite(out[:, 32:]).all() and np.isfinite(dq[:, 32:48]).all() and np.isnan(out[:, :32]).all()
+    _, _, dk, dv = windowed_grads(q.at[:, 48:].set(jnp.nan), k, v, slice(0, 48))
+    assert np.isfinite(dk[:, :32]).all() and np.isfinite(dv[:, :32]).all() and np.isnan(dk[:, 32:]).all()

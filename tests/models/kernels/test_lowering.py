@@ -15,40 +15,40 @@ from models.kernels import flash_attention as fa
 TRITON_CALL = "__gpu$xla.gpu.triton"
 
 
-def gradient_fn(segments: bool):
+def gradient_fn(segments: bool, window: int | None):
     def loss(q, k, v, segment_ids):
-        out = fa.flash_attention(q, k, v, segment_ids if segments else None, interpret=False)
+        out = fa.flash_attention(q, k, v, segment_ids if segments else None, window=window, interpret=False)
         return jnp.sum(out.astype(jnp.float32))
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def export(platform: str, backend: str, *, segments: bool, head_dim: int, length: int) -> str:
+def export(platform: str, backend: str, *, segments: bool, head_dim: int, length: int, window: int | None) -> str:
     q = jax.ShapeDtypeStruct((2, length, 4, head_dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((2, length, 2, head_dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((2, length), jnp.int32)
     checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
     with mock.patch.object(fa.jax, "default_backend", lambda: backend):
-        exported = jax.export.export(gradient_fn(segments), platforms=[platform], disabled_checks=checks)(
+        exported = jax.export.export(gradient_fn(segments, window), platforms=[platform], disabled_checks=checks)(
             q, kv, kv, segment_ids)
     return exported.mlir_module()
 
 
-CASES = [(False, 64, 256), (True, 128, 200)]  # 200: padded to 256 inside
+CASES = [(False, 64, 256, None), (True, 128, 200, None), (True, 64, 384, 200)]  # 200 tokens: padded to 256
 
 
 @pytest.mark.skipif(fa.pl_triton is None, reason="this jax has no Triton Pallas lowering")
-@pytest.mark.parametrize("segments, head_dim, length", CASES)
-def test_lowers_to_triton_for_cuda(segments, head_dim, length):
-    module = export("cuda", "gpu", segments=segments, head_dim=head_dim, length=length)
+@pytest.mark.parametrize("segments, head_dim, length, window", CASES)
+def test_lowers_to_triton_for_cuda(segments, head_dim, length, window):
+    module = export("cuda", "gpu", segments=segments, head_dim=head_dim, length=length, window=window)
     assert module.count(TRITON_CALL) == 3  # forward, dQ, dK/dV
 
 
-@pytest.mark.parametrize("segments, head_dim, length", CASES)
-def test_lowers_to_mosaic_for_tpu(segments, head_dim, length):
+@pytest.mark.parametrize("segments, head_dim, length, window", CASES)
+def test_lowers_to_mosaic_for_tpu(segments, head_dim, length, window):
     tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")  # private: pretend a v5e
     with mock.patch.object(tpu_info, "get_device_kind", lambda: "TPU v5 lite"), \
             mock.patch.object(tpu_info, "get_num_device_cores", lambda: 1), \
             mock.patch.object(tpu_info, "is_tpu_device", lambda: True):
-        module = export("tpu", "tpu", segments=segments, head_dim=head_dim, length=length)
+        module = export("tpu", "tpu", segments=segments, head_dim=head_dim, length=length, window=window)
     assert module.count("tpu_custom_call") == 3

@@ -1,6 +1,6 @@
 """models/layers/kv_cache.py: decoding through the one KV cache equals the full forward, for GPT-style
 self-attention (rotary keys cached, left padding), T5-style attention (an additive bias over every cache
-slot), grouped key/value heads and cross-attention (the context's keys/values cached once); the cache's
+slot), grouped key/value heads, a sliding window (Mistral) and cross-attention (the context's keys/values cached once); the cache's
 variables, their logical axes, and the index that T5's decoder positions share."""
 import flax.linen as nn
 import jax
@@ -53,6 +53,23 @@ def test_gpt_style_decoding_equals_the_full_forward(num_heads, num_kv_heads):
     k = np.einsum("bte,ehd->bthd", x, p["key_kernel"].value) + p["key_bias"].value
     assert cache["cached_key"].shape == (2, 7, num_kv_heads or num_heads, 4)
     np.testing.assert_allclose(cache["cached_key"], rotary_reference(np.asarray(k), positions, 4, 10000.0), **TOL)
+
+
+def test_sliding_window_decoding_token_by_token_equals_the_full_forward():
+    """Window 3, a 5-token prompt (longer than the window) then 4 tokens one at a time, 4 query heads over 2,
+    rotary, one row left-padded by 2 (padding slots count toward the window, as transformers' cache
+    positions do): the same as the full forward with the window, which differs from the one without."""
+    module = layers.Attention(4, 4, 0.5, 0.5, num_kv_heads=2, rotary=layers.Rotary(4), window=3, attention="xla")
+    x = jnp.asarray(np.random.default_rng(14).normal(size=(2, 9, 8)), jnp.float32)
+    segments = np.array([[1] * 9, [0, 0] + [1] * 7])
+    positions = np.maximum(segments.cumsum(1) - 1, 0)
+    variables = init(module, 15, x, positions=positions)
+    full = module.apply(variables, x, segment_ids=segments, positions=positions)
+    decoded, _ = decode_in_chunks(module, variables, x, positions, segments, [5, 1, 1, 1, 1])
+    np.testing.assert_allclose(decoded[0], full[0], **TOL)
+    np.testing.assert_allclose(decoded[1, 2:], full[1, 2:], **TOL)
+    unwindowed = module.clone(window=None).apply(variables, x, segment_ids=segments, positions=positions)
+    assert np.abs(np.asarray(unwindowed - full)).max(-1)[:, 5:].min() > 1e-3  # every token from 5 on
 
 
 def test_t5_style_decoding_with_a_bias_equals_the_full_forward():
