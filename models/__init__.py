@@ -12,7 +12,7 @@ from typing import Any, Mapping, NamedTuple
 
 import flax.linen as nn
 
-from models import bert, gpt2, neox, t5
+from models import bert, gpt2, llama, neox, t5
 from models.config import DTYPES, FamilyConfig
 
 KINDS = ("decoder_only", "encoder_decoder", "encoder_only")
@@ -27,6 +27,7 @@ class Family(NamedTuple):
 FAMILIES: dict[str, Family] = {
     "gpt2": Family(gpt2.GPT2Config, gpt2.GPT2, "decoder_only"),
     "neox": Family(neox.NeoXConfig, neox.NeoX, "decoder_only"),
+    "llama": Family(llama.LlamaConfig, llama.Llama, "decoder_only"),
     "t5": Family(t5.T5Config, t5.T5, "encoder_decoder"),
     "bert": Family(bert.BertConfig, bert.BERT, "encoder_only"),
     "roberta": Family(bert.RobertaConfig, bert.BERT, "encoder_only"),

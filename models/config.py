@@ -146,6 +146,10 @@ class DecoderOnlyConfig(FamilyConfig):
     mlp_bias: ClassVar[bool] = True
     use_parallel_residual: ClassVar[bool] = False
     """x + attn(ln_1 x) + mlp(ln_2 x) instead of the sequential residual."""
+    tie_word_embeddings: ClassVar[bool] = False
+    """The output head is the input embedding (GPT-2 ties its own in its module)."""
+    sliding_window: ClassVar[int | None] = None
+    """Causal attention over at most this many tokens, the query's own included (None: all before it)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -172,10 +176,12 @@ class DecoderOnlyConfig(FamilyConfig):
         return self.num_layers * (attention + mlp) + self.vocab_size * e
 
     def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
-        """6 FLOPs per weight per token, plus causal attention (QK^T and AV over half the T x T
-        scores, 3x for forward + backward): 6·L·T²·(heads·head_dim)."""
-        t = lengths["targets"]
-        return 6.0 * self.matmul_params() * t + 6.0 * self.num_layers * t * t * self.num_heads * self.head_dim
+        """6 FLOPs per weight per token, plus causal attention: QK^T and AV over the (query, key) pairs
+        attended, 2 FLOPs per multiply-add, 3x for forward + backward: 12·L·pairs·(heads·head_dim), where
+        pairs is T²/2 (6·L·T²·heads·head_dim) or, with a sliding window W < T, T·W - W(W-1)/2."""
+        t, w = lengths["targets"], self.sliding_window
+        pairs = t * t / 2 if w is None or w >= t else t * w - w * (w - 1) / 2
+        return 6.0 * self.matmul_params() * t + 12.0 * self.num_layers * pairs * self.num_heads * self.head_dim
 
     def check_lengths(self, lengths: Mapping[str, int]) -> None:
         if set(lengths) != {"targets"}:
@@ -194,6 +200,7 @@ class DecoderOnlyConfig(FamilyConfig):
         if self.rotary is not None:
             heads += f" (rotary on {self.rotary.dim})"
         residual = ", parallel residual" if self.use_parallel_residual else ""
+        residual += f", sliding window {self.sliding_window}" if self.sliding_window else ""
         return (f"{self.family}: {self.num_layers} layers, width {self.embed_dim}, {heads}, mlp {self.mlp_dim}"
                 f"{residual}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), max_len {self.max_len}, "
                 f"{self.dtype}")

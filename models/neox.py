@@ -22,8 +22,6 @@ import dataclasses
 import math
 from typing import ClassVar
 
-import jax
-
 from models import layers
 from models.config import DecoderOnlyConfig
 
@@ -74,18 +72,7 @@ class NeoXConfig(DecoderOnlyConfig):
 
 
 class NeoX(layers.DecoderOnly):
-    """Token embeddings in (positions are rotary, in the blocks); an untied table out."""
+    """Token embeddings in (positions are rotary, in the blocks); an untied table out: the shared decoder's
+    own embeddings."""
 
     config: NeoXConfig
-
-    def setup(self):
-        c = self.config
-        embed = (c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), c.input_init_std)
-        self.embed_in = layers.Embed(*embed, dtype=c.compute_dtype)
-        self.embed_out = layers.Embed(*embed, dtype=c.compute_dtype)
-
-    def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        return self.embed_in(tokens)
-
-    def output_table(self) -> jax.Array:
-        return self.embed_out.embedding

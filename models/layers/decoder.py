@@ -1,13 +1,13 @@
-"""The decoder-only language model that GPT-2, GPT-NeoX and CPM-1 compose: token (and, by the family,
+"""The decoder-only language model that GPT-2, GPT-NeoX, CPM-1 and Llama compose: token (and, by the family,
 position) embeddings, a stack of pre-norm blocks, a final norm and the output head over the padded
 vocabulary. The blocks read their options from the family config (models.config.DecoderOnlyConfig lists
-them: norm, MLP activation and gating, biases, rotary embeddings, grouped KV heads, parallel residual,
-initialisation); a family module names its embeddings and its output table.
+them: norm, MLP activation and gating, biases, rotary embeddings, grouped KV heads, a sliding window,
+parallel residual, initialisation); a family module names its embeddings and its output table.
 
 Parameter tree (scan_layers=True stacks the blocks on a leading 'layers' axis under `blocks`;
 scan_layers=False names them `block_0`, `block_1`, ...):
 
-    <the family's embeddings>   blocks/{ln_1, attn, ln_2, mlp}   ln_f   <the family's output table, untied>
+    embed_in (or the family's embeddings)   blocks/{ln_1, attn, ln_2, mlp}   ln_f   embed_out (untied) or none
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from models.layers import kv_cache
 from models.layers.attention import Attention
 from models.layers.dense import BATCH_LENGTH_EMBED
-from models.layers.embeddings import mask_vocab_padding, tied_logits
+from models.layers.embeddings import Embed, mask_vocab_padding, tied_logits
 from models.layers.mlp import MLP
 from models.layers.norms import NORMS
 from models.layers.stack import LayerStack, block_stack
@@ -40,7 +40,7 @@ class DecoderBlock(nn.Module):
         dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
         attention = Attention(c.num_heads, c.head_dim, c.input_init_std, c.output_init_std,
                               num_kv_heads=c.num_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias, rotary=c.rotary,
-                              attention=c.attention, dropout_rate=c.attention_dropout_rate, dtype=dtype, name="attn")
+                              window=c.sliding_window, attention=c.attention, dropout_rate=c.attention_dropout_rate, dtype=dtype, name="attn")
         mlp = MLP(c.mlp_dim, c.mlp_activation, c.input_init_std, c.output_init_std, gated=c.gated_mlp,
                   use_bias=c.mlp_bias, dtype=dtype, name="mlp")
         norm = NORMS[c.norm]
@@ -67,20 +67,31 @@ def decoder_positions(module: nn.Module, tokens: jax.Array, positions: jax.Array
 
 class DecoderOnly(nn.Module):
     """Decoder-only language model. `__call__` returns fp32 logits over the padded vocabulary, with
-    padding ids masked so they never take probability mass. A family subclass defines `setup` (its
-    embedding tables), `embed(tokens, positions)` and `output_table()`."""
+    padding ids masked so they never take probability mass.
+
+    Its embeddings, unless a family subclass defines its own `setup`, `embed(tokens, positions)` and
+    `output_table()` (GPT-2's learned positions): token embeddings in, `embed_in/embedding`, with positions
+    rotary in the blocks, and an untied output table `embed_out/embedding` (GPT-NeoX, Llama), or the input's
+    when the config ties them (tie_word_embeddings); both normal(input_init_std)."""
 
     config: Any
     layer_stack: LayerStack | None = None
     """Injected by the runtime to replace the scanned stack (e.g. by a pipeline), see layers.stack."""
 
+    def setup(self):
+        c = self.config
+        table = (c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), c.input_init_std)
+        self.embed_in = Embed(*table, dtype=c.compute_dtype)
+        if not c.tie_word_embeddings:
+            self.embed_out = Embed(*table, dtype=c.compute_dtype)
+
     def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """The input embeddings [batch, length, embed] of tokens at positions [batch, length]."""
-        raise NotImplementedError
+        return self.embed_in(tokens)
 
     def output_table(self) -> jax.Array:
         """The output head's table [padded_vocab, embed] (the token embeddings when tied)."""
-        raise NotImplementedError
+        return (self.embed_in if self.config.tie_word_embeddings else self.embed_out).embedding
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,

@@ -25,7 +25,8 @@ from t5x_like.errors import UserError
 # One converter module per registered family: t5x_like/convert/<family>.py.
 FAMILIES = {name: importlib.import_module(f"t5x_like.convert.{name}") for name in models.FAMILIES}
 """Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
-entries and block stacks), config_to_hf, config_from_hf, tokenizer_config; optionally tied(config) (to-torch),
+entries and block stacks), config_to_hf, config_from_hf, tokenizer_config; optionally HF_MODEL_TYPES (the
+model types it imports, when several), tied(config) (to-torch),
 copied(config) (to-hf) and config_for_tensors(config, tensors) (from-hf, T5's head)."""
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "spiece.model", "tokenizer.model", "vocab.txt")
 """Files of which a Hugging Face model directory with a tokenizer holds at least one."""
@@ -130,11 +131,16 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     return os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR, str(step))
 
 
+def hf_model_types(family) -> tuple[str, ...]:
+    """The HF model types a converter imports: HF_MODEL_TYPES (Llama's llama, mistral, qwen2), else its one."""
+    return getattr(family, "HF_MODEL_TYPES", (family.HF_MODEL_TYPE,))
+
+
 def family_for_hf(model_type: str | None, source: str):
     for family in FAMILIES.values():
-        if family.HF_MODEL_TYPE == model_type:
+        if model_type in hf_model_types(family):
             return family
-    known = sorted(f.HF_MODEL_TYPE for f in FAMILIES.values())
+    known = sorted(t for f in FAMILIES.values() for t in hf_model_types(f))
     raise UserError(f"{source}: model_type {model_type!r} has no converter; supported Hugging Face model types: "
                     f"{known}.")
 

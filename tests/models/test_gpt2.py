@@ -141,7 +141,7 @@ def test_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="unknown fields"):
         models.config_from_dict({"family": "gpt2", "n_embd": 3})
     with pytest.raises(ValueError, match="family"):
-        models.config_from_dict({"family": "llama"})
+        models.config_from_dict({"family": "gemma"})
     with pytest.raises(ValueError, match="gpt2_tiny"):
         configs.get_model_config("gpt3_small")
 

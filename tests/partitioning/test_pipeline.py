@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2, GPT2Config
+from models.llama import LlamaConfig
 from models.neox import NeoXConfig
 from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
@@ -25,6 +26,9 @@ CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, 
                     dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
 NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
                          dtype="float32")
+# Every Llama option at once: grouped key/value heads, Qwen2's q/k/v biases, Mistral's window (half the length).
+LLAMA_CONFIG = LlamaConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=4, num_heads=4, num_key_value_heads=2,
+                           embed_dim=32, mlp_dim=64, qkv_bias=True, sliding_window=SEQ_LEN // 2, dtype="float32")
 
 
 def make_optimizer():
@@ -74,11 +78,16 @@ CASES = {
     "gpipe stage=2 x tensor=2 x data=2": (dict(data=2, stage=2, tensor=2), "tensor", (2, 4, 1), 1, "none"),
     "circular stage=4 x data=2, grad accumulation, remat": (dict(data=2, stage=4), "data_parallel", (4, 4, 2), 2,
                                                             "full"),
+    "data=2 x fsdp=2 x tensor=2": (dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", (1, 1, 1), 1, "none"),
 }
 
 
-@pytest.mark.parametrize("name, family_config", [(name, CONFIG) for name in CASES] + [
-    ("gpipe stage=2 x tensor=2 x data=2", NEOX_CONFIG)], ids=[*CASES, "neox gpipe stage=2 x tensor=2 x data=2"])
+FAMILY_CASES = {f"{family} {name}": (name, config) for family, config, names in (
+    ("gpt2", CONFIG, list(CASES)[:2]), ("neox", NEOX_CONFIG, ["gpipe stage=2 x tensor=2 x data=2"]),
+    ("llama", LLAMA_CONFIG, ["gpipe stage=2 x tensor=2 x data=2", "data=2 x fsdp=2 x tensor=2"])) for name in names}
+
+
+@pytest.mark.parametrize("name, family_config", FAMILY_CASES.values(), ids=FAMILY_CASES)
 def test_pipelined_training_equals_data_parallel(name, family_config, synthetic_source):
     sizes, rules, schedule, accum, remat = CASES[name]
     want = reference_losses(synthetic_source, family_config)

@@ -44,3 +44,21 @@ def test_relative_position_bias_looks_up_its_table_per_bucket_and_head():
     got = module.apply(variables, queries, keys)
     assert got.shape == (1, 3, 3, 5) and got.dtype == jnp.float32
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("head_dim, base, factor, original", [(128, 500000.0, 8.0, 8192), (64, 10000.0, 4.0, 2048)])
+def test_llama3_scaled_frequencies_equal_transformers(head_dim, base, factor, original):
+    """Llama 3.1's rope_type 'llama3' (transformers' _compute_llama3_parameters): fp32 rounding apart."""
+    pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, max_position_embeddings=4 * original,
+                         rope_scaling=dict(rope_type="llama3", rope_theta=base, factor=factor, low_freq_factor=1.0,
+                                           high_freq_factor=4.0, original_max_position_embeddings=original))
+    theirs, attention_scaling = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    ours = layers.Llama3Rotary(head_dim, base, factor, 1.0, 4.0, original).inverse_frequencies()
+    np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), rtol=3e-7)
+    assert attention_scaling == 1.0
+    plain = np.asarray(layers.Rotary(head_dim, base).inverse_frequencies())
+    assert np.asarray(ours)[0] == plain[0] and np.isclose(np.asarray(ours)[-1], plain[-1] / factor, rtol=1e-6)

@@ -203,10 +203,10 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
 
 
 def test_from_hf_refuses_another_family(hf_dir, tmp_path):
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 10}))
-    with pytest.raises(ValueError, match=r"config.json: model_type 'llama' has no converter.*'gpt2', 'gpt_neox'"):
-        hf.from_hf(str(tmp_path / "llama"), str(tmp_path / "out"))
+    (tmp_path / "gemma").mkdir()
+    (tmp_path / "gemma" / "config.json").write_text(json.dumps({"model_type": "gemma", "vocab_size": 10}))
+    with pytest.raises(ValueError, match=r"config.json: model_type 'gemma' has no converter.*'gpt2', 'gpt_neox'"):
+        hf.from_hf(str(tmp_path / "gemma"), str(tmp_path / "out"))
     config = dict(json.loads((hf_dir[0] / "config.json").read_text()), scale_attn_by_inverse_layer_idx=True)
     (tmp_path / "scaled").mkdir()
     (tmp_path / "scaled" / "config.json").write_text(json.dumps(config))
