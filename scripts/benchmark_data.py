@@ -2,6 +2,7 @@
 
     python scripts/benchmark_data.py                       # WikiText test set x 20, GPT-2 BPE from ../shared/data
     python scripts/benchmark_data.py --input=corpus.jsonl --tokenizer=tok/ --workers=1,2,4
+    python scripts/benchmark_data.py --token_file=PREFIX --batch_size=16 --seq_len=2048   # the loader only
 
 Preprocessing: a plain single-process loop (read JSON lines, `tokenizers` encode one document at a time,
 write uint16 ids) against `t5x_like.data.preprocess` with each --workers count, on the same file and
@@ -25,6 +26,7 @@ import numpy as np
 from t5x_like.data import formats, make_source
 from t5x_like.data.preprocess import preprocess
 from t5x_like.data.tokenizer import load_tokenizer
+from t5x_like.features import DECODER_INPUT_TOKENS
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
@@ -35,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=20, help="Copies of WikiText in the default corpus.")
     parser.add_argument("--tokenizer", default=str(SHARED / "gpt2-bpe"))
     parser.add_argument("--workers", default="1,2", help="Comma-separated preprocess worker counts.")
+    parser.add_argument("--token_file", help="An existing token-file prefix: measure only the loader, over it.")
     parser.add_argument("--batch_size", type=int, default=16, help="Loader rows per host.")
     parser.add_argument("--seq_len", type=int, default=1024)
     parser.add_argument("--loader_seconds", type=float, default=5.0, help="Time per loader measurement.")
@@ -68,7 +71,9 @@ def loader_rate(prefix: str, packing: bool, batch_size: int, seq_len: int, secon
     source = make_source("train", batch_size=batch_size, feature_lengths={"targets": seq_len}, seed=0, shard_index=0,
                          shard_count=1, data_path=prefix, packing=packing)
     for _ in range(20):
-        next(source)
+        batch = next(source)
+    shape = batch[DECODER_INPUT_TOKENS].shape
+    assert shape == (batch_size, seq_len), f"the loader gave {shape} rows, not {batch_size} x {seq_len}"
     start, batches = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         next(source)
@@ -76,8 +81,22 @@ def loader_rate(prefix: str, packing: bool, batch_size: int, seq_len: int, secon
     return batches * batch_size * seq_len / (time.perf_counter() - start)
 
 
+def loader_rows(prefix: str, args: argparse.Namespace) -> None:
+    """The loader's table rows: fixed-length windows, then packed rows, over the token file at `prefix`."""
+    for packing in (False, True):
+        rate = loader_rate(prefix, packing, args.batch_size, args.seq_len, args.loader_seconds)
+        print(f"| loader: {'packed' if packing else 'fixed-length'} {args.batch_size} x {args.seq_len}, "
+              f"1 host process | {rate:,.0f} |")
+
+
 def main() -> None:
     args = parse_args()
+    if args.token_file:
+        print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+              f"Python {platform.python_version()}; token file {args.token_file}\n")
+        print("| measurement | tokens/s |\n| --- | ---: |")
+        loader_rows(args.token_file, args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         corpus = args.input or os.path.join(tmp, "corpus.jsonl")
         if not args.input:
@@ -95,10 +114,7 @@ def main() -> None:
                          for _ in range(args.trials)]
             assert all(s["num_tokens"] == tokens for s in summaries), "preprocess and the plain loop disagree"
             print(f"| preprocess: --workers={workers} | {max(tokens / s['seconds'] for s in summaries):,.0f} |")
-        for packing in (False, True):
-            rate = loader_rate(os.path.join(tmp, "p"), packing, args.batch_size, args.seq_len, args.loader_seconds)
-            print(f"| loader: {'packed' if packing else 'fixed-length'} {args.batch_size} x {args.seq_len}, "
-                  f"1 host process | {rate:,.0f} |")
+        loader_rows(os.path.join(tmp, "p"), args)
 
 
 if __name__ == "__main__":
