@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                         "--prompts_file.")
     texts = prompts.read_prompts(args)
     settings = sampling_settings(args)
-    check_model_fits(inference.read_config(args.checkpoint)[0], args)
+    check_model_fits(inference.compute_config(args), args)
     config, params, tokenizer, partitioner = inference.load_for_inference(args)
     generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
                           max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size,

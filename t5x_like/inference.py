@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import math
 import os
+import sys
 from typing import Any, Callable
 
 import jax
@@ -114,7 +115,7 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor_parallel", type=int, default=1, help="mesh 'tensor' size")
     parser.add_argument("--rules", default="fsdp_tensor", help="logical-axis rule set (partitioning/rules.py)")
     parser.add_argument("--dtype", default=None, choices=sorted(models.DTYPES),
-                        help="compute dtype (default: the checkpoint's)")
+                        help="compute dtype (default: the checkpoint's; on CPU float32 for a float16/bfloat16 one)")
 
 
 MESH_FLAGS = ("data_parallel", "fsdp_parallel", "tensor_parallel")
@@ -163,11 +164,28 @@ def join_cluster(args: argparse.Namespace) -> None:
                            heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
 
 
-def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True):
-    """(config, params, tokenizer or None, partitioner) for the --checkpoint / --tokenizer / mesh flags."""
+EMULATED_ON_CPU = ("float16", "bfloat16")
+"""Compute dtypes a CPU has no fast arithmetic for: XLA emulates them, several times slower than float32."""
+
+
+def compute_config(args: argparse.Namespace, *, announce: bool = False):
+    """The checkpoint's model config in the compute dtype of this run: --dtype when given, else the recorded one,
+    except where the devices are CPUs and it is float16/bfloat16 (emulated there): float32, which `announce`
+    says in one line (process 0). Parameters are float32 either way."""
     config, _ = read_config(args.checkpoint)
-    if args.dtype:
-        config = dataclasses.replace(config, dtype=args.dtype)
+    dtype = args.dtype or config.dtype
+    if not args.dtype and config.dtype in EMULATED_ON_CPU and jax.default_backend() == "cpu":
+        dtype = "float32"
+        if announce and distributed.is_primary():
+            print(f"compute dtype: float32 (checkpoint {args.checkpoint} records {config.dtype}, which CPUs only "
+                  f"emulate, several times slower; --dtype={config.dtype} keeps it)", file=sys.stderr, flush=True)
+    return dataclasses.replace(config, dtype=dtype) if dtype != config.dtype else config
+
+
+def load_for_inference(args: argparse.Namespace, *, with_tokenizer: bool = True):
+    """(config, params, tokenizer or None, partitioner) for the --checkpoint / --tokenizer / mesh flags, the config
+    in the run's compute dtype (compute_config)."""
+    config = compute_config(args, announce=True)
     tokenizer = checkpoint_tokenizer(args.checkpoint, config, args.tokenizer) \
         if with_tokenizer or args.tokenizer else None
     if args.tokenizer:  # checked against the checkpoint's even where the task does not use it
