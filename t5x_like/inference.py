@@ -165,7 +165,8 @@ def join_cluster(args: argparse.Namespace) -> None:
 
 
 EMULATED_ON_CPU = ("float16", "bfloat16")
-"""Compute dtypes a CPU has no fast arithmetic for: XLA emulates them, several times slower than float32."""
+"""Compute dtypes a CPU has no fast arithmetic for: XLA emulates them (a small GPT-2's forward pass: float16 1.3x,
+bfloat16 1.4x float32's time on the development machine's CPU)."""
 
 
 def compute_config(args: argparse.Namespace, *, announce: bool = False):
@@ -178,7 +179,7 @@ def compute_config(args: argparse.Namespace, *, announce: bool = False):
         dtype = "float32"
         if announce and distributed.is_primary():
             print(f"compute dtype: float32 (checkpoint {args.checkpoint} records {config.dtype}, which CPUs only "
-                  f"emulate, several times slower; --dtype={config.dtype} keeps it)", file=sys.stderr, flush=True)
+                  f"emulate, more slowly; --dtype={config.dtype} keeps it)", file=sys.stderr, flush=True)
     return dataclasses.replace(config, dtype=dtype) if dtype != config.dtype else config
 
 

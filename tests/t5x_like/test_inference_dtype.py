@@ -1,5 +1,5 @@
 """The compute dtype of eval and generate: a float16/bfloat16 checkpoint computes in float32 on CPU (which only
-emulates the half types, several times slower) and the CLI says so in one line; --dtype overrides; elsewhere the
+emulates the half types, more slowly) and the CLI says so in one line; --dtype overrides; elsewhere the
 recorded dtype stays. Run as users run it: the CLIs in a working directory of their own, relative paths."""
 import argparse
 import json
@@ -60,7 +60,7 @@ def test_a_float16_checkpoint_evaluates_in_float32_on_cpu_and_says_so(workdir):
         done = run(workdir, "t5x_like.eval", "--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
                    "--seq_len=64", "--stride=32", "--batch_size=4", f"--output={output}", *extra)
         notes = [line for line in done.stderr.splitlines() if line.startswith("compute dtype:")]
-        assert notes == ([NOTE.format(name) + ", several times slower; --dtype=float16 keeps it)"]
+        assert notes == ([NOTE.format(name) + ", more slowly; --dtype=float16 keeps it)"]
                          if name == "fp16" and not extra else []), done.stderr[-2000:]
         results[name, bool(extra)] = json.loads((workdir / output).read_text())["ppl"]
     assert results["fp16", False] == pytest.approx(results["fp32", False], rel=1e-6)
