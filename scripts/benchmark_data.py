@@ -1,15 +1,13 @@
-"""Benchmarks the data pipeline: preprocessing tokens/s and loader tokens/s per host process.
+"""Benchmarks the data loader: training tokens/s per host process.
 
     python scripts/benchmark_data.py                       # WikiText test set x 20, GPT-2 BPE from ../shared/data
-    python scripts/benchmark_data.py --input=corpus.jsonl --tokenizer=tok/ --workers=1,2,4
-    python scripts/benchmark_data.py --token_file=PREFIX --batch_size=16 --seq_len=2048   # the loader only
+    python scripts/benchmark_data.py --input=corpus.jsonl --tokenizer=tok/
+    python scripts/benchmark_data.py --token_file=PREFIX --batch_size=16 --seq_len=2048
 
-Preprocessing: a plain single-process loop (read JSON lines, `tokenizers` encode one document at a time,
-write uint16 ids) against `t5x_like.data.preprocess` with each --workers count, on the same file and
-tokenizer library (a Hugging Face or GPT-2 BPE tokenizer), wall time including worker start-up, best of
---trials runs. Loader: `make_source` batches per second over
-the token file just written, fixed-length windows and packed rows, after a warm-up.
-Prints a markdown table (for docs/benchmarks.md).
+`make_source` batches per second over a token file (--token_file, or one preprocessed here, untimed, from
+--input or the default corpus), fixed-length windows and packed rows, after a warm-up. Prints a markdown
+table (for docs/benchmarks.md). Preprocessing throughput is scripts/benchmark_preprocess.py's: whole
+processes, a plain loop, ours and Megatron-LM's preprocess_data.py side by side.
 """
 from __future__ import annotations
 
@@ -21,11 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from t5x_like.data import formats, make_source
 from t5x_like.data.preprocess import preprocess
-from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.features import DECODER_INPUT_TOKENS
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -36,12 +31,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--input", help="A JSON-lines corpus ({'text': ...}); default: WikiText test x --repeat.")
     parser.add_argument("--repeat", type=int, default=20, help="Copies of WikiText in the default corpus.")
     parser.add_argument("--tokenizer", default=str(SHARED / "gpt2-bpe"))
-    parser.add_argument("--workers", default="1,2", help="Comma-separated preprocess worker counts.")
+    parser.add_argument("--workers", type=int, default=1, help="Preprocess workers making the token file.")
     parser.add_argument("--token_file", help="An existing token-file prefix: measure only the loader, over it.")
     parser.add_argument("--batch_size", type=int, default=16, help="Loader rows per host.")
     parser.add_argument("--seq_len", type=int, default=1024)
     parser.add_argument("--loader_seconds", type=float, default=5.0, help="Time per loader measurement.")
-    parser.add_argument("--trials", type=int, default=2, help="Runs per preprocessing measurement; the best counts.")
     return parser.parse_args()
 
 
@@ -51,19 +45,6 @@ def default_corpus(path: str, repeat: int) -> None:
     with open(path, "w") as f:
         for _ in range(repeat):
             f.writelines(json.dumps({"text": a}) + "\n" for a in articles)
-
-
-def plain_loop(corpus: str, tokenizer_path: str, output: str) -> tuple[int, float]:
-    """The baseline a user would write: one process, one document at a time. Returns (tokens, seconds)."""
-    tokenizer = load_tokenizer(tokenizer_path)
-    hf_tokenizer, eod = tokenizer._tokenizer, tokenizer.eod_id  # the same `tokenizers` object, used directly
-    start, tokens = time.perf_counter(), 0
-    with open(corpus) as lines, open(output, "wb") as out:
-        for line in lines:
-            ids = hf_tokenizer.encode(json.loads(line)["text"], add_special_tokens=False).ids + [eod]
-            out.write(np.array(ids, np.uint16).tobytes())
-            tokens += len(ids)
-    return tokens, time.perf_counter() - start
 
 
 def loader_rate(prefix: str, packing: bool, batch_size: int, seq_len: int, seconds: float) -> float:
@@ -101,19 +82,11 @@ def main() -> None:
         corpus = args.input or os.path.join(tmp, "corpus.jsonl")
         if not args.input:
             default_corpus(corpus, args.repeat)
-        megabytes = os.path.getsize(corpus) / 1e6
+        summary = preprocess([corpus], os.path.join(tmp, "p"), args.tokenizer, workers=args.workers)
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
-              f"Python {platform.python_version()}; corpus {corpus} ({megabytes:.1f} MB); "
-              f"tokenizer {args.tokenizer}; best of {args.trials} runs\n")
+              f"Python {platform.python_version()}; corpus {corpus} ({os.path.getsize(corpus) / 1e6:.1f} MB, "
+              f"{summary['num_tokens']:,} tokens); tokenizer {args.tokenizer}\n")
         print("| measurement | tokens/s |\n| --- | ---: |")
-        rates = [plain_loop(corpus, args.tokenizer, os.path.join(tmp, "plain.bin")) for _ in range(args.trials)]
-        tokens = rates[0][0]
-        print(f"| preprocess: plain loop, 1 process ({tokens:,} tokens) | {max(n / s for n, s in rates):,.0f} |")
-        for workers in map(int, args.workers.split(",")):
-            summaries = [preprocess([corpus], os.path.join(tmp, "p"), args.tokenizer, workers=workers)
-                         for _ in range(args.trials)]
-            assert all(s["num_tokens"] == tokens for s in summaries), "preprocess and the plain loop disagree"
-            print(f"| preprocess: --workers={workers} | {max(tokens / s['seconds'] for s in summaries):,.0f} |")
         loader_rows(os.path.join(tmp, "p"), args)
 
 
