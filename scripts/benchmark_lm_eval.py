@@ -181,10 +181,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"{torch.get_num_threads()} threads), load average {load:.1f}; jax {jax.__version__}, torch "
           f"{torch.__version__}; batch size {args.batch_size}; best of {args.repeats}\n")
     print(table(rows))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(row | {"load_average": load}) + "\n" for row in rows)
+    write_rows(args.out, rows, load)
     return rows
+
+
+def write_rows(path: str | None, rows: list[dict], load: float) -> None:
+    """The rows as JSON lines at `path` (when given), each with the load average it was measured at."""
+    if path:
+        with open(path, "w") as f:
+            f.writelines(json.dumps(row | {"load_average": load}) + "\n" for row in rows)
 
 
 if __name__ == "__main__":
