@@ -294,8 +294,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                           num_beams=args.num_beams, length_penalty=args.length_penalty,
                           start_id=getattr(tokenizer, "document_start_id", None))
 
+    # a decoder-only prompt as the tokenizer's own users encode it (a Llama tokenizer's BOS first); an encoder's
+    # input as training encodes it (the model adds its EOS)
+    encode = tokenizer.encode_prompt if generator.lm.KIND == "decoder_only" else tokenizer.encode
+
     def complete(batch: list[str], seed: int) -> list[dict]:
-        generated = generator.generate([tokenizer.encode(p) for p in batch], seed=seed, num_samples=args.num_samples)
+        generated = generator.generate([encode(p) for p in batch], seed=seed, num_samples=args.num_samples)
         return prompts.records(batch, generated, tokenizer.decode, args.max_new_tokens, args.num_samples)
 
     joint = " => " if generator.lm.KIND == "encoder_decoder" else ""  # a target, or a continuation

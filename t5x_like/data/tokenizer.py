@@ -70,6 +70,10 @@ class HuggingFaceTokenizer(Tokenizer):
         encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         return [e.ids for e in encodings]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """With the tokenizer's post-processor (Llama's tokenizer.json puts its BOS first, as transformers does)."""
+        return self._tokenizer.encode(text, add_special_tokens=True).ids
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 

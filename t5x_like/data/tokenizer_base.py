@@ -30,6 +30,11 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         raise NotImplementedError
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids as the tokenizer's own users encode it, special tokens included where the tokenizer
+        adds some (a Llama tokenizer.json's beginning-of-text); documents (`encode`) never have them."""
+        return self.encode(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 
