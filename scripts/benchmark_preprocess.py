@@ -16,8 +16,9 @@ reading, tokenizing, writing), on the same JSON-lines file and the same GPT-2 BP
   its working directory, a folder holding `gpt2/config.json` + `gpt2/tokenizer_config.json` (Megatron asks
   transformers' AutoTokenizer for "gpt2" plus the two files; offline, a local "gpt2" folder answers).
 
-Runs are interleaved (every configuration once, then again) and the best of --trials counts; the 1-minute
-load average is printed before each run. Outputs are checked: ours' ids equal the plain loop's, and ours'
+Runs are interleaved (every configuration once, then again) and the fastest of --trials counts; the load
+average is printed before each run, and each row gives the CPU seconds (user + system) of the process and
+the workers it waited for: on a shared machine they show the work done, whatever share of the cores it got. Outputs are checked: ours' ids equal the plain loop's, and ours'
 .bin/.idx are byte-identical to Megatron's. The corpus (unless --corpus is given) is WikiText-103's articles
 (test raw, test and validation tokenized: the train split is not on this machine) as {"text": ...} lines,
 repeated to --corpus_mb megabytes. Prints a markdown table (for docs/benchmarks.md).
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -105,10 +107,16 @@ def build_corpus(path: str, megabytes: float) -> None:
     os.replace(path + ".partial", path)
 
 
-def timed(command: list[str], log: str, timeout: float, **kwargs) -> float:
-    """Wall seconds of `command` as a whole process (its process group is killed past `timeout`)."""
+def cpu_seconds_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], log: str, timeout: float, **kwargs) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of `command` as a whole process: the CPU time (user + system) of it and of
+    every process it waited for (its workers). Its process group is killed past `timeout`."""
     with open(log, "w") as out:
-        start = time.perf_counter()
+        cpu, start = cpu_seconds_of_children(), time.perf_counter()
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
         try:
             code = process.wait(timeout)
@@ -116,11 +124,11 @@ def timed(command: list[str], log: str, timeout: float, **kwargs) -> float:
             os.killpg(process.pid, signal.SIGKILL)  # Megatron waits forever when its writer process dies
             process.wait()
             code = f"killed after {timeout:.0f}s"
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, cpu_seconds_of_children() - cpu
     if code != 0:
         tail = Path(log).read_text(errors="replace")[-3000:]
         sys.exit(f"{' '.join(command)} failed ({code}); the end of {log}:\n{tail}")
-    return seconds
+    return seconds, cpu
 
 
 def with_path(folder: str) -> str:
@@ -149,7 +157,7 @@ def commands(args: argparse.Namespace, corpus: str, work: str) -> dict[tuple[str
                                   f"--output_prefix={prefix}", f"--tokenizer={tokenizer}",
                                   f"--workers={workers}"], prefix + ".bin", {"env": ours_env})
     if args.megatron:
-        script = os.path.join(args.megatron, "tools", "preprocess_data.py")
+        script = os.path.join(os.path.abspath(args.megatron), "tools", "preprocess_data.py")
         if not os.path.isfile(script):
             sys.exit(f"--megatron={args.megatron}: no tools/preprocess_data.py there; pass a Megatron-LM checkout")
         vocab, merges = bpe_files(tokenizer)
@@ -183,11 +191,12 @@ def check_outputs(runs: dict) -> list[str]:
     return notes
 
 
-def table(runs: dict, best: dict, loads: dict, megabytes: float) -> list[str]:
+def table(runs: dict, best: dict, cpus: dict, loads: dict, megabytes: float) -> list[str]:
+    """One row per configuration, its fastest run: wall time, throughput, ratios, CPU seconds, load."""
     tokens = os.path.getsize(runs["plain loop", 1][1]) // 2
     plain_rate = megabytes / best["plain loop", 1]
     lines = ["| run | workers | tokens | MB | seconds | MB/s | x plain | per worker x plain | ours / Megatron "
-             "| load (1 min) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| CPU s | load (1 min) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for (tool, workers), seconds in best.items():
         rate = megabytes / seconds
         versus = ""
@@ -195,7 +204,7 @@ def table(runs: dict, best: dict, loads: dict, megabytes: float) -> list[str]:
             versus = f"{best['Megatron', workers] / seconds:.2f}x"
         lines.append(f"| {tool} | {workers} | {tokens:,} | {megabytes:.1f} | {seconds:.1f} | {rate:.2f} "
                      f"| {rate / plain_rate:.2f}x | {rate / workers / plain_rate:.2f}x | {versus} "
-                     f"| {loads[tool, workers]:.1f} |")
+                     f"| {cpus[tool, workers]:.1f} | {loads[tool, workers]:.1f} |")
     return lines
 
 
@@ -218,18 +227,18 @@ def main(argv: list[str] | None = None) -> None:
               f"corpus {corpus} ({megabytes:.1f} MB); tokenizer {args.tokenizer}; best of {args.trials} "
               "interleaved runs, whole processes", flush=True)
         runs = commands(args, corpus, work)
-        best, loads = {}, {}
+        best, cpus, loads = {}, {}, {}
         for trial in range(args.trials):
             for key, (command, _, kwargs) in runs.items():
                 load = os.getloadavg()
                 log = os.path.join(work, f"{key[0].replace(' ', '_')}_{key[1]}.log")
-                seconds = timed(command, log, args.timeout, **kwargs)
-                print(f"trial {trial + 1}: {key[0]} --workers={key[1]}: {seconds:.1f}s (load average before: "
-                      f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f})", flush=True)
+                seconds, cpu = timed(command, log, args.timeout, **kwargs)
+                print(f"trial {trial + 1}: {key[0]} --workers={key[1]}: {seconds:.1f}s, {cpu:.1f} CPU s (load "
+                      f"average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})", flush=True)
                 if seconds < best.get(key, float("inf")):
-                    best[key], loads[key] = seconds, load[0]
+                    best[key], cpus[key], loads[key] = seconds, cpu, load[0]
         notes = check_outputs(runs)
-        print("\n" + "\n".join(table(runs, best, loads, megabytes)) + "\n")
+        print("\n" + "\n".join(table(runs, best, cpus, loads, megabytes)) + "\n")
         print("\n".join(notes))
 
 

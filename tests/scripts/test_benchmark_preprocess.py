@@ -23,9 +23,10 @@ def test_the_plain_loop_and_ours_rows_on_a_tiny_corpus(tmp_path):
     rows = {name: cells for name, cells in re.findall(r"^\| (plain loop|ours|Megatron) \| (.*) \|$", done.stdout, re.M)}
     assert set(rows) == {"plain loop", "ours"}, done.stdout
     cells = {name: [c.strip() for c in row.split("|")] for name, row in rows.items()}
-    # workers, tokens, MB, seconds, MB/s, x plain, per worker x plain, ours / Megatron, load
+    # workers, tokens, MB, seconds, MB/s, x plain, per worker x plain, ours / Megatron, CPU s, load
     assert cells["plain loop"][:1] == cells["ours"][:1] == ["1"]
     assert cells["plain loop"][5:7] == ["1.00x", "1.00x"] and float(cells["ours"][4]) > 0
+    assert float(cells["plain loop"][8]) > 0 and float(cells["ours"][8]) > 0  # CPU seconds of the process tree
     assert "ours: the same ids as the plain loop" in done.stdout and "load average before" in done.stdout
 
     corpus = tmp_path / "work" / "wikitext103_0.3MB.jsonl"
