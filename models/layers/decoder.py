@@ -2,7 +2,8 @@
 position) embeddings, a stack of pre-norm blocks, a final norm and the output head over the padded
 vocabulary. The blocks read their options from the family config (models.config.DecoderOnlyConfig lists
 them: norm, MLP activation and gating, biases, rotary embeddings, grouped KV heads, a sliding window,
-parallel residual, initialisation); a family module names its embeddings and its output table.
+parallel residual, initialisation); a family module keeps the decoder's embeddings (token table in, untied
+or tied table out) or names its own (GPT-2's learned positions).
 
 Parameter tree (scan_layers=True stacks the blocks on a leading 'layers' axis under `blocks`;
 scan_layers=False names them `block_0`, `block_1`, ...):
@@ -40,7 +41,8 @@ class DecoderBlock(nn.Module):
         dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
         attention = Attention(c.num_heads, c.head_dim, c.input_init_std, c.output_init_std,
                               num_kv_heads=c.num_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias, rotary=c.rotary,
-                              window=c.sliding_window, attention=c.attention, dropout_rate=c.attention_dropout_rate, dtype=dtype, name="attn")
+                              window=c.sliding_window, attention=c.attention, dropout_rate=c.attention_dropout_rate,
+                              dtype=dtype, name="attn")
         mlp = MLP(c.mlp_dim, c.mlp_activation, c.input_init_std, c.output_init_std, gated=c.gated_mlp,
                   use_bias=c.mlp_bias, dtype=dtype, name="mlp")
         norm = NORMS[c.norm]
