@@ -31,6 +31,10 @@ label (or BoolQ's question, passage, label) as OBJECTIVE='classification' reads 
 two labels, and each example's prediction (in --output).
 lm_eval (decoder-only checkpoints): lm-evaluation-harness tasks, groups or tags (t5x_like/harness/); lm-eval's
 summary table, and its results JSON in --output.
+A tokenizer whose users get a beginning-of-text token before every text (a Llama tokenizer.json's
+post-processor; Tokenizer.bos_id) has it put first: before the WikiText stream (its first token is then scored
+too, and adjusted ppl divides by all original tokens), before each LAMBADA context, and where lm-eval's hf
+backend puts it for lm_eval; --no_bos scores the raw text (lm_eval: lm-eval's add_bos_token=False).
 
 """
 from __future__ import annotations
@@ -60,14 +64,16 @@ from t5x_like.lm import make_lm
 def summary(result: dict) -> str:
     if result["task"] == "wikitext":
         return (f"WikiText  seq_len {result['seq_len']}, stride {result['stride']}: "
-                f"{result['num_original_tokens']:,} original tokens, {result['num_tokenized_tokens']:,} tokenized\n"
+                f"{result['num_original_tokens']:,} original tokens, {result['num_tokenized_tokens']:,} tokenized"
+                f"{bos_note(result)}\n"
                 f"  loss {result['loss']:.4f} nats/token   ppl {result['ppl']:.3f}   "
                 + (f"adjusted ppl (per original token) {result['adjusted_ppl']:.3f}"
                    if result["adjusted_ppl"] is not None else
                    f"adjusted ppl n/a ({result['num_scored_tokens']:,} tokens scored: --max_batches/--max_examples)"))
     if result["task"] == "lambada":
         return (f"LAMBADA ({result['method']}): accuracy {result['accuracy']:.4f} "
-                f"({result['num_correct']}/{result['num_examples']})   target ppl {result['ppl']:.3f}")
+                f"({result['num_correct']}/{result['num_examples']})   target ppl {result['ppl']:.3f}"
+                f"{bos_note(result)}")
     if result["task"] == "classification":
         f1 = f"   F1 {result['f1']:.4f} (positive label {result['positive_label']!r})" if "f1" in result else ""
         return (f"classification  {result['num_examples']} examples: accuracy {result['accuracy']:.4f} "
@@ -80,6 +86,13 @@ def summary(result: dict) -> str:
     return (f"tokens{split}  {result['num_scored_tokens']:,} of {result['num_tokens']:,} tokens scored, "
             f"seq_len {result['seq_len']}, stride {result['stride']}: loss {result['loss']:.4f}   "
             f"ppl {result['ppl']:.3f}")
+
+
+def bos_note(result: dict) -> str:
+    """The summary's note that the text was scored after the tokenizer's beginning-of-text token ('' without)."""
+    if result.get("bos_id") is None:
+        return ""
+    return f"; after BOS {result['bos_token']} (id {result['bos_id']}; --no_bos scores without it)"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -105,6 +118,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "DATA_SPLIT, read from MODEL_DIR/operative_config.gin or config.gin)")
     parser.add_argument("--lambada_last_token", action="store_true",
                         help="LAMBADA: predict only the last BPE token instead of the whole last word")
+    parser.add_argument("--no_bos", action="store_true",
+                        help="wikitext, lambada, lm_eval: score the text without the beginning-of-text token the "
+                             "tokenizer puts first (a Llama tokenizer's; GPT-2 and GPT-NeoX have none); lm_eval: "
+                             "lm-eval's add_bos_token=False")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     lm_eval_cli.add_arguments(parser)
     inference.add_mesh_flags(parser)
@@ -137,14 +154,19 @@ def run(args: argparse.Namespace) -> dict:
         seq_len = args.seq_len or lm.max_length
         if seq_len > lm.max_length:
             raise UserError(f"--seq_len={seq_len} exceeds the model's max_len {lm.max_length}.")
-        if args.task == "wikitext":
-            result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len, limit)
-        elif args.task == "lambada":
-            result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, not args.lambada_last_token, limit)
-        else:
+        if args.task == "tokens":
             data_split = (args.data_split or run_data_split(args.checkpoint)) if args.split else None
             result = evaluate_tokens(scorer, args.data, seq_len, args.stride or seq_len, config.vocab_size,
                                      split=args.split, data_split=data_split, max_windows=limit)
+        else:
+            bos_id = None if args.no_bos else tokenizer.bos_id
+            if args.task == "wikitext":
+                result = evaluate_wikitext(scorer, tokenizer, args.data, seq_len, args.stride or seq_len, limit,
+                                           bos_id)
+            else:
+                result = evaluate_lambada(scorer, tokenizer, args.data, seq_len, not args.lambada_last_token, limit,
+                                          bos_id)
+            result.update(bos_id=bos_id, bos_token=None if bos_id is None else tokenizer.id_to_token(bos_id))
     result.update(checkpoint=args.checkpoint, data=args.data, tokenizer=getattr(tokenizer, "path", None))
     return result
 
@@ -169,6 +191,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         validate.output_file("--output", args.output)
     if args.split and args.task != "tokens":
         raise UserError(f"--split applies to --task=tokens (a token file split by DATA_SPLIT), not {args.task}.")
+    if args.no_bos and args.task not in ("wikitext", "lambada", "lm_eval"):
+        raise UserError(f"--no_bos applies to --task=wikitext, lambada and lm_eval (text scored by a decoder-only "
+                        f"model), not {args.task}.")
     lm_eval_cli.check_flags_apply(args)
     if args.task == "lm_eval":
         return

@@ -62,6 +62,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self.path = path
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod_id = find_eod(path, tokenizer.token_to_id)
+        self.bos_id = leading_special_id(tokenizer)
         # The vocabulary, not the JSON serialisation, which varies with the `tokenizers` version.
         vocabulary = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
         self.sha256 = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
@@ -88,6 +89,17 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def hf_tokenizer_config(self) -> dict:
         return {"tokenizer_class": "PreTrainedTokenizerFast"}
+
+
+def leading_special_id(tokenizer: tokenizers.Tokenizer) -> int | None:
+    """The id the post-processor puts before a text and nothing else (Llama's `<s>` / `<|begin_of_text|>`); None
+    when it adds nothing (GPT-2, GPT-NeoX) or more than a first token (BERT's [CLS] text [SEP])."""
+    bare = tokenizer.encode(_PROBE, add_special_tokens=False).ids
+    processed = tokenizer.encode(_PROBE, add_special_tokens=True).ids
+    return processed[0] if len(processed) == len(bare) + 1 and processed[1:] == bare else None
+
+
+_PROBE = "Hello world"
 
 
 class WordPieceTokenizer(HuggingFaceTokenizer):

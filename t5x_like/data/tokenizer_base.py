@@ -23,6 +23,10 @@ class Tokenizer:
     vocab_size: int
     eod_id: int
     sha256: str
+    bos_id: int | None = None
+    """The beginning-of-text id the tokenizer's own users get before every text (`encode_prompt`; a Llama
+    tokenizer.json's post-processor puts it first, as transformers encodes), None where it adds none (GPT-2,
+    GPT-NeoX, sentencepiece, CPM). Evaluation puts it before the texts it scores (t5x_like/evaluation/)."""
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]

@@ -12,14 +12,16 @@ from t5x_like.evaluation.wikitext import read_text
 from t5x_like.errors import UserError
 
 
-def lambada_example(tokenizer, text: str, strict: bool) -> tuple[list[int], list[int]]:
-    """(context ids, target ids). Strict: the target is " " + the last whitespace-separated word."""
+def lambada_example(tokenizer, text: str, strict: bool, bos_id: int | None = None) -> tuple[list[int], list[int]]:
+    """(context ids, target ids), the context after `bos_id` when there is one (the tokenizer's beginning-of-text,
+    as lm-eval's hf backend encodes a context). Strict: the target is " " + the last whitespace-separated word."""
+    first = [] if bos_id is None else [bos_id]
     if not strict:
         ids = tokenizer.encode(text)
-        return ids[:-1], ids[-1:]
+        return first + ids[:-1], ids[-1:]
     last_word = text.split()[-1]
     start = text.rfind(last_word)
-    return tokenizer.encode(text[:start].strip()), tokenizer.encode(" " + last_word)
+    return first + tokenizer.encode(text[:start].strip()), tokenizer.encode(" " + last_word)
 
 
 def lambada_rows(examples: Sequence[tuple[list[int], list[int]]], length: int) -> Rows:
@@ -48,8 +50,8 @@ def read_lambada(path: str) -> list[str]:
 
 
 def evaluate_lambada(scorer: Scorer, tokenizer, path: str, seq_len: int, strict: bool,
-                     max_examples: int | None = None) -> dict:
-    examples = [lambada_example(tokenizer, text, strict) for text in read_lambada(path)[:max_examples]]
+                     max_examples: int | None = None, bos_id: int | None = None) -> dict:
+    examples = [lambada_example(tokenizer, text, strict, bos_id) for text in read_lambada(path)[:max_examples]]
     if not examples:
         raise UserError(f"{path}: no examples (expected JSON lines with a 'text' field).")
     longest = max(len(c) + len(t) - 1 for c, t in examples)

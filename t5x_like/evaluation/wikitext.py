@@ -53,17 +53,22 @@ def count_original_tokens(text: str) -> int:
 
 
 def evaluate_wikitext(scorer: Scorer, tokenizer, path: str, seq_len: int, stride: int,
-                      max_windows: int | None = None) -> dict:
+                      max_windows: int | None = None, bos_id: int | None = None) -> dict:
+    """Perplexity of the detokenized text in strided windows. With `bos_id` (the tokenizer's beginning-of-text
+    id) the text is scored as its tokenizer's users encode it, that id first (transformers' perplexity guide,
+    lm-eval's rolling windows, Megatron with a Llama tokenizer): the text's first token is predicted from it
+    and is scored too; the later windows start inside the text."""
     text = read_text(path)
     num_original = count_original_tokens(text)
     tokens = np.asarray(tokenizer.encode(wikitext_detokenize(text)), np.int32)
-    nll, scored = score_stream(scorer, tokens, seq_len, stride, "wikitext", max_windows)
+    stream = tokens if bos_id is None else np.concatenate([np.asarray([bos_id], np.int32), tokens])
+    nll, scored = score_stream(scorer, stream, seq_len, stride, "wikitext", max_windows)
     loss = nll / scored
-    result = {"task": "wikitext", "loss": loss, "ppl": safe_exp(loss),
-              "adjusted_ppl": safe_exp(nll / (num_original - 1)),
+    words_scored = num_original - (1 if bos_id is None else 0)  # the first word is predicted only after a BOS
+    result = {"task": "wikitext", "loss": loss, "ppl": safe_exp(loss), "adjusted_ppl": safe_exp(nll / words_scored),
               "num_tokenized_tokens": len(tokens), "num_original_tokens": num_original,
               "seq_len": seq_len, "stride": stride}
-    if scored < len(tokens) - 1:  # a partial pass has no word-level count to compare with
+    if scored < len(stream) - 1:  # a partial pass has no word-level count to compare with
         result.update(adjusted_ppl=None, num_scored_tokens=scored)
     return result
 

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
 
     config, params, tokenizer, partitioner = inference.load_for_inference(args)
     lm = CheckpointLM(config, params, partitioner, tokenizer, batch_size=args.batch_size, stride=args.stride,
-                      name=args.checkpoint)
+                      name=args.checkpoint, add_bos_token=False if args.no_bos else None)
     return harness_tasks.evaluate(lm, manager, built, num_fewshot=args.num_fewshot, limit=args.limit,
                                   log_samples=args.lm_eval_log_samples)
 

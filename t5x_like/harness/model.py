@@ -4,13 +4,19 @@
                            (trailing context spaces move to the continuation; the pair encoded whole, then
                            split), cut on the left to the model's length; the continuation scored in one pass,
                            many requests packed per row (harness/sequences.py), in fixed-size global batches
-    loglikelihood_rolling  the document after the end-of-document id in windows of the model's length, each
-                           token scored once (`stride` new tokens per later window; default the whole window,
-                           lm-eval's own disjoint windows), the window log-likelihoods summed
+    loglikelihood_rolling  the document after the prefix id (end-of-document, or the tokenizer's beginning-of-text)
+                           in windows of the model's length, each token scored once (`stride` new tokens per later
+                           window; default the whole window, lm-eval's own disjoint windows), the window
+                           log-likelihoods summed
     generate_until         t5x_like.generate's KV-cache decoding (greedy, or sampling with temperature / top_k /
                            top_p; num_beams > 1: beam search) of max_gen_toks new tokens, the context cut on the
                            left to leave room for them, the text cut at the first stop sequence (`until`, and
                            the end-of-document token's text)
+
+A tokenizer with a beginning-of-text token (a Llama tokenizer.json's post-processor: `Tokenizer.bos_id`) is used
+as lm-eval's hf backend (0.4.9.2 and later) uses transformers' tokenizer: texts are encoded with it first unless
+add_bos_token=False (--no_bos), and it is the prefix id. A rolling document is therefore encoded with it and gets
+the prefix too: its first window reads BOS, BOS, text and scores BOS after BOS, as lm-eval's own code does.
 
 Every process of a multi-host run builds the same requests (lm-eval sees one rank) and computes its devices'
 share of each global batch; the results are replicated, so every process returns the same numbers.
@@ -77,13 +83,13 @@ class CheckpointLM(TemplateLM):
     backend = "causal"
 
     def __init__(self, config, params: Any, partitioner: Partitioner, tokenizer, *, batch_size: int = 8,
-                 stride: int | None = None, seed: int = 0, name: str = ""):
+                 stride: int | None = None, seed: int = 0, name: str = "", add_bos_token: bool | None = None):
         super().__init__()
         self.lm = make_lm(config)
         if self.lm.KIND != "decoder_only":
             raise UserError(refusal(name or config.family, self.lm.KIND))
         self.config, self.params, self.partitioner, self.text_tokenizer = config, params, partitioner, tokenizer
-        self.batch_size, self.seed, self.name = batch_size, seed, name
+        self.batch_size, self.seed, self.name, self.add_bos_token = batch_size, seed, name, add_bos_token
         self.max_length = self.lm.max_length
         self.stride = stride or self.max_length
         if not 0 < self.stride <= self.max_length:
@@ -102,8 +108,23 @@ class CheckpointLM(TemplateLM):
     def eot_token_id(self) -> int:
         return self.text_tokenizer.eod_id
 
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context and a document's first token are conditioned on: the tokenizer's beginning-of-text
+        token where it has one, else end-of-document (lm-eval's hf backend)."""
+        bos = self.text_tokenizer.bos_id
+        return self.eot_token_id if bos is None else bos
+
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return self.text_tokenizer.encode(string)
+        """As lm-eval's hf backend encodes: the tokenizer's beginning-of-text first unless add_special_tokens (else
+        add_bos_token) is False or the string already starts with its text."""
+        ids = self.text_tokenizer.encode(string)
+        bos = self.text_tokenizer.bos_id
+        if bos is None:
+            return ids
+        if add_special_tokens is None:
+            add_special_tokens = self.add_bos_token is not False and not string.startswith(self.tok_decode([bos]))
+        return [bos, *ids] if add_special_tokens else ids
 
     def tok_decode(self, ids: Sequence[int]) -> str:
         return self.text_tokenizer.decode(list(ids))
@@ -114,8 +135,11 @@ class CheckpointLM(TemplateLM):
 
     def get_model_info(self) -> dict:
         """What lm-eval records of the model in the results' `config`."""
+        bos = self.text_tokenizer.bos_id
         return {"checkpoint": self.name, "family": self.config.family, "model_num_parameters": self.lm.num_params(),
-                "model_dtype": self.config.dtype, "max_length": self.max_length, "rolling_stride": self.stride}
+                "model_dtype": self.config.dtype, "max_length": self.max_length, "rolling_stride": self.stride,
+                "bos_token": None if bos is None else self.text_tokenizer.id_to_token(bos),
+                "add_bos_token": self.add_bos_token}
 
     # -- the three request types
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
