@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from absl import logging
 from jax.sharding import PartitionSpec as P
 
+from models.kernels import flash_attention_tuning as attention_tuning
 from models.kernels import splash_attention as splash
 from models.kernels.flash_attention import check_window, flash_attention
 from models.kernels.sharding import active_mesh, axes_size, mesh_axes
@@ -239,6 +240,11 @@ def splash_or_fallback(query, key, kv_segment_ids) -> str:
 #   it, jax's shipped Triton mha 0.3-0.7x, XLA 8-15x slower with T x T scores in memory), so one
 #   row per dtype, no length threshold. 'auto' ran within 2% of cudnn at every shape (run-to-run).
 #   fp16 was not timed; its row follows bf16 (the same cuDNN kernels).
+#   Re-measured on an H200 (2026-11-26, jax 0.11.2) after tuning our kernels' launches per shape
+#   (scripts/tune_attention.py): fwd+bwd TFLOP/s cudnn / pallas tuned, D=64: T=1k 217/164, 2k 292/212,
+#   4k 357/248, 8k 410/272; D=128: 262/178, 357/240, 449/297, 521/335. Those per-shape timings are the
+#   tuning table (models/kernels/flash_attention_tuning.json), which 'auto' consults first: it names
+#   cudnn at every measured shape, so these rows stand for the shapes it lacks.
 # tpu, any dtype -> 'splash': jax's own TPU flash-attention kernels (what MaxText runs on TPU),
 #   for every shape they serve (self-attention, lengths a multiple of 128, no bias, no dropout);
 #   other calls fall back to 'xla', logged once per reason. The evidence is memory, compiled by
@@ -256,13 +262,20 @@ AUTO_CHOICES = {
 }
 
 
-def choose_implementation(query: jax.Array, *, dropout_rate: float, has_bias: bool = False) -> str:
-    """'auto': the measured choice for this platform and dtype (AUTO_CHOICES); dropout forces 'xla'
-    (logged once when that replaces a fused kernel), and a bias forces one of BIAS_IMPLEMENTATIONS
-    ('xla' where the table's choice has none). The platform is `target_platform()`'s."""
+def choose_implementation(query: jax.Array, *, dropout_rate: float, has_bias: bool = False, causal: bool = True,
+                          cross: bool = False) -> str:
+    """'auto': the implementation measured fastest at this shape (forward+backward, the tuning table of
+    models/kernels/flash_attention_tuning.py) when the table has the platform, dtype, causality and head
+    dim, else the per-dtype choice of AUTO_CHOICES; dropout forces 'xla' (logged once when that replaces a
+    fused kernel), and a bias forces one of BIAS_IMPLEMENTATIONS ('xla' where the choice has none). 'pallas'
+    is not chosen for a bias or for cross-attention's kv_segment_ids (`cross`), which it does not serve.
+    The platform is `target_platform()`'s."""
     platform = target_platform()
     dtype = jnp.dtype(query.dtype).name
     choice = AUTO_CHOICES.get((platform, dtype), AUTO_CHOICES.get((platform, "any"), "xla"))
+    measured = attention_tuning.fastest_implementation(platform, dtype, causal, query.shape[-1], query.shape[1])
+    if measured in IMPLEMENTATIONS and not (measured == "pallas" and (has_bias or cross)):
+        choice = measured
     if dropout_rate > 0.0 and choice != "xla":
         logging.log_first_n(
             logging.WARNING, "attention dropout %s runs attention in plain XLA (T x T scores in memory) "
@@ -272,14 +285,16 @@ def choose_implementation(query: jax.Array, *, dropout_rate: float, has_bias: bo
     return "xla" if has_bias and choice not in BIAS_IMPLEMENTATIONS else choice
 
 
-def resolve_implementation(implementation: str, query: jax.Array, *, dropout_rate: float, has_bias: bool) -> str:
+def resolve_implementation(implementation: str, query: jax.Array, *, dropout_rate: float, has_bias: bool,
+                           causal: bool = True, cross: bool = False) -> str:
     """The implementation a call runs: 'auto' chosen for it; one that cannot serve its dropout or bias refused."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"attention implementation {implementation!r} is unknown; choose one of {IMPLEMENTATIONS}."
         )
     if implementation == "auto":
-        implementation = choose_implementation(query, dropout_rate=dropout_rate, has_bias=has_bias)
+        implementation = choose_implementation(query, dropout_rate=dropout_rate, has_bias=has_bias, causal=causal,
+                                               cross=cross)
     if dropout_rate > 0.0 and implementation != "xla":
         raise ValueError(
             f"attention dropout {dropout_rate} needs implementation='xla' (or 'auto'); "
@@ -327,7 +342,8 @@ def dot_product_attention(
     check_segment_ids(query, key, segment_ids, kv_segment_ids)
     window = check_window(window, causal)
     implementation = resolve_implementation(implementation, query, dropout_rate=dropout_rate,
-                                            has_bias=bias is not None)
+                                            has_bias=bias is not None, causal=causal,
+                                            cross=kv_segment_ids is not None)
     if implementation == "splash":
         implementation = splash_or_fallback(query, key, kv_segment_ids)
     if implementation == "splash":

@@ -4,12 +4,14 @@
     python scripts/benchmark_attention.py --lengths 256 --head-dims 64 --tokens 512 --hidden 256 \
         --dtype float32 --repeats 2                             # CPU: small, interpret mode
 
-Implementations: 'xla', 'cudnn' (GPU), 'pallas' (models.kernels.flash_attention; interpreted on
-CPU, so CPU numbers only show it runs and agrees), 'auto' (what the model runs by default), and the
+Implementations: 'xla', 'cudnn' (GPU), 'pallas' (models.kernels.flash_attention with the launch of its
+tuning table; interpreted on CPU, so CPU numbers only show it runs and agrees), 'pallas-untuned' (the
+same kernels with the default launch), 'auto' (what the model runs by default), and the
 attention kernels shipped with jax as reference points: 'jax-pallas' (jax.experimental.pallas.ops:
 gpu.attention.mha, Triton, on GPU; tpu.flash_attention on TPU) and 'jax-mgpu'
-(gpu.attention_mgpu, Mosaic GPU for Hopper; its causal backward is not implemented, so forward
-only). Each shape uses batch = tokens // length and heads = hidden // head_dim.
+(gpu.attention_mgpu, Mosaic GPU for Hopper, run in float16, which it requires; its causal backward is
+not implemented, so forward only), and tokamax's ('tokamax-mosaic', 'tokamax-triton') where tokamax is
+installed (jax >= 0.11). Each shape uses batch = tokens // length and heads = hidden // head_dim.
 
 FLOPs follow the FlashAttention papers: forward 4·B·H·T²·D, halved for causal; fwd+bwd 3.5× that
 (the backward is 2.5 forwards' worth of matmuls). Memory is the compiled step's temporary buffer
@@ -21,6 +23,7 @@ from 'xla' on the same inputs. --json writes every row (with device and versions
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -34,8 +37,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from models.attention import dot_product_attention  # noqa: E402
+from models.kernels.flash_attention import flash_attention  # noqa: E402
+from models.kernels.flash_attention_tuning import Tuning  # noqa: E402
 
-IMPLEMENTATIONS = ("xla", "cudnn", "pallas", "auto", "jax-pallas", "jax-mgpu")
+IMPLEMENTATIONS = ("xla", "cudnn", "pallas", "pallas-untuned", "auto", "jax-pallas", "jax-mgpu", "tokamax-mosaic",
+                   "tokamax-triton")
 
 
 def jax_shipped_pallas() -> Callable | None:
@@ -59,13 +65,33 @@ def jax_shipped_pallas() -> Callable | None:
 
 
 def jax_shipped_mosaic_gpu() -> Callable | None:
-    """jax's Mosaic GPU (Hopper) attention as f(q, k, v) over BTNH, causal, or None off GPU."""
+    """jax's Mosaic GPU (Hopper) attention as f(q, k, v) over BTNH, causal, or None off GPU. It takes float16
+    only (bfloat16 fails: "src had type bfloat16 and dst had type float16"), so inputs are cast to it."""
     if jax.default_backend() != "gpu":
         return None
     from jax.experimental.pallas.ops.gpu import attention_mgpu
 
     config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=True)
-    return lambda q, k, v: attention_mgpu.attention(q, k, v, config)
+    half = lambda x: x.astype(jnp.float16)
+    return lambda q, k, v: attention_mgpu.attention(half(q), half(k), half(v), config)
+
+
+def tokamax_attention(implementation: str) -> Callable | None:
+    """tokamax's attention ('mosaic': its Mosaic GPU Hopper kernels with their backward; 'triton') over BTNH,
+    or None where tokamax is not installed or off GPU."""
+    if jax.default_backend() != "gpu":
+        return None
+    if importlib.util.find_spec("tokamax") is None:
+        return None
+    try:
+        import tokamax
+    except Exception as error:  # installed, but a dependency is missing: say so in the row
+        message = f"import tokamax failed: {type(error).__name__}: {error}"
+
+        def broken(q, k, v):
+            raise RuntimeError(message)
+        return broken
+    return lambda q, k, v: tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
 
 
 def attention_fn(name: str) -> Callable | None:
@@ -73,8 +99,12 @@ def attention_fn(name: str) -> Callable | None:
         return jax_shipped_pallas()
     if name == "jax-mgpu":
         return jax_shipped_mosaic_gpu()
+    if name.startswith("tokamax-"):
+        return tokamax_attention(name.removeprefix("tokamax-"))
     if name == "cudnn" and jax.default_backend() != "gpu":
         return None
+    if name == "pallas-untuned":  # our kernels with the default launch, not the tuning table's
+        return lambda q, k, v: flash_attention(q, k, v, causal=True, tuning=Tuning())
     return lambda q, k, v: dot_product_attention(q, k, v, causal=True, implementation=name)
 
 
@@ -102,8 +132,9 @@ def time_call(fn: Callable, args, repeats: int, calls: int) -> float:
     return statistics.median(times)
 
 
-def measure(name, mode, q, k, v, reference, repeats, calls) -> dict:
-    attention = attention_fn(name)
+def measure(name, mode, q, k, v, reference, repeats, calls, attention: Callable | None = None) -> dict:
+    """One implementation's timing and memory (`attention` replaces the one `name` stands for)."""
+    attention = attention or attention_fn(name)
     if attention is None:
         return {"note": f"n/a on {jax.default_backend()}"}
     fn = jax.jit(attention if mode == "fwd" else forward_and_backward(attention))

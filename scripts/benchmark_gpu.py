@@ -18,6 +18,9 @@ step's top GPU kernels), profile_xl.txt (the same for 1.5B), step_hlo.txt (that 
   fp8       per --fp8_runs (124M B=16, 1.5B B=8): the PyTorch reference, ours bf16 and ours with FP8 matmuls
             (model_config.matmul_dtype='fp8'), each timed over --loss_steps (200) steps of the same batch:
             tokens/s and the final loss side by side
+  tune      scripts/tune_attention.py: our attention kernels' launches tuned per shape (D 64/128, T 1k-8k),
+            then every implementation beside them (xla, cudnn, ours untuned and tuned, Mosaic GPU);
+            writes flash_attention_tuning.json (copy it to models/kernels/) and the attention table
   flags     ours at the first 124M batch size under --flags (FLAG_VARIANTS: XLA_FLAGS, FP8, loss chunk
             sizes; 'default' = none; 'a&b' = a and b together)
   dropout   ours at the first 124M batch size with dropout on: residual only (threefry, rbg PRNG)
@@ -49,7 +52,7 @@ from scripts.benchmark_gpu_report import markdown, summarise_trace  # noqa: E402
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
-ITEMS = ("small", "variants", "profile", "attention", "xl_profile", "xl", "fp8", "flags", "dropout", "extra")
+ITEMS = ("small", "variants", "profile", "attention", "xl_profile", "xl", "fp8", "tune", "flags", "dropout", "extra")
 VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
     "scan_layers=True": {"overrides": {"scan_layers": True}},
     "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
@@ -90,6 +93,7 @@ class Suite:
     steps: int
     warmup: int
     attention_args: tuple[str, ...]
+    tune_args: tuple[str, ...]  # scripts/tune_attention.py's, besides --table, --json and --budget_s
     torch_compile: bool
 
 
@@ -99,14 +103,14 @@ FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64,), xl
              seq_len=1024, steps=20, warmup=10,
              attention_args=("--lengths=1024,2048,4096,8192", "--head-dims=64,128", "--tokens=16384",
                              "--hidden=2048", "--repeats=5", "--calls=10"),
-             torch_compile=True)
+             tune_args=(), torch_compile=True)
 SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny",
               xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none"), ("jax", 4, "full")),
               flags=("default", "latency hiding scheduler"), fp8_runs=(("gpt2_tiny", 2),), loss_steps=3,
               seq_len=64, steps=2, warmup=1,
               attention_args=("--lengths=128", "--head-dims=64", "--tokens=256", "--hidden=128",
                               "--dtype=float32", "--repeats=1", "--calls=1", "--implementations=xla,pallas,auto"),
-              torch_compile=False)
+              tune_args=("--smoke",), torch_compile=False)
 
 
 class Recorder:
@@ -293,6 +297,25 @@ def item_attention(recorder, suite, tmp, budget):
     recorder.write()
 
 
+def item_tune(recorder, suite, tmp, budget):
+    """scripts/tune_attention.py, again with serial compiles (--workers=1) if the parallel ones broke it."""
+    table, rows = os.path.join(recorder.out, "flash_attention_tuning.json"), os.path.join(tmp, "tune.json")
+    for workers in (None, 1):
+        limit = budget(420)
+        argv = [os.path.join(SCRIPTS, "tune_attention.py"), *suite.tune_args, f"--table={table}", f"--json={rows}",
+                f"--budget_s={max(limit - 90, 10):.0f}", *([f"--workers={workers}"] if workers else [])]
+        rc, output = run_child(recorder, argv, limit)
+        if os.path.exists(rows):
+            break
+    if not os.path.exists(rows):
+        recorder.results["attention"] = {"note": "timed out" if rc is None else f"exit {rc}", "output": output[-4000:]}
+        return
+    with open(rows) as f:
+        tuned = json.load(f)
+    recorder.results["attention"] = {**tuned["source"], "rows": tuned["compare"]}
+    recorder.results["tune"] = {"entries": tuned["entries"], "kernels": tuned["kernels"], "skipped": tuned["skipped"]}
+
+
 def item_xl(recorder, suite, tmp, budget):
     for framework, batch, remat in suite.xl_runs:
         if framework == "torch":
@@ -344,7 +367,7 @@ def item_dropout(recorder, suite, tmp, budget):
          budget(150), preset=suite.small, batch=batch, overrides={"dropout_rate": 0.1, "attention_dropout_rate": 0.1})
 
 
-RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "xl": item_xl,
+RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "tune": item_tune, "xl": item_xl,
            "xl_profile": item_xl_profile, "fp8": item_fp8, "flags": item_flags, "dropout": item_dropout,
            "variants": item_variants, "extra": item_extra}
 

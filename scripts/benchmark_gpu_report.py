@@ -154,6 +154,19 @@ def attention_table(result: dict) -> list[str]:
     return lines
 
 
+def tune_table(tune: dict) -> list[str]:
+    """Per tuned shape: each kernel's fastest launch, and the forward+backward milliseconds 'auto' chooses from."""
+    lines = ["| D | T | forward | dQ | dK/dV | fwd+bwd ms | fastest |", "| ---: | ---: | --- | --- | --- | --- | --- |"]
+    short = lambda k: f"{k['block_q']}x{k['block_k']} w{k['num_warps'] or 'auto'} s{k['num_stages']}"
+    for e in tune["entries"]:
+        ms = ", ".join(f"{name} {t:.3f}" for name, t in e["fwd_bwd_ms"].items())
+        lines.append(f"| {e['head_dim']} | {e['length']} | {short(e['tuning']['forward'])} | {short(e['tuning']['dq'])} "
+                     f"| {short(e['tuning']['dkv'])} | {ms} | {e['fastest']} |")
+    if tune.get("skipped"):
+        lines += ["", f"Not tuned (out of time): {', '.join(tune['skipped'])}"]
+    return lines
+
+
 def markdown(results: dict) -> str:
     env = results["environment"]
     out = ["# GPU suite (scripts/benchmark_gpu.py)", "", f"Command: `{results.get('command')}`; ours: `{json.dumps(results.get('ours'))}`.", "",
@@ -168,6 +181,9 @@ def markdown(results: dict) -> str:
                 out += [*loss_table(rows), ""]
     if "attention" in results:
         out += ["## attention", "", *attention_table(results["attention"]), ""]
+    if "tune" in results:
+        out += ["## attention kernels tuned (models/kernels/flash_attention_tuning.json)", "",
+                *tune_table(results["tune"]), ""]
     for item in ("profile", "profile_xl"):
         if f"{item}_summary" in results:
             out += [f"## {item} (GPU time per step)", "", "```", results[f"{item}_summary"], "```", ""]

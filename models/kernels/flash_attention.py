@@ -22,12 +22,14 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from models.kernels.flash_attention_kernels import Config, dkv_kernel, dq_kernel, forward_kernel
+from models.kernels.flash_attention_tuning import Tuning, tuning_for
 
 try:  # Deprecated since jax 0.11 in favour of Mosaic GPU; without it GPU 'pallas' raises.
     from jax.experimental.pallas import triton as pl_triton
@@ -35,8 +37,8 @@ except ImportError:  # pragma: no cover - depends on the installed jax
     pl_triton = None
 
 
-def compiler_params(head_dim: int):
-    """Backend-specific tuning for the current default backend (None on CPU/interpret)."""
+def compiler_params(cfg: Config):
+    """Backend-specific launch settings for the current default backend (None on CPU/interpret)."""
     backend = jax.default_backend()
     if backend == "tpu":
         from jax.experimental.pallas import tpu as pltpu
@@ -48,11 +50,11 @@ def compiler_params(head_dim: int):
                 f"jax {jax.__version__} has no Triton Pallas lowering, which the portable flash "
                 "attention kernel needs on GPU; use attention implementation 'cudnn' or 'xla'."
             )
-        return pl_triton.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+        return pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return None
 
 
-def call(kernel, cfg: Config, grid, in_specs, out_specs, out_shape, head_dim, *args):
+def call(kernel, cfg: Config, grid, in_specs, out_specs, out_shape, *args):
     return pl.pallas_call(
         functools.partial(kernel, cfg=cfg),
         grid=grid,
@@ -60,7 +62,7 @@ def call(kernel, cfg: Config, grid, in_specs, out_specs, out_shape, head_dim, *a
         out_specs=out_specs,
         out_shape=out_shape,
         interpret=cfg.interpret,
-        compiler_params=None if cfg.interpret else compiler_params(head_dim),
+        compiler_params=None if cfg.interpret else compiler_params(cfg),
         name=kernel.__name__,
     )(*args)
 
@@ -101,7 +103,7 @@ def forward(cfg: Config, q, k, v, segment_ids):
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct((batch, heads, cfg.padded_q, 1), jnp.float32),
     ]
-    return call(forward_kernel, cfg, grid, in_specs, out_specs, out_shape, head_dim, *args)
+    return call(forward_kernel, cfg, grid, in_specs, out_specs, out_shape, *args)
 
 
 def backward_dq(cfg: Config, q, k, v, do, lse, delta, segment_ids):
@@ -117,7 +119,7 @@ def backward_dq(cfg: Config, q, k, v, do, lse, delta, segment_ids):
         args += segment_layouts(segment_ids)
     grid = (batch, heads, cfg.padded_q // bq)
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    return call(dq_kernel, cfg, grid, in_specs, q_block, out_shape, head_dim, *args)
+    return call(dq_kernel, cfg, grid, in_specs, q_block, out_shape, *args)
 
 
 def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids):
@@ -136,25 +138,33 @@ def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids):
         args += segment_layouts(segment_ids)[::-1]
     grid = (batch, kv_heads, cfg.padded_kv // bk)
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    return call(dkv_kernel, cfg, grid, in_specs, [kv_block, kv_block], out_shape, head_dim, *args)
+    return call(dkv_kernel, cfg, grid, in_specs, [kv_block, kv_block], out_shape, *args)
+
+
+class KernelConfigs(NamedTuple):
+    """The Config of each kernel of one call (same shape and masks, each kernel's own blocks and launch)."""
+
+    forward: Config
+    dq: Config
+    dkv: Config
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention_bhtd(cfg: Config, q, k, v, segment_ids):
-    return forward(cfg, q, k, v, segment_ids)[0]
+def attention_bhtd(cfgs: KernelConfigs, q, k, v, segment_ids):
+    return forward(cfgs.forward, q, k, v, segment_ids)[0]
 
 
-def attention_bhtd_fwd(cfg: Config, q, k, v, segment_ids):
-    out, lse = forward(cfg, q, k, v, segment_ids)
+def attention_bhtd_fwd(cfgs: KernelConfigs, q, k, v, segment_ids):
+    out, lse = forward(cfgs.forward, q, k, v, segment_ids)
     return out, (q, k, v, segment_ids, out, lse)
 
 
-def attention_bhtd_bwd(cfg: Config, residuals, do):
+def attention_bhtd_bwd(cfgs: KernelConfigs, residuals, do):
     q, k, v, segment_ids, out, lse = residuals
     delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
-    dq = backward_dq(cfg, q, k, v, do, lse, delta, segment_ids)
+    dq = backward_dq(cfgs.dq, q, k, v, do, lse, delta, segment_ids)
     as_rows = lambda x: jnp.swapaxes(x, 2, 3)  # [B,H,T,1] -> [B,H,1,T], same bytes
-    dk, dv = backward_dkv(cfg, q, k, v, do, as_rows(lse), as_rows(delta), segment_ids)
+    dk, dv = backward_dkv(cfgs.dkv, q, k, v, do, as_rows(lse), as_rows(delta), segment_ids)
     return dq, dk, dv, None
 
 
@@ -199,6 +209,23 @@ def check_window(window: int | None, causal: bool) -> int | None:
     return int(window)
 
 
+def kernel_configs(tuning: Tuning, *, q_len: int, kv_len: int, head_dim: int, has_segments: bool,
+                   **shape) -> KernelConfigs:
+    """Each kernel's Config: its blocks (shortened to short lengths) and launch, with one padded length per
+    axis that every kernel's blocks divide (with segments, one length for both axes)."""
+    kernels = (tuning.forward, tuning.dq, tuning.dkv)
+    blocks = [(pick_block(q_len, t.block_q), pick_block(kv_len, t.block_k)) for t in kernels]
+    q_multiple, kv_multiple = math.lcm(*(bq for bq, _ in blocks)), math.lcm(*(bk for _, bk in blocks))
+    padded_q, padded_kv = round_up(q_len, q_multiple), round_up(kv_len, kv_multiple)
+    if has_segments:  # one padded length serves both the query and key layouts
+        padded_q = padded_kv = round_up(q_len, math.lcm(q_multiple, kv_multiple))
+    return KernelConfigs(*(
+        Config(q_len=q_len, kv_len=kv_len, padded_q=padded_q, padded_kv=padded_kv, has_segments=has_segments,
+               block_q=bq, block_k=bk, num_warps=t.warps(head_dim), num_stages=t.num_stages, **shape)
+        for t, (bq, bk) in zip(kernels, blocks)
+    ))
+
+
 def flash_attention(
     query: jax.Array,
     key: jax.Array,
@@ -208,8 +235,7 @@ def flash_attention(
     causal: bool = True,
     scale: float | None = None,
     window: int | None = None,
-    block_q: int = 128,
-    block_k: int = 128,
+    tuning: Tuning | None = None,
     interpret: bool | None = None,
 ) -> jax.Array:
     """Fused attention over BTNH inputs; key/value may have fewer heads (GQA / MQA).
@@ -217,7 +243,9 @@ def flash_attention(
     segment_ids: int [batch, length] (needs equal query and key lengths); 0 marks padding, which
     attends nowhere (output 0) and is attended by nobody. scale defaults to head_dim ** -0.5.
     window: causal sliding window (needs causal=True): query i sees key j iff 0 <= i + kv_len - q_len - j <
-    window; None: no window. interpret: None runs interpreted on CPU and compiled elsewhere.
+    window; None: no window. tuning: the kernels' blocks and launch settings; None reads the measured
+    table (flash_attention_tuning) for this backend and shape. interpret: None runs interpreted on CPU
+    and compiled elsewhere.
     """
     batch, q_len, heads, head_dim = query.shape
     kv_len, kv_heads = key.shape[1], key.shape[2]
@@ -233,29 +261,19 @@ def flash_attention(
             f"segment_ids has shape {None if segment_ids is None else segment_ids.shape}; it must "
             f"be [batch, length] = {(batch, q_len)} with key length {kv_len} equal to it."
         )
-    window = check_window(window, causal)
-    block_q, block_k = pick_block(q_len, block_q), pick_block(kv_len, block_k)
-    padded_q, padded_kv = round_up(q_len, block_q), round_up(kv_len, block_k)
-    if segment_ids is not None:  # one padded length serves both the query and key layouts
-        padded_q = padded_kv = round_up(q_len, math.lcm(block_q, block_k))
-    cfg = Config(
-        causal=causal,
-        scale=head_dim**-0.5 if scale is None else float(scale),
-        q_len=q_len,
-        kv_len=kv_len,
-        block_q=block_q,
-        block_k=block_k,
-        padded_q=padded_q,
-        padded_kv=padded_kv,
-        group=heads // kv_heads,
-        has_segments=segment_ids is not None,
-        window=window,
+    if tuning is None:
+        tuning = tuning_for(jax.default_backend(), jnp.dtype(query.dtype).name, causal, head_dim, q_len)
+    cfgs = kernel_configs(
+        tuning, q_len=q_len, kv_len=kv_len, head_dim=head_dim, has_segments=segment_ids is not None,
+        causal=causal, scale=head_dim**-0.5 if scale is None else float(scale), group=heads // kv_heads,
+        window=check_window(window, causal),
         interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
     )
+    padded_q, padded_kv = cfgs.forward.padded_q, cfgs.forward.padded_kv
     to_bhtd = lambda x, length: pad_length(jnp.swapaxes(x, 1, 2), length, 2)
     if segment_ids is not None:
         segment_ids = pad_length(segment_ids.astype(jnp.int32), padded_q, 1)
     out = attention_bhtd(
-        cfg, to_bhtd(query, padded_q), to_bhtd(key, padded_kv), to_bhtd(value, padded_kv), segment_ids
+        cfgs, to_bhtd(query, padded_q), to_bhtd(key, padded_kv), to_bhtd(value, padded_kv), segment_ids
     )
     return jnp.swapaxes(out[:, :, :q_len], 1, 2)

@@ -17,7 +17,8 @@ NT_DIMS = (((1,), (1,)), ((), ()))  # contract the last dim of both operands: a 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Static description of one attention call, shared by the three kernels."""
+    """Static description of one kernel of one attention call: the call's shape and masks (the same for the
+    three kernels) and this kernel's blocks and launch (flash_attention_tuning.KernelTuning)."""
 
     causal: bool
     scale: float
@@ -31,6 +32,8 @@ class Config:
     has_segments: bool
     interpret: bool
     window: int | None = None  # causal sliding window: query i sees key j iff 0 <= i + offset - j < window
+    num_warps: int = 4  # Triton (GPU) only
+    num_stages: int = 2  # Triton (GPU) only: software-pipelining depth of the kernel's walk over blocks
 
     @property
     def causal_offset(self) -> int:

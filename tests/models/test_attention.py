@@ -14,6 +14,8 @@ from jax.sharding import PartitionSpec as P
 
 from models import attention
 from models.attention import choose_implementation, dot_product_attention
+from models.kernels import flash_attention_tuning as attention_tuning
+from models.kernels.flash_attention_tuning import Tuning
 
 MESH_AXES = ("data", "stage", "fsdp", "tensor")
 RULES = [("activation_batch", ("data", "fsdp")), ("activation_heads", "tensor"),
@@ -89,10 +91,46 @@ def test_auto_on_cpu_is_xla():
     [(jnp.bfloat16, 0.0, "cudnn"), (jnp.float16, 0.0, "cudnn"), (jnp.float32, 0.0, "xla"),
      (jnp.bfloat16, 0.1, "xla")],
 )
-def test_auto_on_gpu_follows_the_recorded_table(dtype, dropout, expected):
+def test_auto_on_gpu_without_measurements_follows_the_recorded_table(dtype, dropout, expected):
     query = jnp.zeros((1, 8, 2, 64), dtype)
-    with mock.patch.object(attention.jax, "default_backend", lambda: "gpu"):
+    with mock.patch.object(attention.jax, "default_backend", lambda: "gpu"), \
+            mock.patch.object(attention_tuning, "load_table", lambda: ()):
         assert choose_implementation(query, dropout_rate=dropout) == expected
+
+
+def measured(head_dim, length, fastest, dtype="bfloat16"):
+    return {"platform": "gpu", "dtype": dtype, "causal": True, "head_dim": head_dim, "length": length,
+            "fastest": fastest, "tuning": Tuning().to_dict()}
+
+
+MEASURED = (measured(64, 1024, "cudnn"), measured(64, 8192, "pallas"), measured(128, 2048, "xla"))
+
+
+@pytest.mark.parametrize("head_dim, length, causal, kwargs, expected", [
+    (64, 1024, True, {}, "cudnn"),
+    (64, 2048, True, {}, "cudnn"),  # nearer 1024 than 8192
+    (64, 6000, True, {}, "pallas"),
+    (128, 512, True, {}, "xla"),
+    (64, 6000, False, {}, "cudnn"),  # not measured bidirectional: the per-dtype choice
+    (256, 6000, True, {}, "cudnn"),  # head dim not measured
+    (64, 6000, True, {"has_bias": True}, "cudnn"),  # pallas has no bias
+    (64, 6000, True, {"cross": True}, "cudnn"),  # nor kv_segment_ids
+    (64, 6000, True, {"dropout_rate": 0.1}, "xla"),
+])
+def test_auto_on_gpu_takes_the_fastest_measured_path_per_shape(head_dim, length, causal, kwargs, expected):
+    query = jnp.zeros((1, length, 2, head_dim), jnp.bfloat16)
+    with mock.patch.object(attention.jax, "default_backend", lambda: "gpu"), \
+            mock.patch.object(attention_tuning, "load_table", lambda: MEASURED):
+        assert choose_implementation(query, causal=causal, **{"dropout_rate": 0.0, **kwargs}) == expected
+
+
+def test_the_measured_table_names_the_fastest_of_its_own_timings():
+    """Every entry's 'fastest' is the implementation with the least forward+backward time it recorded, and
+    each implementation it names is one 'auto' can run."""
+    for entry in attention_tuning.load_table():
+        timed = {name: ms for name, ms in entry["fwd_bwd_ms"].items() if ms is not None}
+        assert entry["fastest"] == min(timed, key=timed.get), entry
+        assert entry["fastest"] in attention.IMPLEMENTATIONS
 
 
 @pytest.mark.parametrize("dropout, has_bias, expected", [(0.0, False, "splash"), (0.1, False, "xla"),
@@ -176,7 +214,8 @@ def test_pallas_takes_a_scale():
 
 def test_auto_with_a_bias_picks_a_path_that_has_one():
     query = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
-    with mock.patch.object(attention.jax, "default_backend", lambda: "gpu"):
+    with mock.patch.object(attention.jax, "default_backend", lambda: "gpu"), \
+            mock.patch.object(attention_tuning, "load_table", lambda: MEASURED):
         assert choose_implementation(query, dropout_rate=0.0, has_bias=True) == "cudnn"
     with mock.patch.dict(attention.AUTO_CHOICES, {("cpu", "any"): "pallas"}):
         assert choose_implementation(query, dropout_rate=0.0, has_bias=True) == "xla"

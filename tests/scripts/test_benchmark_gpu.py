@@ -107,3 +107,32 @@ def test_fp8_runs_and_loss_steps_replace_the_suites():
     assert args.fp8_runs == (("gpt2_xl", 8),) and args.loss_steps == 50
     with pytest.raises(argparse.ArgumentTypeError, match="preset:batch"):
         benchmark_gpu.parse_presets("gpt2_xl")
+
+
+def test_tune_item_retries_with_serial_compiles_and_reports_the_table(tmp_path, monkeypatch):
+    """A tuning child that dies before writing anything (a crash in the parallel compiles) is run again with
+    --workers=1; its rows become the attention table and the tuned-launch table of results.md."""
+    calls = []
+    entry = {"head_dim": 64, "length": 2048, "fastest": "cudnn", "fwd_bwd_ms": {"cudnn": 1.6, "pallas": 2.3},
+             "tuning": {name: {"block_q": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}
+                        for name in ("forward", "dq", "dkv")}}
+    row = {"impl": "cudnn", "mode": "fwd+bwd", "length": 2048, "head_dim": 64, "tflops": 292.0, "temp_bytes": 0}
+
+    def run_child(recorder, argv, timeout, env=None):
+        calls.append(argv)
+        if len(calls) == 2:
+            rows = next(a.split("=", 1)[1] for a in argv if a.startswith("--json="))
+            with open(rows, "w") as f:
+                json.dump({"source": {"device": "NVIDIA H200", "jax": "0.11.2", "dtype": "bfloat16", "tokens": 16384,
+                                      "hidden": 2048}, "compare": [row], "entries": [entry], "kernels": [],
+                           "skipped": ["D=64 T=4096"]}, f)
+        return (-11 if len(calls) == 1 else 0), ""
+
+    monkeypatch.setattr(benchmark_gpu, "run_child", run_child)
+    recorder = benchmark_gpu.Recorder(str(tmp_path), benchmark_gpu.FULL, {})
+    benchmark_gpu.item_tune(recorder, benchmark_gpu.FULL, str(tmp_path), lambda cap: cap)
+    assert not any(a.startswith("--workers") for a in calls[0]) and "--workers=1" in calls[1]
+    report = benchmark_gpu_report.markdown(recorder.results)
+    assert "| fwd+bwd | 2048 | 64 | 292 (0) | cudnn |" in report
+    assert "| 64 | 2048 | 128x64 w8 s3 | 128x64 w8 s3 | 128x64 w8 s3 | cudnn 1.600, pallas 2.300 | cudnn |" in report
+    assert "Not tuned (out of time): D=64 T=4096" in report

@@ -13,6 +13,8 @@ import pytest
 
 from models.attention import xla_attention
 from models.kernels.flash_attention import flash_attention
+from models.kernels import flash_attention_tuning as tuning_table
+from models.kernels.flash_attention_tuning import KernelTuning, Tuning
 
 TOLERANCE = {jnp.float32: (1e-4, 1e-4), jnp.bfloat16: (3e-2, 6e-2)}
 
@@ -45,9 +47,11 @@ def value_and_grads(attention, q, k, v):
     return [x.astype(jnp.float32) for x in (out, *grads)]
 
 
-def assert_matches_reference(q, k, v, segment_ids, *, causal, block_q, block_k, scale=None, window=None):
+def assert_matches_reference(q, k, v, segment_ids, *, causal, block_q=16, block_k=16, scale=None, window=None,
+                             tuning=None):
+    tuning = tuning or Tuning.blocks(block_q, block_k)
     kernel = lambda q, k, v: flash_attention(
-        q, k, v, segment_ids, causal=causal, scale=scale, block_q=block_q, block_k=block_k, window=window
+        q, k, v, segment_ids, causal=causal, scale=scale, tuning=tuning, window=window
     )
     q_scale = 1.0 if scale is None else scale * q.shape[-1] ** 0.5
     reference = lambda q, k, v: xla_attention(
@@ -135,7 +139,7 @@ def test_sliding_window_matches_reference(q_len, kv_len, window, segments, block
 def windowed_grads(q, k, v, rows):
     """Output and gradients of sum(out[:, rows]) with window 16 in blocks of 16."""
     def loss(q, k, v):
-        out = flash_attention(q, k, v, causal=True, window=16, block_q=16, block_k=16)
+        out = flash_attention(q, k, v, causal=True, window=16, tuning=Tuning.blocks(16, 16))
         return jnp.sum(out[:, rows]), out
 
     (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
@@ -152,3 +156,58 @@ def test_sliding_window_skips_blocks_wholly_outside_it():
     assert np.isfinite(out[:, 32:]).all() and np.isfinite(dq[:, 32:48]).all() and np.isnan(out[:, :32]).all()
     _, _, dk, dv = windowed_grads(q.at[:, 48:].set(jnp.nan), k, v, slice(0, 48))
     assert np.isfinite(dk[:, :32]).all() and np.isfinite(dv[:, :32]).all() and np.isnan(dk[:, 32:]).all()
+
+
+# ----------------------------------------------------------------------------- tuning: per-kernel launch settings
+
+
+MIXED = Tuning(forward=KernelTuning(32, 16), dq=KernelTuning(16, 32, num_stages=3), dkv=KernelTuning(16, 64))
+
+
+@pytest.mark.parametrize("q_len, kv_len, window, segments", [
+    (100, 100, None, True),  # packed, padded to 128: every kernel's blocks divide it
+    (48, 80, None, False),  # bottom-right aligned, each axis padded to its own blocks
+    (96, 96, 20, False),  # a window's edge inside the blocks of every kernel
+])
+def test_each_kernel_may_have_its_own_blocks(q_len, kv_len, window, segments):
+    q, k, v = random_inputs(q_len + kv_len, 2, q_len, kv_len, 4, 2, 32, jnp.float32)
+    segment_ids = packed_segments(q_len, 2, q_len) if segments else None
+    assert_matches_reference(q, k, v, segment_ids, causal=True, window=window, tuning=MIXED)
+
+
+def table_tunings():
+    """Every distinct (tuning, head dim) of the measured table, so each is checked in interpret mode."""
+    seen = {}
+    for entry in tuning_table.load_table():
+        tuning = Tuning.from_dict(entry["tuning"])
+        seen.setdefault((tuning, entry["head_dim"]), f"{entry['dtype']} D={entry['head_dim']} T={entry['length']}")
+    return [pytest.param(tuning, head_dim, id=name) for (tuning, head_dim), name in seen.items()]
+
+
+@pytest.mark.parametrize("tuning, head_dim", table_tunings() or [pytest.param(Tuning(), 64, id="defaults")])
+def test_every_tuning_of_the_table_matches_reference(tuning, head_dim):
+    """Each measured launch (blocks up to 128) on a length that pads and spans several blocks, grouped heads."""
+    q, k, v = random_inputs(head_dim, 1, 300, 300, 2, 1, head_dim, jnp.float32)
+    assert_matches_reference(q, k, v, None, causal=True, tuning=tuning)
+
+
+def test_the_table_picks_the_nearest_measured_length():
+    entries = tuple({"platform": "gpu", "dtype": "bfloat16", "causal": True, "head_dim": 64, "length": length,
+                     "fastest": name, "tuning": Tuning.blocks(16 * i, 16).to_dict()}
+                    for i, (length, name) in enumerate([(1024, "cudnn"), (4096, "pallas")], start=1))
+    near = lambda length, **kw: tuning_table.nearest_entry(**{"platform": "gpu", "dtype": "bfloat16", "causal": True,
+                                                             "head_dim": 64, **kw}, length=length, entries=entries)
+    assert near(512)["length"] == near(1500)["length"] == 1024
+    assert near(3000)["length"] == near(65536)["length"] == 4096
+    assert near(2048)["length"] == 4096  # halfway in log scale: the longer one
+    assert near(1024, head_dim=128) is None and near(1024, dtype="float32") is None
+    assert near(1024, platform="tpu") is None
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(block_q=96), "power of two"), (dict(block_k=8), "power of two"),
+    (dict(num_warps=3), "num_warps"), (dict(num_stages=0), "num_stages"),
+])
+def test_kernel_tuning_rejects_bad_settings(bad, match):
+    with pytest.raises(ValueError, match=match):
+        KernelTuning(**bad)
