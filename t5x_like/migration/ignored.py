@@ -9,9 +9,15 @@ from t5x_like.migration.upstream import Upstream
 FUSIONS = ("scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion", "bias_gelu_fusion",
            "bias_dropout_fusion", "masked_softmax_fusion", "rope_fusion", "layernorm_fusion",
            "gradient_accumulation_fusion", "apply_query_key_layer_scaling", "attention_softmax_in_fp32")
+MEGATRON_CORE_KERNELS = ("--use-mcore-models", "--transformer-impl", "--attention-backend", "--use-flash-attn",
+                         "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
+                         "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion",
+                         "--cross-entropy-loss-fusion")
+"""Megatron-Core's choices among its own implementations and fused kernels."""
 IGNORED = (
     Row((), "XLA compiles and fuses the kernels (ATTENTION picks the attention kernel)",
-        megatron=tuple(f"--{name.replace('_', '-')}" for name in FUSIONS) + ("--fp16-lm-cross-entropy",),
+        megatron=tuple(f"--{name.replace('_', '-')}" for name in FUSIONS) + ("--fp16-lm-cross-entropy",)
+        + MEGATRON_CORE_KERNELS,
         neox=FUSIONS + ("attention_config",)),
     Row((), "XLA chooses the collectives; the mesh comes from the *_PARALLEL macros",
         megatron=("--distributed-backend", "--local_rank", "--DDP-impl", "--use-cpu-initialization"),
@@ -25,7 +31,8 @@ IGNORED = (
         "zero_optimization.allgather_partitions", "zero_optimization.allgather_bucket_size",
         "zero_optimization.overlap_comm", "zero_optimization.reduce_scatter", "zero_optimization.reduce_bucket_size",
         "zero_optimization.contiguous_gradients", "zero_allow_untested_optimizer"),
-        megatron=("--zero-reduce-scatter", "--zero-contigious-gradients")),
+        megatron=("--zero-reduce-scatter", "--zero-contigious-gradients", "--overlap-grad-reduce",
+                  "--overlap-param-gather")),
     Row((), "DeepSpeed's engine: the settings of its config (--deepspeed_config) are migrated with the others",
         megatron=("--deepspeed",)),
     Row((), "remat applies per layer; activations are laid out by the mesh (RULES)",

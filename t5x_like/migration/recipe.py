@@ -150,6 +150,8 @@ SCHEDULE_ROWS = (
     Row(("WARMUP_STEPS",), "steps, or a fraction of the decay length (0.01), as Megatron and NeoX count it; the "
         "ramp is linear from 0", megatron=("--warmup", "--lr-warmup-fraction", "--lr-warmup-iters"),
         neox=("warmup",), deepspeed=("scheduler.params.warmup_num_steps", "scheduler.params.warmup_type")),
+    Row(("optim.make_optimizer.decay_steps", "WARMUP_STEPS"), "counts of samples, divided by the global batch",
+        megatron=("--lr-decay-samples", "--lr-warmup-samples")),
 )
 DECAY_STYLES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "inverse-square-root": "noam",
                 "WarmupLR": "constant", "WarmupDecayLR": "linear"}
@@ -178,15 +180,16 @@ def schedule(upstream: Upstream, out: Out) -> None:
 
 def lengths(upstream: Upstream, out: Out) -> None:
     """decay_steps, the floor and the warmup (steps, or Megatron's / NeoX's fraction of the decay length)."""
-    decay = upstream.get("scheduler.params.total_num_steps", "lr_decay_iters")
+    decay = upstream.get("scheduler.params.total_num_steps", "lr_decay_iters", "lr_decay_samples")
     if decay is not None:
-        out.set("optim.make_optimizer.decay_steps", decay.number(int), provenance(decay))
+        out.set("optim.make_optimizer.decay_steps", *in_steps(decay, out))
     floor = upstream.get("scheduler.params.warmup_min_lr", "min_lr")
     out.set("optim.make_optimizer.min_learning_rate", 0.0 if floor is None else floor.number(),
             provenance(floor, f"0: {out.default()}"))
     if floor is not None and floor.key == "scheduler.params.warmup_min_lr" and floor.number():
         out.notes.append(f"{provenance(floor)}: DeepSpeed ramps up from it; the warmup here starts from 0")
-    warmup = upstream.get("scheduler.params.warmup_num_steps", "lr_warmup_iters", "lr_warmup_fraction", "warmup")
+    warmup = upstream.get("scheduler.params.warmup_num_steps", "lr_warmup_iters", "lr_warmup_samples",
+                          "lr_warmup_fraction", "warmup")
     if warmup is not None and warmup.key == "scheduler.params.warmup_num_steps":
         kind = upstream.get("scheduler.params.warmup_type")
         if kind is None or kind.value != "linear":
@@ -198,7 +201,14 @@ def lengths(upstream: Upstream, out: Out) -> None:
     elif warmup.key in ("warmup", "lr_warmup_fraction"):
         out.set("WARMUP_STEPS", warmup.number(), provenance(warmup) + ": a fraction of the decay length")
     else:
-        out.set("WARMUP_STEPS", warmup.number(int), provenance(warmup))
+        out.set("WARMUP_STEPS", *in_steps(warmup, out))
+
+
+def in_steps(setting: Setting, out: Out) -> tuple[int, str]:
+    """Steps, from a count of steps or of samples (Megatron's *_samples: divided by the global batch)."""
+    if not setting.key.endswith("_samples"):
+        return setting.number(int), provenance(setting)
+    return math.ceil(setting.number(int) / out.value("BATCH_SIZE")), f"{provenance(setting)} / BATCH_SIZE"
 
 
 OPTIMIZER_ROWS = (

@@ -2,6 +2,8 @@
 the data and its tokenizer, activation checkpointing and the seed."""
 from __future__ import annotations
 
+import re
+
 from t5x_like.migration.rows import Row, translates
 from t5x_like.migration.translate import REQUIRED, Out, provenance
 from t5x_like.migration.upstream import Setting, Upstream
@@ -29,15 +31,30 @@ RUN_ROWS = (
         neox=("data_path", "train_data_paths", "train_data_weights", "valid_data_paths", "valid_data_weights",
               "test_data_paths", "test_data_weights")),
     Row(("DATA_SPLIT",), megatron=("--split",), neox=("split",)),
+    Row((), "no synthetic data here: DATA_PATH names token files (None: the builtin corpus, with its own tokenizer)",
+        megatron=("--mock-data",)),
     Row(("TOKENIZER", "model_config.vocab_from_tokenizer"), "either file of a GPT-2 BPE pair; the kind of tokenizer is "
-        "told from its files", megatron=("--vocab-file", "--merge-file", "--tokenizer-type"),
+        "told from its files (a type whose files have no reader here is listed as not migrated)",
+        megatron=("--vocab-file", "--merge-file", "--tokenizer-type"),
         neox=("vocab_file", "merge_file", "tokenizer_type")),
+    Row(("TOKENIZER",), "HuggingFaceTokenizer's folder (with tokenizer.json, as transformers saves it: download a Hub "
+        "name first), or SentencePieceTokenizer's / Llama2Tokenizer's .model", megatron=("--tokenizer-model",)),
+    Row(("overrides.vocab_size",), "with no tokenizer (NullTokenizer's ids); a tokenizer's own size otherwise",
+        megatron=("--vocab-size",)),
     Row(("model_config.remat_policy",), "'full'; Megatron's selective recomputation is 'minimal'",
         megatron=("--checkpoint-activations", "--recompute-activations", "--recompute-granularity"),
         neox=("checkpoint_activations",)),
     Row(("EPOCHS",), "passes over the training split instead of TRAIN_STEPS, validation after each",
         neox=("train_epochs",)),
 )
+NO_READER = {
+    "TikTokenizer": "tiktoken files (Llama 3's tokenizer.model) have no reader here: set TOKENIZER to the model's "
+                    "tokenizer.json (its Hugging Face folder has one)",
+    "NullTokenizer": "token ids without text (mock data): the vocabulary is --vocab-size's; set DATA_PATH to token "
+                     "files",
+}
+"""Upstream tokenizer types whose files this project's tokenizers cannot read, and what to do instead."""
+VOCAB_FILE_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase")
 DEFAULTS = {"megatron": {"eval_interval": 1000, "eval_iters": 100, "log_interval": 100, "seed": 1234,
                          "split": "969, 30, 1"},
             "neox": {"eval_interval": 1000, "eval_iters": 100, "log_interval": 100, "seed": 1234,
@@ -115,15 +132,33 @@ def data(upstream: Upstream, out: Out) -> None:
             provenance(paths) if prefixes else f"{provenance(paths, 'no data path')}: set DATA_PATH")
     if blend:
         out.set("BLEND_WEIGHTS", blend, provenance(weights or paths))
+    out.skip(upstream.get("mock_data"), "no synthetic data here: DATA_PATH names token files")
     split, why = setting_or_default(upstream, out, "split")
-    out.set("DATA_SPLIT", str(split).replace(" ", ""), why)
-    vocab, merges = upstream.get("vocab_file"), upstream.get("merge_file")
-    upstream.get("tokenizer_type")  # the kind is told from the files
-    if vocab is not None and vocab.path():
-        out.set("TOKENIZER", vocab.path(), provenance(vocab) + (f"; {provenance(merges)} beside it" if merges else ""))
+    out.set("DATA_SPLIT", ",".join(re.findall(r"[.0-9]+", str(split))), why)  # the numbers, as Megatron reads them
+    tokenizer(upstream, out)
+
+
+def tokenizer(upstream: Upstream, out: Out) -> None:
+    """TOKENIZER from the file(s) upstream's tokenizer reads (its kind is told from them here), or the vocabulary's
+    size with no tokenizer."""
+    kind, merges = upstream.get("tokenizer_type"), upstream.get("merge_file")
+    files = [s for s in (upstream.get("tokenizer_model"), upstream.get("vocab_file")) if s is not None and s.path()]
+    if kind is not None and kind.value in VOCAB_FILE_TYPES:
+        files.reverse()  # Megatron's own tokenizers read --vocab-file (and --merge-file)
+    reason = NO_READER.get(str(kind.value)) if kind is not None else None
+    for setting in [kind, *files] if reason else []:
+        out.skip(setting, reason)
+    size = upstream.get("vocab_size")
+    if files and not reason:
+        hub = " (a folder with tokenizer.json)" if kind is not None and kind.value == "HuggingFaceTokenizer" else ""
+        out.set("TOKENIZER", files[0].path(), provenance(files[0]) + hub +
+                (f"; {provenance(merges)} beside it" if merges else ""))
         out.set("model_config.vocab_from_tokenizer", True, "the vocabulary is the tokenizer's, as upstream's")
+        out.skip(size, "the vocabulary is the tokenizer's")
+    elif size is not None:
+        out.override("vocab_size", size.number(int), provenance(size))
     else:
-        out.notes.append("no vocab file: the model keeps its preset's vocabulary; set TOKENIZER")
+        out.notes.append("no tokenizer file: the model keeps its preset's vocabulary; set TOKENIZER")
 
 
 def data_paths(paths: Setting | None, weights: Setting | None) -> tuple[list[str], list[float] | None]:

@@ -18,7 +18,9 @@ import re
 from t5x_like.errors import UserError
 
 NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-ASSIGNMENT = re.compile(rf"^({NAME})=(.*)$", re.S)
+ASSIGNMENT = re.compile(rf"^({NAME})(\+?)=(.*)$", re.S)
+ARRAY_START = re.compile(rf"^{NAME}\+?=$")
+ARRAY = re.compile(rf"^({NAME})(\+?)=\($")
 REDIRECTION = re.compile(r"^(\d*>>?(&\d)?|&>>?|\d*<)")
 SKIPPED_COMMANDS = {"echo", "printf", "set", "mkdir", "cd", "source", ".", "cp", "rm", "ls", "hostname", "sleep",
                     "wait", "exit", "unset", "shift", "local", "declare", "trap", "cat", "tee", "touch"}
@@ -42,62 +44,85 @@ class Launch:
 
 
 def statements(text: str) -> list[Statement]:
-    """Split a script into statements (newline, `;`, `|`, `&`, `&&`, `||` outside quotes end one; `\\`-newline
-    joins lines, in double quotes too), each a list of raw words with their quotes; comments are dropped."""
-    newlines = [k for k, c in enumerate(text) if c == "\n"]
-    out: list[Statement] = []
-    current = Statement([], 1)
-    word, quote, i = "", "", 0
+    """Split a script into statements (newline, `;`, `|`, `&`, `&&`, `||` outside quotes end one, but not inside
+    an array's `NAME=( ... )`, and `&&` / `||` join the tests of an `if`; `\\`-newline joins lines, in double
+    quotes too), each a list of raw words with their quotes; comments are dropped."""
+    splitter = _Splitter(text)
+    while splitter.i < len(text):
+        splitter.step()
+        splitter.i += 1
+    if splitter.quote:
+        raise UserError(f"line {splitter.current.line}: a {splitter.quote} quote is never closed; fix the script "
+                        "(bash -n checks it).")
+    splitter.end_statement()
+    return splitter.out
 
-    def add(chars: str) -> None:
-        nonlocal word
-        if not word and not current.words:
-            current.line = bisect.bisect_left(newlines, i) + 1
-        word += chars
 
-    def end_statement() -> None:
-        nonlocal word, current
-        if word:
-            current.words.append(word)
-        word = ""
-        if current.words:
-            out.append(current)
-        current = Statement([], 1)
+class _Splitter:
+    """statements()'s scan of a script, one character (or escape, or `$((...))`) per step."""
 
-    while i < len(text):
+    def __init__(self, text: str):
+        self.text, self.newlines = text, [k for k, c in enumerate(text) if c == "\n"]
+        self.out: list[Statement] = []
+        self.current = Statement([], 1)
+        self.word, self.quote, self.i, self.array = "", "", 0, False
+
+    def add(self, chars: str) -> None:
+        if not self.word and not self.current.words:
+            self.current.line = bisect.bisect_left(self.newlines, self.i) + 1
+        self.word += chars
+
+    def end_word(self) -> None:
+        if self.word:
+            self.current.words.append(self.word)
+        self.word = ""
+
+    def end_statement(self) -> None:
+        self.end_word()
+        if self.current.words:
+            self.out.append(self.current)
+        self.current = Statement([], 1)
+
+    def step(self) -> None:
+        text, i, quote = self.text, self.i, self.quote
         char, pair = text[i], text[i:i + 2]
         if pair == "\\\n" and quote != "'":
-            i += 1
+            self.i += 1
         elif quote:
-            add(pair if char == "\\" and quote == '"' else char)
-            i += 1 if char == "\\" and quote == '"' else 0
-            quote = "" if char == quote else quote
+            self.add(pair if char == "\\" and quote == '"' else char)
+            self.i += 1 if char == "\\" and quote == '"' else 0
+            self.quote = "" if char == quote else quote
         elif char == "\\":
-            add(pair)
-            i += 1
+            self.add(pair)
+            self.i += 1
         elif char in "'\"":
-            add(char)
-            quote = char
+            self.add(char)
+            self.quote = char
         elif text.startswith("$((", i):
             end = text.index("))", i) + 2
-            add(text[i:end])
-            i = end - 1
-        elif char == "#" and not word:
-            i = text.find("\n", i) - 1 if "\n" in text[i:] else len(text)
-        elif char in " \t":
-            if word:
-                current.words.append(word)
-            word = ""
+            self.add(text[i:end])
+            self.i = end - 1
+        elif char == "#" and not self.word:
+            self.i = text.find("\n", i) - 1 if "\n" in text[i:] else len(text)
+        elif char == "(" and ARRAY_START.match(self.word) and set(self.current.words) <= {"then", "else", "export"}:
+            self.add(char)
+            self.end_word()
+            self.array = True
+        elif char == ")" and self.array:
+            self.end_word()
+            self.current.words.append(char)
+            self.array = False
+        elif char in " \t" or (self.array and char in "\n;"):
+            self.end_word()
+        elif pair in ("&&", "||") and self.current.words[:1] in (["if"], ["elif"]):
+            self.end_word()
+            self.current.words.append(pair)
+            self.i += 1
         elif char in "\n;|" or (char == "&" and text[i - 1:i] != ">" and text[i + 1:i + 2] != ">"):
-            end_statement()
-            i += 1 if pair in ("&&", "||") else 0
+            self.end_statement()
+            self.i += 1 if pair in ("&&", "||") else 0
         else:
-            add(char)
-        i += 1
-    if quote:
-        raise UserError(f"line {current.line}: a {quote} quote is never closed; fix the script (bash -n checks it).")
-    end_statement()
-    return out
+            self.add(char)
 
 
 class Shell:
@@ -106,6 +131,7 @@ class Shell:
     def __init__(self, path: str, environ: dict[str, str] | None = None):
         self.path = path
         self.variables: dict[str, str] = {}
+        self.arrays: dict[str, list[str]] = {}
         self.environ = dict(os.environ if environ is None else environ)
         self.notes: list[str] = []
         self.line = 0
@@ -114,6 +140,13 @@ class Shell:
         """A raw word's words after expansion: quoted parts stay whole, unquoted expansions split on spaces."""
         words, current, joined = [], "", False
         for part, quoted in _parts(raw):
+            elements = self._quoted_array(part) if quoted == '"' and split else None
+            if elements is not None:  # "${NAME[@]}": a word per element (none for an empty array)
+                if len(elements) > 1:
+                    words += [current + elements[0], *elements[1:-1]]
+                    current = ""
+                current, joined = (current + elements[-1], True) if elements else (current, joined)
+                continue
             value = part if quoted == "'" else self._substitute(part)
             if quoted or not split:
                 current, joined = current + value, True
@@ -141,20 +174,41 @@ class Shell:
         def replace(match: re.Match) -> str:
             if match["arith"] is not None:
                 return str(self._arithmetic(match["arith"]))
-            name = match["braced"] or match["plain"] or match["special"]
-            if name in ("@", "*"):
-                self.notes.append(f"{self.path}:{self.line}: ${name} (the script's own arguments) taken as empty")
-                return ""
-            return self.lookup(name)
+            if match["array"] is not None:
+                return " ".join(self.arrays.get(match["array"], []))
+            name = match["braced"] or match["plain"] or match["special"] or match["defaulted"]
+            defaulted = match["defaulted"] is not None
+            value = self.positional(name, ": its default applies" if defaulted else "") if not name.isidentifier() \
+                else self.lookup(name, quiet=defaulted)
+            unset = not value if match["op"] == ":-" else not self.is_set(name)
+            return self.value(match["default"]) if defaulted and unset else value
 
-        pattern = rf"\$\(\((?P<arith>.*?)\)\)|\$\{{(?P<braced>{NAME})\}}|\$(?P<plain>{NAME})|\$(?P<special>[@*])"
+        pattern = (rf"\$\(\((?P<arith>.*?)\)\)|\$\{{(?P<array>{NAME})\[[@*]\]\}}|\$\{{(?P<braced>{NAME}|\d+)\}}"
+                   rf"|\$\{{(?P<defaulted>{NAME}|\d+)(?P<op>:?-)(?P<default>[^}}]*)\}}|\$(?P<plain>{NAME})"
+                   rf"|\$(?P<special>[@*\d])")
         return re.sub(pattern, replace, text.replace('\\"', '"'))
 
-    def lookup(self, name: str) -> str:
+    def is_set(self, name: str) -> bool:
+        return name in self.variables or name in self.arrays or name in self.environ
+
+    def _quoted_array(self, part: str) -> list[str] | None:
+        match = re.fullmatch(rf"\$\{{({NAME})\[@\]\}}", part)
+        return None if match is None else self.arrays.get(match[1], [])
+
+    def positional(self, name: str, then: str = "") -> str:
+        """The script's own arguments ($1, $@): this tool runs it with none."""
+        note = f"{self.path}:{self.line}: ${name} (the script's own arguments) taken as empty{then}"
+        if note not in self.notes:
+            self.notes.append(note)
+        return ""
+
+    def lookup(self, name: str, quiet: bool = False) -> str:
         if name in self.variables:
             return self.variables[name]
-        if name in self.environ:
-            return self.environ[name]
+        if name in self.arrays:
+            return next(iter(self.arrays[name]), "")
+        if name in self.environ or quiet:
+            return self.environ.get(name, "")
         note = f"{self.path}:{self.line}: ${name} is not set by the script or the environment: empty, as in bash"
         if note not in self.notes:
             self.notes.append(note)
@@ -169,6 +223,18 @@ class Shell:
                             "evaluates; write the number into the script.") from None
 
     def condition(self, words: list[str]) -> bool:
+        """Tests joined by `&&` and `||` (left to right, as bash groups them)."""
+        result, joiner, test = False, None, []
+        for word in [*words, "&&"]:
+            if word not in ("&&", "||"):
+                test.append(word)
+                continue
+            value = self.test(test)
+            result = value if joiner is None else (result and value) if joiner == "&&" else (result or value)
+            joiner, test = word, []
+        return result
+
+    def test(self, words: list[str]) -> bool:
         """`[ A = B ]`-style tests; a test bash itself would fail on (`["$X" = y]`) is false, as there."""
         expanded = [w for raw in words for w in self.expand(raw)]
         if expanded and expanded[0] in ("[", "[[") and expanded[-1] in ("]", "]]"):
@@ -201,10 +267,23 @@ def _parts(raw: str) -> list[tuple[str, str]]:
         else:
             j = i
             while j < len(raw) and raw[j] not in "'\"":
-                j += 2 if raw[j] == "\\" else 1
+                j = _closing_brace(raw, j) + 1 if raw.startswith("${", j) else j + (2 if raw[j] == "\\" else 1)
             parts.append((raw[i:j].replace("\\", ""), ""))
             i = j
     return parts
+
+
+def _closing_brace(raw: str, start: int) -> int:
+    """The `}` that closes the `${` at `start` (quotes inside, as in `${1:-"default"}`, skipped)."""
+    quote = ""
+    for k in range(start + 2, len(raw)):
+        if quote:
+            quote = "" if raw[k] == quote else quote
+        elif raw[k] in "'\"":
+            quote = raw[k]
+        elif raw[k] == "}":
+            return k
+    return len(raw) - 1
 
 
 def _closing_double(raw: str, start: int) -> int:
@@ -245,17 +324,14 @@ def find_launch(path: str, text: str, environ: dict[str, str] | None = None) -> 
             runs = all(taking[:-1]) and not decided[-1] and shell.condition(words)
             taking[-1], decided[-1] = runs, decided[-1] or runs
             continue
-        if head == "then":
-            continue
         if head == "else":
             taking[-1] = not decided[-1]
-            continue
         if head == "fi":
             taking.pop(), decided.pop()
             continue
-        if not all(taking):
-            continue
-        found = _run(shell, words, statement.line) or found
+        words = words[1:] if head in ("then", "else") else words  # `then command` on the `if`'s line
+        if words and all(taking):
+            found = _run(shell, words, statement.line) or found
     if found is not None:
         found.notes = shell.notes
     return found
@@ -265,11 +341,16 @@ def _run(shell: Shell, words: list[str], line: int) -> Launch | None:
     """One statement: an assignment updates the variables; a command starting a .py program is the launch."""
     if words[0] == "export":
         words = words[1:]
-    if words and ASSIGNMENT.match(words[0]) and len(words) == 1:
-        name, raw = ASSIGNMENT.match(words[0]).groups()
-        shell.variables[name] = shell.value(raw)
+    if words and ARRAY.match(words[0]) and words[-1] == ")":  # NAME=( ... ) or NAME+=( ... )
+        name, append = ARRAY.match(words[0]).groups()
+        elements = [w for raw in words[1:-1] for w in shell.expand(raw)]
+        shell.arrays[name] = (shell.arrays.get(name, []) if append else []) + elements
         return None
-    if words and ASSIGNMENT.match(words[0]) and ASSIGNMENT.match(words[0])[2].startswith("<"):
+    if words and ASSIGNMENT.match(words[0]) and len(words) == 1:
+        name, append, raw = ASSIGNMENT.match(words[0]).groups()
+        shell.variables[name] = (shell.lookup(name, quiet=True) if append else "") + shell.value(raw)
+        return None
+    if words and ASSIGNMENT.match(words[0]) and ASSIGNMENT.match(words[0])[3].startswith("<"):
         name = ASSIGNMENT.match(words[0])[1]
         shell.notes.append(f"{shell.path}:{line}: {name} is a placeholder ({' '.join(words)[len(name) + 1:]}) the "
                            "script's user fills in: read as empty")

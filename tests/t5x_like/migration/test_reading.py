@@ -2,11 +2,16 @@
 GPU counts, flags files, NeoX's merge of several YAML files, DeepSpeed's JSON, and the refusals (one line each,
 naming the file and the fix)."""
 import json
+import shutil
+import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from t5x_like.migration import shell, upstream
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "data" / "upstream"
 
 SCRIPT = textwrap.dedent('''\
     #! /bin/bash
@@ -109,3 +114,60 @@ def test_numbers_are_checked_where_they_are_written():
     with pytest.raises(ValueError, match=r"^run.sh:7: --num-layers '2.5' is not a whole number; fix the value.$"):
         setting.number(int)
     assert upstream.Setting("lr", "1.0e-5", "--lr", "run.sh:8").number() == 1e-5
+
+
+ARRAYS = textwrap.dedent('''\
+    #!/bin/bash
+    EMPTY=()
+    NAME=${NAME:-"my run"}
+    LR=${LR-3e-4}
+    FALLBACK=${NOT_SET:-fallback}
+    BLANK=""
+    KEPT=${BLANK-kept}   # set, though empty: `-` keeps it
+    ARGS=(
+        --lr $LR   # a comment inside the array
+        "--name $NAME"
+    )
+    ARGS+=(--tag "$NAME")
+    MORE=("two words" three)
+    ARGS+=("${MORE[@]}" "${EMPTY[@]}")
+    opts="--a"
+    opts+=" --b"
+    if [[ "$LR" == "1" ]] || [ -n "$NAME" ]; then ARGS+=(--either); fi
+    if [ -n "$NAME" ] && [ -z "$NAME" ]; then
+        ARGS+=(--both)
+    else ARGS+=(--not-both)
+    fi
+    CHECKPOINT=${1:-"checkpoints/run"}
+    torchrun --nproc_per_node 2 pretrain_gpt.py ${ARGS[@]} "${ARGS[@]}" $opts --x "$FALLBACK" --y "$KEPT" \\
+        --save $CHECKPOINT ${EMPTY[@]}
+    ''')
+
+
+def bash_arguments(script: Path) -> tuple[list[str], dict[str, str]]:
+    """What bash passes the launcher when it runs `script` (a stand-in torchrun that writes its arguments), and
+    the environment it ran with."""
+    bin_dir = script.parent / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGUMENTS"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    (script.parent / "pretrain_gpt.py").touch()
+    environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(script.parent), "PWD": str(script.parent),
+               "ARGUMENTS": str(script.parent / "arguments.txt")}
+    done = subprocess.run(["bash", script.name], cwd=script.parent, env=environ, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return (script.parent / "arguments.txt").read_text().splitlines(), environ
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to compare with")
+@pytest.mark.parametrize("name", ["arrays.sh", "train_llama3_8b_h100_fp8.sh"])
+def test_arrays_and_defaults_are_read_as_bash_runs_them(tmp_path, name):
+    """Bash arrays (`A=( ... )`, `A+=( ... )`, `${A[@]}` split, `"${A[@]}"` a word per element), `${X:-default}`,
+    `${X-default}`, `+=`, `&&` / `||` between tests, and Megatron-LM's own Llama 3 example script."""
+    script = tmp_path / name
+    script.write_text(ARRAYS if name == "arrays.sh" else (UPSTREAM / "megatron" / name).read_text())
+    expected, environ = bash_arguments(script)
+    launch = shell.find_launch(name, script.read_text(), environ)
+    assert launch.launcher[1:] + [launch.program] + launch.arguments == expected
+    assert f"{name}:" in "\n".join(launch.notes) and "$1 (the script's own arguments) taken as empty" in \
+        "\n".join(launch.notes)
