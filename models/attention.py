@@ -231,7 +231,7 @@ def splash_or_fallback(query, key, kv_segment_ids) -> str:
 #   path. A length threshold (pallas from T >= 1024) is what these numbers would otherwise give.
 # gpu, bf16/fp16 -> 'cudnn'; gpu, fp32 -> 'xla' (cuDNN flash attention has no fp32 path).
 #   Measured on one H100 80GB HBM3 (jax 0.11.2, bf16, causal, 16384 tokens, 2048 hidden;
-#   scripts/benchmark_gpu.py --only=attention, docs/benchmarks.md). TFLOP/s, cudnn / pallas / xla:
+#   scripts/benchmark_attention.py through the GPU suite, docs/benchmarks.md). TFLOP/s, cudnn / pallas / xla:
 #     fwd     D=64:  T=1k 263/109/18   2k 333/152/19   4k 390/188/19   8k 427/218/19
 #     fwd+bwd D=64:  T=1k 203/111/25   2k 285/145/29   4k 357/177/30   8k 407/197/33
 #     fwd     D=128: T=1k 320/123/32   2k 419/167/35   4k 516/226/37   8k 566/263/38

@@ -11,7 +11,6 @@ step's top GPU kernels), profile_xl.txt (the same for 1.5B), step_hlo.txt (that 
             PyTorch reference (benchmark_torch.py) at several batch sizes
   variants  ours at the first batch size with one setting changed (VARIANTS)
   profile   ours at the first batch size under jax.profiler: GPU time per kernel, per step
-  attention benchmark_attention.py: causal fwd and fwd+bwd, T = 1k..8k, head dim 64 and 128
   xl        GPT-2 1.5B: every run of --xl_runs (framework:batch:remat; the PyTorch reference's
             torch.compile of 1.5B takes ~2.5 minutes, our unrolled 48 layers ~3.5)
   xl_profile  ours at 1.5B (the first jax run of --xl_runs) under jax.profiler, no HLO dump
@@ -19,7 +18,8 @@ step's top GPU kernels), profile_xl.txt (the same for 1.5B), step_hlo.txt (that 
             (model_config.matmul_dtype='fp8'), each timed over --loss_steps (200) steps of the same batch:
             tokens/s and the final loss side by side
   tune      scripts/tune_attention.py: our attention kernels' launches tuned per shape (D 64/128, T 1k-8k),
-            then every implementation beside them (xla, cudnn, ours untuned and tuned, Mosaic GPU);
+            then every implementation beside them, causal fwd and fwd+bwd (xla, cudnn, ours untuned and
+            tuned, Mosaic GPU);
             writes flash_attention_tuning.json (copy it to models/kernels/) and the attention table
   flags     ours at the first 124M batch size under --flags (FLAG_VARIANTS: XLA_FLAGS, FP8, loss chunk
             sizes; 'default' = none; 'a&b' = a and b together)
@@ -52,7 +52,7 @@ from scripts.benchmark_gpu_report import markdown, summarise_trace  # noqa: E402
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
-ITEMS = ("small", "variants", "profile", "attention", "xl_profile", "xl", "fp8", "tune", "flags", "dropout", "extra")
+ITEMS = ("small", "variants", "profile", "xl_profile", "xl", "fp8", "tune", "flags", "dropout", "extra")
 VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
     "scan_layers=True": {"overrides": {"scan_layers": True}},
     "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
@@ -92,7 +92,6 @@ class Suite:
     seq_len: int
     steps: int
     warmup: int
-    attention_args: tuple[str, ...]
     tune_args: tuple[str, ...]  # scripts/tune_attention.py's, besides --table, --json and --budget_s
     torch_compile: bool
 
@@ -101,15 +100,11 @@ FULL = Suite(small="gpt2_small", small_batches=(16, 32), extra_batches=(64,), xl
              xl_runs=(("jax", 8, "none"), ("torch", 8, "none"), ("jax", 12, "none"), ("jax", 16, "minimal")),
              flags=tuple(FLAG_VARIANTS), fp8_runs=(("gpt2_small", 16), ("gpt2_xl", 8)), loss_steps=200,
              seq_len=1024, steps=20, warmup=10,
-             attention_args=("--lengths=1024,2048,4096,8192", "--head-dims=64,128", "--tokens=16384",
-                             "--hidden=2048", "--repeats=5", "--calls=10"),
              tune_args=(), torch_compile=True)
 SMOKE = Suite(small="gpt2_tiny", small_batches=(2,), extra_batches=(4,), xl="gpt2_tiny",
               xl_runs=(("jax", 2, "minimal"), ("torch", 2, "none"), ("jax", 4, "full")),
               flags=("default", "latency hiding scheduler"), fp8_runs=(("gpt2_tiny", 2),), loss_steps=3,
               seq_len=64, steps=2, warmup=1,
-              attention_args=("--lengths=128", "--head-dims=64", "--tokens=256", "--hidden=128",
-                              "--dtype=float32", "--repeats=1", "--calls=1", "--implementations=xla,pallas,auto"),
               tune_args=("--smoke",), torch_compile=False)
 
 
@@ -284,19 +279,6 @@ def item_xl_profile(recorder, suite, tmp, budget):
                timeout=300, env=None)
 
 
-def item_attention(recorder, suite, tmp, budget):
-    path = os.path.join(tmp, "attention.json")
-    rc, output = run_child(recorder, [os.path.join(SCRIPTS, "benchmark_attention.py"), *suite.attention_args,
-                                      f"--json={path}"], budget(240))
-    if os.path.exists(path):
-        with open(path) as f:
-            recorder.results["attention"] = json.load(f)
-    else:
-        recorder.results["attention"] = {"note": "timed out" if rc is None else f"exit {rc}",
-                                         "output": output[-4000:]}
-    recorder.write()
-
-
 def item_tune(recorder, suite, tmp, budget):
     """scripts/tune_attention.py, again with serial compiles (--workers=1) if the parallel ones broke it."""
     table, rows = os.path.join(recorder.out, "flash_attention_tuning.json"), os.path.join(tmp, "tune.json")
@@ -367,7 +349,7 @@ def item_dropout(recorder, suite, tmp, budget):
          budget(150), preset=suite.small, batch=batch, overrides={"dropout_rate": 0.1, "attention_dropout_rate": 0.1})
 
 
-RUNNERS = {"small": item_small, "profile": item_profile, "attention": item_attention, "tune": item_tune, "xl": item_xl,
+RUNNERS = {"small": item_small, "profile": item_profile, "tune": item_tune, "xl": item_xl,
            "xl_profile": item_xl_profile, "fp8": item_fp8, "flags": item_flags, "dropout": item_dropout,
            "variants": item_variants, "extra": item_extra}
 

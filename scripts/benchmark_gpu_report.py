@@ -160,8 +160,11 @@ def tune_table(tune: dict) -> list[str]:
     short = lambda k: f"{k['block_q']}x{k['block_k']} w{k['num_warps'] or 'auto'} s{k['num_stages']}"
     for e in tune["entries"]:
         ms = ", ".join(f"{name} {t:.3f}" for name, t in e["fwd_bwd_ms"].items())
-        lines.append(f"| {e['head_dim']} | {e['length']} | {short(e['tuning']['forward'])} | {short(e['tuning']['dq'])} "
-                     f"| {short(e['tuning']['dkv'])} | {ms} | {e['fastest']} |")
+        fused = e["tuning"].get("backward") == "fused"
+        dq = "(fused into dK/dV)" if fused else short(e["tuning"]["dq"])
+        dkv = short(e["tuning"]["dkv"]) + (" fused, adds dQ" if fused else "")
+        lines.append(f"| {e['head_dim']} | {e['length']} | {short(e['tuning']['forward'])} | {dq} | {dkv} | {ms} "
+                     f"| {e['fastest']} |")
     if tune.get("skipped"):
         lines += ["", f"Not tuned (out of time): {', '.join(tune['skipped'])}"]
     return lines

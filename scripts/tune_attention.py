@@ -4,11 +4,13 @@
     python scripts/tune_attention.py --smoke --table=/tmp/t.json --json=/tmp/rows.json   # CPU, interpreted
 
 Per shape (batch = --tokens // T, heads = --hidden // D), in order of --shapes:
-  1. each kernel alone (forward, dQ, dK/dV) over its candidate launches (blocks, Triton warps and stages):
+  1. each kernel alone (forward, dQ, dK/dV, and the fused backward that adds dQ atomically) over its
+     candidate launches (blocks, Triton warps and stages):
      all compiled at once in a thread pool, then timed one by one (median of --repeats rounds of --calls
      calls); a candidate whose result differs from the default launch's by more than rounding is refused
      (that is a race or a bad tile, not a speed);
-  2. the fastest correct launch of each kernel makes the shape's Tuning;
+  2. the fastest correct launch of each kernel makes the shape's Tuning, with the fused backward where it
+     beats dQ + dK/dV together;
   3. forward and forward+backward of every implementation at that shape: 'xla', 'cudnn' (GPU), 'pallas'
      with the default launch ('pallas-untuned') and tuned, and the reference kernels of scripts/
      benchmark_attention.py that this jax has ('jax-mgpu' Mosaic GPU, run in float16 as it requires;
@@ -48,6 +50,7 @@ CANDIDATES = {  # per kernel: the Triton FA2 tutorial's and FlashAttention-2's u
     "dkv": [K(128, 128), K(64, 128, 4, 3), K(64, 128, 8, 3), K(32, 128, 4, 4), K(32, 128, 8, 4),
             K(64, 64, 4, 3), K(32, 64, 4, 3), K(128, 64, 4, 2)],  # block_k owned, block_q walked
 }
+CANDIDATES["fused"] = CANDIDATES["dkv"]  # the fused backward walks as dK/dV does, adding dQ atomically
 SMOKE_CANDIDATES = {name: [K(32, 32), K(16, 32, 2, 1), K(32, 16)] for name in CANDIDATES}
 AUTO_CAN_RUN = ("xla", "cudnn", "pallas")
 REFERENCES = ("jax-mgpu", "tokamax-mosaic", "tokamax-triton")
@@ -80,13 +83,21 @@ def configs_for(shape: Shape, tuning: Tuning, interpret: bool | None = None) -> 
 
 
 def kernel_fn(name: str, cfgs: fa.KernelConfigs):
-    """The kernel alone as f(q, k, v, do, lse, delta) -> its outputs."""
+    """The kernel alone as f(q, k, v, do, lse, delta) -> its outputs ('fused': dK, dV and dQ in one kernel)."""
     rows = lambda x: jnp.swapaxes(x, 2, 3)
     if name == "forward":
         return lambda q, k, v, do, lse, delta: fa.forward(cfgs.forward, q, k, v, None)[0]
     if name == "dq":
         return lambda q, k, v, do, lse, delta: fa.backward_dq(cfgs.dq, q, k, v, do, lse, delta, None)
-    return lambda q, k, v, do, lse, delta: fa.backward_dkv(cfgs.dkv, q, k, v, do, rows(lse), rows(delta), None)
+    fused = name == "fused"
+    return lambda q, k, v, do, lse, delta: fa.backward_dkv(cfgs.dkv, q, k, v, do, rows(lse), rows(delta), None,
+                                                           fused=fused)
+
+
+def default_result(name: str, shape: Shape, inputs):
+    """What the default launch of the split kernels gives for `name`'s outputs."""
+    run = lambda kernel: jax.jit(kernel_fn(kernel, configs_for(shape, Tuning())))(*inputs)
+    return (*run("dkv"), run("dq")) if name == "fused" else run(name)
 
 
 def compile_all(lowered: list, workers: int) -> list:
@@ -109,10 +120,10 @@ def max_error(got, want) -> float:
 
 def tune_kernel(name: str, shape: Shape, inputs, candidates, args) -> tuple[KernelTuning, list[dict]]:
     """The fastest correct launch of one kernel at one shape, and a row per candidate."""
-    with_candidate = lambda c: dataclasses.replace(Tuning(), **{name: c})
+    with_candidate = lambda c: dataclasses.replace(Tuning(), **{"dkv" if name == "fused" else name: c})
     fns = [jax.jit(kernel_fn(name, configs_for(shape, with_candidate(c)))) for c in candidates]
     compiled = compile_all([fn.lower(*inputs) for fn in fns], args.workers)
-    want = jax.jit(kernel_fn(name, configs_for(shape, Tuning())))(*inputs)
+    want = default_result(name, shape, inputs)
     rows = []
     for candidate, executable in zip(candidates, compiled):
         row = {"kernel": name, "head_dim": shape.head_dim, "length": shape.length, "launch": candidate.short()}
@@ -128,7 +139,15 @@ def tune_kernel(name: str, shape: Shape, inputs, candidates, args) -> tuple[Kern
         print(f"  {name:<8}{candidate.short():<22}" + (f"{row['ms']:>9.3f} ms  err {row['error']:.1e}"
               if "ms" in row else f"  {row['note']}"), flush=True)
     timed = [(row["ms"], c) for row, c in zip(rows, candidates) if row["ok"]]
-    return (min(timed, key=lambda t: t[0])[1] if timed else KernelTuning()), rows
+    best = min(timed, key=lambda t: t[0]) if timed else (float("inf"), KernelTuning())
+    return best, rows
+
+
+def pick_tuning(best: dict[str, tuple[float, KernelTuning]]) -> Tuning:
+    """The fastest launch per kernel, and the fused backward where it beats dQ + dK/dV together."""
+    fused = best["fused"][0] < best["dq"][0] + best["dkv"][0]
+    return Tuning(forward=best["forward"][1], dq=best["dq"][1], dkv=best["fused" if fused else "dkv"][1],
+                  backward="fused" if fused else "split")
 
 
 def compare(shape: Shape, tuning: Tuning, args) -> list[dict]:
@@ -222,10 +241,10 @@ def main(argv=None) -> None:
         print(f"# D={head_dim} T={length} B={shape.batch} H={shape.heads} {args.dtype}", flush=True)
         inputs = kernel_inputs(shape)
         best = {}
-        for name in ("forward", "dq", "dkv"):
+        for name in ("forward", "dq", "dkv", "fused"):
             best[name], rows = tune_kernel(name, shape, inputs, candidates[name], args)
             results["kernels"] += rows
-        tuning = Tuning(**best)
+        tuning = pick_tuning(best)
         print(f"  tuned: {tuning.short()}", flush=True)
         rows = compare(shape, tuning, args)
         results["compare"] += rows

@@ -54,16 +54,17 @@ def compiler_params(cfg: Config):
     return None
 
 
-def call(kernel, cfg: Config, grid, in_specs, out_specs, out_shape, *args):
+def call(kernel, cfg: Config, grid, in_specs, out_specs, out_shape, *args, name=None, aliases=None, **options):
     return pl.pallas_call(
-        functools.partial(kernel, cfg=cfg),
+        functools.partial(kernel, cfg=cfg, **options),
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
         interpret=cfg.interpret,
         compiler_params=None if cfg.interpret else compiler_params(cfg),
-        name=kernel.__name__,
+        input_output_aliases=aliases or {},
+        name=name or kernel.__name__,
     )(*args)
 
 
@@ -122,7 +123,8 @@ def backward_dq(cfg: Config, q, k, v, do, lse, delta, segment_ids):
     return call(dq_kernel, cfg, grid, in_specs, q_block, out_shape, *args)
 
 
-def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids):
+def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids, *, fused: bool = False):
+    """dK, dV; with `fused`, also dQ (float32, summed atomically over key blocks: Triton and interpret mode)."""
     batch, kv_heads, _, head_dim = k.shape
     bk, group = cfg.block_k, cfg.group
     q_group = pl.BlockSpec((None, group, cfg.padded_q, head_dim), lambda b, h, j: (b, h, 0, 0))
@@ -137,8 +139,18 @@ def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids):
         ]
         args += segment_layouts(segment_ids)[::-1]
     grid = (batch, kv_heads, cfg.padded_kv // bk)
+    out_specs = [kv_block, kv_block]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    return call(dkv_kernel, cfg, grid, in_specs, [kv_block, kv_block], out_shape, *args)
+    if not fused:
+        return call(dkv_kernel, cfg, grid, in_specs, out_specs, out_shape, *args)
+    if pl_triton is None and not cfg.interpret:
+        raise NotImplementedError(f"the fused attention backward needs Triton's atomic add, which jax {jax.__version__} "
+                                  "does not ship; tune with backward='split'.")
+    atomic_add = pl_triton.atomic_add if pl_triton is not None else None
+    dq_zeros = jnp.zeros(q.shape, jnp.float32)
+    return call(dkv_kernel, cfg, grid, [*in_specs, q_group], [*out_specs, q_group],
+                [*out_shape, jax.ShapeDtypeStruct(q.shape, jnp.float32)], *args, dq_zeros,
+                name="dkv_dq_kernel", aliases={len(args): 2}, atomic_add=atomic_add)
 
 
 class KernelConfigs(NamedTuple):
@@ -147,6 +159,7 @@ class KernelConfigs(NamedTuple):
     forward: Config
     dq: Config
     dkv: Config
+    fused_backward: bool = False  # one backward kernel over key blocks (dkv's launch) that also adds up dQ
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -162,8 +175,11 @@ def attention_bhtd_fwd(cfgs: KernelConfigs, q, k, v, segment_ids):
 def attention_bhtd_bwd(cfgs: KernelConfigs, residuals, do):
     q, k, v, segment_ids, out, lse = residuals
     delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
-    dq = backward_dq(cfgs.dq, q, k, v, do, lse, delta, segment_ids)
     as_rows = lambda x: jnp.swapaxes(x, 2, 3)  # [B,H,T,1] -> [B,H,1,T], same bytes
+    if cfgs.fused_backward:
+        dk, dv, dq = backward_dkv(cfgs.dkv, q, k, v, do, as_rows(lse), as_rows(delta), segment_ids, fused=True)
+        return dq.astype(q.dtype), dk, dv, None
+    dq = backward_dq(cfgs.dq, q, k, v, do, lse, delta, segment_ids)
     dk, dv = backward_dkv(cfgs.dkv, q, k, v, do, as_rows(lse), as_rows(delta), segment_ids)
     return dq, dk, dv, None
 
@@ -223,7 +239,7 @@ def kernel_configs(tuning: Tuning, *, q_len: int, kv_len: int, head_dim: int, ha
         Config(q_len=q_len, kv_len=kv_len, padded_q=padded_q, padded_kv=padded_kv, has_segments=has_segments,
                block_q=bq, block_k=bk, num_warps=t.warps(head_dim), num_stages=t.num_stages, **shape)
         for t, (bq, bk) in zip(kernels, blocks)
-    ))
+    ), fused_backward=tuning.backward == "fused")
 
 
 def flash_attention(

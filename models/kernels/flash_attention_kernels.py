@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 NT_DIMS = (((1,), (1,)), ((), ()))  # contract the last dim of both operands: a @ b.T
+TN_DIMS = (((0,), (0,)), ((), ()))  # contract the first dim of both operands: a.T @ b
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,12 +250,16 @@ def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Confi
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
-def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Config):
+def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Config, atomic_add=None):
     """dK and dV for one key block of one KV head, summed over its query heads and query blocks.
 
-    Works on transposed scores (keys x queries) so every product is a plain or an a @ b.T matmul.
+    Works on transposed scores (keys x queries) so every product is a plain or an a @ b.T matmul. With
+    `atomic_add` (the fused backward: Triton's, or interpret mode's) it also adds each query block's share of
+    dQ, dS.T @ K, into the float32 dQ output, so the backward needs no second pass over the scores; the refs
+    then end with dQ's zero-filled input (aliased to it), dK, dV and dQ.
     """
-    q_seg_ref, kv_seg_ref, (dk_ref, dv_ref) = split_refs(cfg, refs)
+    q_seg_ref, kv_seg_ref, outputs = split_refs(cfg, refs)
+    dk_ref, dv_ref = outputs[-3:-1] if atomic_add else outputs
     bq, bk = cfg.block_q, cfg.block_k
     k_block = pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
@@ -279,8 +284,11 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg: Conf
                 p_t = p_t if mask is None else jnp.where(mask, p_t, 0.0)
             dv = dv + jnp.dot(p_t.astype(do.dtype), do, preferred_element_type=jnp.float32)
             dp_t = lax.dot_general(v, do, NT_DIMS, preferred_element_type=jnp.float32)
-            ds_t = p_t * (dp_t - delta)
-            dk = dk + jnp.dot(ds_t.astype(q.dtype), q, preferred_element_type=jnp.float32)
+            ds_t = (p_t * (dp_t - delta)).astype(q.dtype)
+            dk = dk + jnp.dot(ds_t, q, preferred_element_type=jnp.float32)
+            if atomic_add is not None:
+                dq = lax.dot_general(ds_t, k, TN_DIMS, preferred_element_type=jnp.float32) * cfg.scale
+                atomic_add(outputs[-1], (g, pl.ds(start, bq), slice(None)), dq)
             return dk, dv
 
         return three_phase_loop(*phases, body, carry)

@@ -50,13 +50,24 @@ class KernelTuning:
         return f"{self.block_q}x{self.block_k} w{warps} s{self.num_stages}"
 
 
+BACKWARDS = ("split", "fused")
+
+
 @dataclasses.dataclass(frozen=True)
 class Tuning:
-    """The launch settings of the three kernels of one attention call."""
+    """The launch settings of the kernels of one attention call. backward 'split': a dQ kernel over query blocks
+    and a dK/dV kernel over key blocks, each recomputing the scores (7 matmuls, deterministic); 'fused': one
+    kernel over key blocks with `dkv`'s launch that also adds dQ atomically in float32 (5 matmuls; dQ's sum order,
+    so its last bits, vary run to run; GPU/Triton and interpret mode only)."""
 
     forward: KernelTuning = KernelTuning()
     dq: KernelTuning = KernelTuning()
     dkv: KernelTuning = KernelTuning()
+    backward: str = "split"
+
+    def __post_init__(self):
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"flash attention backward={self.backward!r} must be one of {BACKWARDS}.")
 
     @classmethod
     def blocks(cls, block_q: int, block_k: int) -> "Tuning":
@@ -66,12 +77,15 @@ class Tuning:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tuning":
-        return cls(**{name: KernelTuning(**d[name]) for name in ("forward", "dq", "dkv")})
+        return cls(**{name: KernelTuning(**d[name]) for name in ("forward", "dq", "dkv")},
+                   backward=d.get("backward", "split"))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
+        if self.backward == "fused":
+            return f"fwd {self.forward.short()}, fused backward {self.dkv.short()}"
         return f"fwd {self.forward.short()}, dq {self.dq.short()}, dkv {self.dkv.short()}"
 
 

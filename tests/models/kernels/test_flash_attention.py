@@ -211,3 +211,28 @@ def test_the_table_picks_the_nearest_measured_length():
 def test_kernel_tuning_rejects_bad_settings(bad, match):
     with pytest.raises(ValueError, match=match):
         KernelTuning(**bad)
+
+
+FUSED = Tuning(forward=KernelTuning(32, 16), dkv=KernelTuning(16, 32), backward="fused")
+
+
+@pytest.mark.parametrize("q_len, kv_len, kv_heads, window, segments", [
+    (100, 100, 2, None, True),  # packed and padded, two query heads per KV head add into one dQ block each
+    (48, 80, 4, None, False),  # bottom-right aligned
+    (96, 96, 1, 20, False),  # multi-query with a window
+])
+def test_the_fused_backward_matches_reference(q_len, kv_len, kv_heads, window, segments):
+    """One backward kernel over key blocks that adds every query block's dQ share atomically (interpret mode)."""
+    q, k, v = random_inputs(q_len * kv_heads, 2, q_len, kv_len, 4, kv_heads, 32, jnp.float32)
+    segment_ids = packed_segments(q_len, 2, q_len) if segments else None
+    assert_matches_reference(q, k, v, segment_ids, causal=True, window=window, tuning=FUSED)
+
+
+def test_the_fused_backward_in_bfloat16_matches_reference():
+    q, k, v = random_inputs(9, 2, 64, 64, 4, 2, 64, jnp.bfloat16)
+    assert_matches_reference(q, k, v, packed_segments(9, 2, 64), causal=True, tuning=FUSED)
+
+
+def test_an_unknown_backward_is_refused():
+    with pytest.raises(ValueError, match="backward='atomic'"):
+        Tuning(backward="atomic")

@@ -12,7 +12,7 @@ import pytest
 
 from models.kernels import flash_attention as fa
 from models.kernels import flash_attention_tuning as tuning_table
-from models.kernels.flash_attention_tuning import Tuning
+from models.kernels.flash_attention_tuning import KernelTuning, Tuning
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 
@@ -73,3 +73,11 @@ def test_every_tuning_of_the_table_lowers_for_cuda_with_its_warps(tuning, head_d
     assert module.count(TRITON_CALL) == 3
     for kernel in (tuning.forward, tuning.dq, tuning.dkv):
         assert f"num_warps = {kernel.warps(head_dim)}" in module or f"num_warps={kernel.warps(head_dim)}" in module
+
+
+@pytest.mark.skipif(fa.pl_triton is None, reason="this jax has no Triton Pallas lowering")
+@pytest.mark.parametrize("segments, head_dim, length, window", CASES)
+def test_the_fused_backward_lowers_to_two_triton_kernels_with_an_atomic_add(segments, head_dim, length, window):
+    fused = Tuning(forward=KernelTuning(128, 64, 8, 3), dkv=KernelTuning(32, 128, 4, 4), backward="fused")
+    module = export("cuda", "gpu", segments=segments, head_dim=head_dim, length=length, window=window, tuning=fused)
+    assert module.count(TRITON_CALL) == 2  # forward, and dK/dV with dQ
