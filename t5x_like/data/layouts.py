@@ -1,13 +1,14 @@
 """Document layouts: how a tokenizer lays a document out in token files and reads generated ids back.
 
-Every tokenizer's own layout is a document's ids followed by its end-of-document id. GPT2-Chinese's
-(`gpt2_chinese`, for a character / WordPiece vocab.txt) is its train.py's `build_files` (github.com/Morizeyao/
-GPT2-Chinese): each newline of an article becomes `[SEP]` (`line.replace('\\n', ' [SEP] ')`), and the article is
-wrapped as `[MASK]` (its start) ... `[CLS]` (its end); its generate.py prints `[MASK]` as nothing, `[SEP]` as a
-newline and `[CLS]` as a blank line. Here `[CLS]` is the end-of-document id (generation stops there), `[MASK]`
-starts an empty prompt, prompts are encoded with newlines as `[SEP]` (and no `[MASK]`, as its generate.py), and
-decoding gives the newlines back. A model trained by GPT2-Chinese (converted from its Hugging Face files) and
-one trained here on the same layout then read and write the same ids.
+Every tokenizer's own layout is a document's ids followed by its end-of-document id (after its beginning-of-text
+id where it has one: Tokenizer.bos_id). GPT2-Chinese's (`gpt2_chinese`, for a character / WordPiece vocab.txt)
+is its train.py's `build_files` (github.com/Morizeyao/GPT2-Chinese): each newline of an article becomes `[SEP]`
+(`line.replace('\\n', ' [SEP] ')`), and the article is wrapped as `[MASK]` (its start) ... `[CLS]` (its end); its
+generate.py prints `[MASK]` as nothing, `[SEP]` as a newline and `[CLS]` as a blank line. Here `[CLS]` is the
+end-of-document id (generation stops there), `[MASK]` starts an empty prompt, prompts are encoded with newlines
+as `[SEP]` (and no `[MASK]`, as its generate.py), and decoding gives the newlines back. A model trained by
+GPT2-Chinese (converted from its Hugging Face files) and one trained here on the same layout then read and write
+the same ids.
 
 Choose it with the tokenizer path `gpt2_chinese:PATH` (PATH a vocab.txt or a directory holding one) wherever a
 tokenizer is named (preprocess, TOKENIZER, convert, generate); the tokenizer's files carry it on in
@@ -76,8 +77,10 @@ class GPT2ChineseLayout(Tokenizer):
             out.append(ids)
         return out
 
-    def encode_documents(self, texts: Sequence[str], append_eod: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Articles as GPT2-Chinese's build_files writes them: [MASK] ids [CLS] (without `append_eod`: the ids)."""
+    def encode_documents(self, texts: Sequence[str], append_eod: bool,
+                         add_bos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Articles as GPT2-Chinese's build_files writes them: [MASK] ids [CLS] (without `append_eod`: the ids).
+        The layout has no `bos_id` ([MASK] opens an article), so no caller asks for `add_bos`."""
         encoded = self.encode_batch(texts)
         if append_eod:
             encoded = [[self.document_start_id, *ids, self.eod_id] for ids in encoded]

@@ -8,6 +8,11 @@ transparently; formats are those of `t5x_like.data.formats`. The corpus is strea
 whatever its size. Documents are tokenized in `--workers` processes (one tokenizer thread each) while this
 process reads and writes; output order is input order. Writing is atomic: an interrupted or failed run
 leaves no token file that opens as complete.
+
+Each document is written as Megatron-LM's tools/preprocess_data.py writes it with the same tokenizer: the
+tokenizer's beginning-of-text id first where it has one (Tokenizer.bos_id: a Llama tokenizer.json's `<s>` /
+`<|begin_of_text|>`, which Megatron's HuggingFaceTokenizer gets from transformers' default encoding; `--no_bos`
+leaves it out), the text's ids, then its end-of-document id (`--noappend_eod` leaves it out).
 """
 from __future__ import annotations
 
@@ -54,19 +59,20 @@ def _init_worker(tokenizer_path: str) -> None:
     _worker_tokenizer = load_tokenizer(tokenizer_path)
 
 
-def _encode_chunk(texts: list[str], append_eod: bool, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    ids, lengths = _worker_tokenizer.encode_documents(texts, append_eod)
+def _encode_chunk(texts: list[str], append_eod: bool, add_bos: bool,
+                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    ids, lengths = _worker_tokenizer.encode_documents(texts, append_eod, add_bos)
     return ids.astype(dtype), lengths
 
 
-def encode_in_workers(documents: Iterable[str], tokenizer_path: str, append_eod: bool, dtype: np.dtype,
-                      workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def encode_in_workers(documents: Iterable[str], tokenizer_path: str, append_eod: bool, add_bos: bool,
+                      dtype: np.dtype, workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(ids, lengths) per chunk of documents, in order, with at most 2 chunks per worker in flight."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path,)) as pool:
         pending: collections.deque = collections.deque()
         for chunk in chunks(documents):
-            pending.append(pool.apply_async(_encode_chunk, (chunk, append_eod, dtype)))
+            pending.append(pool.apply_async(_encode_chunk, (chunk, append_eod, add_bos, dtype)))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().get()
         while pending:
@@ -88,22 +94,24 @@ class VocabularyCheckedWriter(TokenFileWriter):
 
 
 def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *, fmt: str = "auto",
-               json_keys: Sequence[str] = ("text",), append_eod: bool = True, workers: int = 1,
-               decode_errors: str = "strict", progress: bool = False) -> dict:
-    """Tokenizes `inputs` into the token file `output_prefix`; returns its metadata plus timing."""
+               json_keys: Sequence[str] = ("text",), append_eod: bool = True, bos: bool = True,
+               workers: int = 1, decode_errors: str = "strict", progress: bool = False) -> dict:
+    """Tokenizes `inputs` into the token file `output_prefix` (each document after the tokenizer's beginning-of-text
+    id when `bos` and it has one); returns its metadata plus timing."""
     validate.positive_int("--workers", workers)
     validate.output_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
     paths = formats.expand_inputs(inputs)
     tokenizer = validate.tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
-    metadata = {"tokenizer": tokenizer_record(tokenizer), "append_eod": append_eod,
+    add_bos = bos and tokenizer.bos_id is not None
+    metadata = {"tokenizer": tokenizer_record(tokenizer), "append_eod": append_eod, "add_bos": add_bos,
                 "sources": [os.path.abspath(p) for p in paths]}
     stats = collections.Counter()
     documents = formats.read_documents(paths, fmt, json_keys, decode_errors, stats)
     start = time.perf_counter()
     with VocabularyCheckedWriter(output_prefix, dtype, metadata, tokenizer) as writer, \
             tqdm.tqdm(unit=" docs", disable=not progress, smoothing=0.1) as bar:
-        for ids, lengths in encode_in_workers(documents, tokenizer_path, append_eod, dtype, workers):
+        for ids, lengths in encode_in_workers(documents, tokenizer_path, append_eod, add_bos, dtype, workers):
             writer.write(ids, lengths)
             bar.update(len(lengths))
             bar.set_postfix_str(f"{writer.num_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s",
@@ -112,7 +120,21 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
     return {"num_documents": writer.num_documents, "num_tokens": writer.num_tokens, "seconds": seconds,
             "dtype": dtype.name, "files": len(paths), "max_id": writer.max_id, "vocab_size": tokenizer.vocab_size,
             "byte_order_marks": stats["bom"], "nul_characters": stats["nul"],
-            "nul_documents": stats["nul_documents"], "nul_first_file": stats.get("nul_first")}
+            "nul_documents": stats["nul_documents"], "nul_first_file": stats.get("nul_first"),
+            "document_layout": document_layout(tokenizer, append_eod, add_bos)}
+
+
+def document_layout(tokenizer: Tokenizer, append_eod: bool, add_bos: bool) -> str:
+    """What each document holds, for the summary: 'each document: <s> (BOS, id 1), its text, </s> (EOD, id 2) ...'."""
+    if tokenizer.bos_id is None:
+        parts, note = [], "; the tokenizer has no beginning-of-text token"
+    else:
+        bos = f"{tokenizer.id_to_token(tokenizer.bos_id)} (BOS, id {tokenizer.bos_id})"
+        parts, note = ([bos], " (--no_bos leaves the BOS out)") if add_bos else ([], f"; --no_bos left out {bos}")
+    parts.append("its text")
+    if append_eod:
+        parts.append(f"{tokenizer.id_to_token(tokenizer.eod_id)} (EOD, id {tokenizer.eod_id})")
+    return "each document: " + ", ".join(parts) + note
 
 
 def unusual_characters(summary: dict) -> list[str]:
@@ -132,14 +154,15 @@ def unusual_characters(summary: dict) -> list[str]:
 def main(argv: list[str]) -> None:
     del argv
     summary = preprocess(FLAGS.input, FLAGS.output_prefix, FLAGS.tokenizer, fmt=FLAGS.format,
-                         json_keys=FLAGS.json_keys, append_eod=FLAGS.append_eod, workers=FLAGS.workers,
-                         decode_errors=FLAGS.decode_errors, progress=True)
+                         json_keys=FLAGS.json_keys, append_eod=FLAGS.append_eod, bos=not FLAGS.no_bos,
+                         workers=FLAGS.workers, decode_errors=FLAGS.decode_errors, progress=True)
     seconds = summary["seconds"]
     print(f"{FLAGS.output_prefix}.bin/.idx/.json: {summary['num_documents']:,} documents, "
           f"{summary['num_tokens']:,} tokens ({summary['dtype']}, ids 0..{summary['max_id']} of the "
           f"{summary['vocab_size']:,}-id vocabulary) from {summary['files']} files in "
           f"{seconds:.1f}s: {summary['num_documents'] / seconds:,.0f} documents/s, "
           f"{summary['num_tokens'] / seconds:,.0f} tokens/s")
+    print(summary["document_layout"])
     for line in unusual_characters(summary):
         print(line)
 
@@ -152,6 +175,8 @@ def define_flags() -> None:
     flags.DEFINE_enum("format", "auto", formats.FORMATS, "Input format; auto decides from file names.")
     flags.DEFINE_list("json_keys", ["text"], "JSON keys whose values (joined by a blank line) form a document.")
     flags.DEFINE_bool("append_eod", True, "Append the tokenizer's end-of-document id to every document.")
+    flags.DEFINE_bool("no_bos", False, "Leave out the beginning-of-text id that otherwise opens every document when "
+                      "the tokenizer has one (a Llama tokenizer.json's <s> / <|begin_of_text|>).")
     flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2) - 1), "Tokenizer processes.")
     flags.DEFINE_enum("decode_errors", "strict", ["strict", "replace"],
                       "Bytes that are not UTF-8: stop with an error naming file:line, or replace with U+FFFD.")

@@ -26,7 +26,8 @@ class Tokenizer:
     bos_id: int | None = None
     """The beginning-of-text id the tokenizer's own users get before every text (`encode_prompt`; a Llama
     tokenizer.json's post-processor puts it first, as transformers encodes), None where it adds none (GPT-2,
-    GPT-NeoX, sentencepiece, CPM). Evaluation puts it before the texts it scores (t5x_like/evaluation/)."""
+    GPT-NeoX, sentencepiece, CPM). Evaluation puts it before the texts it scores (t5x_like/evaluation/),
+    preprocess before each document (`encode_documents(add_bos=True)`), as Megatron's preprocess_data.py does."""
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
@@ -60,9 +61,13 @@ class Tokenizer:
         """The tokenizer_config.json entries that go with `hf_files` (the tokenizer class, its own specials)."""
         raise NotImplementedError
 
-    def encode_documents(self, texts: Sequence[str], append_eod: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The documents' ids back to back (EOD after each when `append_eod`) and their lengths."""
+    def encode_documents(self, texts: Sequence[str], append_eod: bool,
+                         add_bos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The documents' ids back to back (`bos_id` before each when `add_bos`, which needs one; EOD after each
+        when `append_eod`) and their lengths."""
         encoded = self.encode_batch(texts)
+        if add_bos:
+            encoded = [[self.bos_id, *ids] for ids in encoded]
         if append_eod:
             encoded = [ids + [self.eod_id] for ids in encoded]
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
