@@ -283,11 +283,11 @@ def v5p_compile():
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     devices = compile_tool.target_devices("v5p:2x2x1")
 
-    def run(implementation, length):
+    def run(implementation, length, gin_file="quickstart.gin", overrides=""):
         gin.clear_config()
-        gin_cli.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", f"SEQ_LEN={length}",
-                                             "DTYPE='bfloat16'", f"ATTENTION='{implementation}'",
-                                             f"model_config.overrides={{'max_len': {length}}}"], [])
+        gin_cli.parse_gin([gin_file], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", f"SEQ_LEN={length}",
+                                       "DTYPE='bfloat16'", f"ATTENTION='{implementation}'",
+                                       f"model_config.overrides={{'max_len': {length}{overrides}}}"], [])
         return compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))
 
     yield run
@@ -302,3 +302,15 @@ def test_auto_on_v5p_compiles_the_splash_kernels_with_far_less_memory(v5p_compil
     assert "tpu_custom_call" in auto_compiled.as_text() and "splash" in auto_compiled.as_text()
     assert "tpu_custom_call" not in xla_compiled.as_text()
     assert auto_report["temp_bytes_per_device"] <= xla_report["temp_bytes_per_device"] / 2
+
+
+@needs_libtpu
+def test_a_sliding_window_on_v5p_compiles_the_splash_kernels_with_its_local_mask(v5p_compile):
+    """Mistral's sliding window (the tiny Llama with a 512-token window over 2048) compiled by libtpu: 'auto'
+    runs splash with the window's LocalMask in the kernels, in less memory than XLA's windowed T x T scores."""
+    window = dict(gin_file="quickstart_llama.gin", overrides=", 'sliding_window': 512")
+    auto_report, auto_compiled = v5p_compile("auto", 2048, **window)
+    xla_report, _ = v5p_compile("xla", 2048, **window)
+    assert auto_report["device_kind"] == "TPU v5"
+    assert "tpu_custom_call" in auto_compiled.as_text() and "splash" in auto_compiled.as_text()
+    assert auto_report["temp_bytes_per_device"] < xla_report["temp_bytes_per_device"]
