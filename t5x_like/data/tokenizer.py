@@ -57,11 +57,12 @@ SENTINEL = re.compile(r"<extra_id_(\d+)>")
 class HuggingFaceTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer` (byte-level BPE for GPT-2 and GPT-NeoX)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, path: str):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, path: str, eos_token: str | None = None):
         self._tokenizer = tokenizer
         self.path = path
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eod_id = find_eod(path, tokenizer.token_to_id)
+        specials = frozenset(t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special)
+        self.eod_id = find_eod(path, tokenizer.token_to_id, eos_token, specials)
         self.bos_id = leading_special_id(tokenizer)
         # The vocabulary, not the JSON serialisation, which varies with the `tokenizers` version.
         vocabulary = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
@@ -272,7 +273,13 @@ def huggingface_tokenizer(json_file: str, path: str) -> HuggingFaceTokenizer:
                         "pass a tokenizer.json, or GPT-2's vocab.json with its merges.txt beside it") from None
     if isinstance(tokenizer.model, models.WordPiece):
         return WordPieceTokenizer(tokenizer, path)
-    return HuggingFaceTokenizer(tokenizer, path)
+    return HuggingFaceTokenizer(tokenizer, path, configured_eos_token(Path(json_file).parent))
+
+
+def configured_eos_token(directory: Path) -> str | None:
+    """The eos_token of the tokenizer_config.json beside a tokenizer.json (a string, or {"content": ...})."""
+    eos = tokenizer_config(directory).get("eos_token")
+    return eos.get("content") if isinstance(eos, dict) else eos
 
 
 def _bpe_pair(p: Path) -> tuple[Path, Path] | None:

@@ -13,7 +13,7 @@ import numpy as np
 from t5x_like.errors import UserError
 
 
-EOD_TOKENS = ("<|endoftext|>", "</s>", "[SEP]")
+EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "[SEP]")  # GPT-2/NeoX/Qwen2, Llama 3, Llama 2/Mistral/T5, BERT
 
 
 class Tokenizer:
@@ -109,13 +109,18 @@ def decode_runs(ids: Sequence[int], special_name: Callable[[int], str | None],
     return "".join(out)
 
 
-def find_eod(path: str, token_to_id) -> int:
-    for token in EOD_TOKENS:
+def find_eod(path: str, token_to_id, eos_token: str | None = None, specials: frozenset[str] = frozenset()) -> int:
+    """The end-of-document id: the folder's own `eos_token` (tokenizer_config.json, which transformers and
+    Megatron's HuggingFaceTokenizer take as EOS/EOD) when the vocabulary has it, else the first of EOD_TOKENS that
+    is a special token, else the first the vocabulary has at all."""
+    if eos_token is not None and token_to_id(eos_token) is not None:
+        return token_to_id(eos_token)
+    for token in sorted(EOD_TOKENS, key=lambda token: token not in specials):
         token_id = token_to_id(token)
         if token_id is not None:
             return token_id
-    raise UserError(f"{path}: tokenizer has no end-of-document token (one of {EOD_TOKENS}); "
-                    "add one as a special token")
+    raise UserError(f"{path}: tokenizer has no end-of-document token (its tokenizer_config.json's eos_token, or one "
+                    f"of {EOD_TOKENS}); add one as a special token")
 
 
 def tokenizer_config(directory: Path) -> dict:

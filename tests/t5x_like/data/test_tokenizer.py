@@ -192,3 +192,47 @@ def test_a_json_file_that_is_no_tokenizer_is_one_line(shared_data, tmp_path):
     with pytest.raises(UserError) as error:
         load_tokenizer(tmp_path / "gpt2-vocab.json")
     assert "\n" not in str(error.value) and "is not a Hugging Face tokenizer.json" in str(error.value)
+
+
+def llama3_like_folder(folder, *, eos_token=None, ordinary=("</s>",)):
+    """A tokenizer.json with Llama 3's special tokens (<|begin_of_text|> first through its post-processor,
+    <|end_of_text|>, <|eot_id|>), `ordinary` tokens in its plain vocabulary, and optionally a tokenizer_config.json."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {token: i for i, token in enumerate(["a", "b", "c", " ", *ordinary])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"])
+    bos = tokenizer.token_to_id("<|begin_of_text|>")
+    tokenizer.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                             special_tokens=[("<|begin_of_text|>", bos)])
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    if eos_token:
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos_token}))
+    return tokenizer
+
+
+def test_a_llama3_tokenizer_ends_documents_with_its_end_of_text_token(tmp_path):
+    """Llama 3 names its end token <|end_of_text|>; a "</s>" in its plain vocabulary is not taken for it."""
+    reference = llama3_like_folder(tmp_path / "llama3")
+    tokenizer = load_tokenizer(str(tmp_path / "llama3"))
+    assert tokenizer.eod_id == reference.token_to_id("<|end_of_text|>")
+    assert tokenizer.bos_id == reference.token_to_id("<|begin_of_text|>")
+
+
+def test_the_folders_eos_token_names_the_end_of_document(tmp_path):
+    """As transformers and Megatron's HuggingFaceTokenizer do: tokenizer_config.json's eos_token (a string, or
+    the {"content": ...} of older files) wins over the usual names."""
+    reference = llama3_like_folder(tmp_path / "instruct", eos_token="<|eot_id|>")
+    assert load_tokenizer(str(tmp_path / "instruct")).eod_id == reference.token_to_id("<|eot_id|>")
+    llama3_like_folder(tmp_path / "old", eos_token={"content": "<|eot_id|>", "special": True})
+    assert load_tokenizer(str(tmp_path / "old")).eod_id == reference.token_to_id("<|eot_id|>")
+
+
+def test_a_special_end_token_wins_over_a_plain_vocabulary_entry(tmp_path):
+    """<|endoftext|> as an ordinary piece of the vocabulary loses to Llama 3's special <|end_of_text|>."""
+    reference = llama3_like_folder(tmp_path / "mixed", ordinary=("<|endoftext|>",))
+    assert load_tokenizer(str(tmp_path / "mixed")).eod_id == reference.token_to_id("<|end_of_text|>")
