@@ -1,7 +1,7 @@
 """Batches from a TFDS dataset prepared in array_record format, tokenized on the fly (no TensorFlow).
 
     documents (tfds.data_source) -> shuffle (train) -> repeat -> this host's every shard_count-th document
-      -> tokenize + EOD (in loader workers when worker_count > 0)
+      -> tokenize: BOS (a tokenizer that has one) + text + EOD (in loader workers when worker_count > 0)
       -> concatenate-then-split into rows of SEQ_LEN+1, or first-fit pack whole documents (longer ones cut)
       -> batch -> the causal-LM features of t5x_like/features.py (loader.window_arrays / packed_arrays)
 
@@ -21,10 +21,12 @@ from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 
 
 class _Tokenize:
-    """Picklable map: a TFDS example -> {'tokens': ids + EOD}; loads the tokenizer once per process."""
+    """Picklable map: a TFDS example -> {'tokens': [BOS] + ids + EOD}, BOS where the tokenizer has one and `add_bos`
+    (as preprocess writes documents); loads the tokenizer once per process."""
 
-    def __init__(self, tokenizer_path: str, text_key: str, dataset: str):
+    def __init__(self, tokenizer_path: str, text_key: str, dataset: str, add_bos: bool):
         self._tokenizer_path, self._text_key, self._dataset = tokenizer_path, text_key, dataset
+        self._add_bos = add_bos
         self._tokenizer: Tokenizer | None = None
 
     def __getstate__(self) -> dict:
@@ -37,8 +39,10 @@ class _Tokenize:
             raise KeyError(f"TFDS dataset {self._dataset}: no feature {self._text_key!r} (features: "
                            f"{', '.join(example)}); set make_source.text_key")
         text = example[self._text_key]
-        ids = self._tokenizer.encode(text.decode("utf-8") if isinstance(text, bytes) else str(text))
-        return {"tokens": np.array(ids + [self._tokenizer.eod_id], np.int32)}
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        add_bos = self._add_bos and self._tokenizer.bos_id is not None
+        ids, _ = self._tokenizer.encode_documents([text], append_eod=True, add_bos=add_bos)
+        return {"tokens": ids.astype(np.int32)}
 
 
 class _Pieces(grain.experimental.FlatMapTransform):
@@ -60,8 +64,9 @@ def _packed_row(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def make_tfds_source(name: str, split: str, tfds_split: str, *, data_dir: str | None, tokenizer: str | None,
                      text_key: str, batch_size: int, seq_len: int, seed: int, shard_index: int, shard_count: int,
-                     packing: bool, worker_count: int) -> loader.GrainBatchSource:
-    """A `BatchSource` for `split` ('train' shuffles) over TFDS dataset `name`'s split `tfds_split`."""
+                     packing: bool, worker_count: int, add_bos: bool = True) -> loader.GrainBatchSource:
+    """A `BatchSource` for `split` ('train' shuffles) over TFDS dataset `name`'s split `tfds_split`; documents
+    start with the tokenizer's BOS when it has one and `add_bos`."""
     if tokenizer is None:
         raise ValueError(f"TFDS dataset {name}: set TOKENIZER (make_source.tokenizer); text is tokenized on the fly")
     if not 0 <= shard_index < shard_count:
@@ -70,7 +75,7 @@ def make_tfds_source(name: str, split: str, tfds_split: str, *, data_dir: str | 
     documents = grain.MapDataset.source(tfds.data_source(name, split=tfds_split, data_dir=data_dir))
     if split == "train":
         documents = documents.shuffle(seed=seed)
-    documents = documents.repeat()[shard_index::shard_count].map(_Tokenize(tokenizer, text_key, name))
+    documents = documents.repeat()[shard_index::shard_count].map(_Tokenize(tokenizer, text_key, name, add_bos))
     stream = documents.to_iter_dataset()
     if worker_count > 0:
         loader.ensure_absl_flags_parsed()

@@ -4,7 +4,8 @@ FEATURE_LENGTHS {'targets': T} tokens (t5x_like/data/loader.py: windows of the d
 Data, in order of precedence:
   - `tfds_name`: a TFDS dataset prepared as array_record under `tfds_data_dir`; its split of the same name, or
     `tfds_splits[split]` (e.g. {'train': 'train[:99%]', 'validation': 'train[99%:]'}); documents from feature
-    `text_key`, tokenized on the fly with `tokenizer` (required);
+    `text_key`, tokenized on the fly with `tokenizer` (required), each document after the tokenizer's BOS when it
+    has one (a Llama tokenizer.json; as preprocess writes them) unless `add_bos` is False;
   - `data_path`: token-file prefix(es) (ours or Megatron/NeoX), split into train/validation/test by document with
     `data_split`, several blended by `blend_weights`; `tokenizer`, when given, must be the one the files were made
     with (it is required for Megatron files, which carry no metadata);
@@ -26,7 +27,7 @@ from t5x_like.features import decoder_only_length
 
 
 def make_source(request: SourceRequest, *, tfds_name: str | None = None, tfds_data_dir: str | None = None,
-                tfds_splits: dict[str, str] | None = None, text_key: str = "text") -> BatchSource:
+                tfds_splits: dict[str, str] | None = None, text_key: str = "text", add_bos: bool = True) -> BatchSource:
     """Causal-LM batches of the request's split for this host."""
     seq_len, split, packing = decoder_only_length(request.feature_lengths), request.split, request.packing
     if seq_len < 1:
@@ -37,7 +38,7 @@ def make_source(request: SourceRequest, *, tfds_name: str | None = None, tfds_da
             tfds_name, split, (tfds_splits or {}).get(split, split), data_dir=tfds_data_dir,
             tokenizer=request.tokenizer, text_key=text_key, batch_size=request.batch_size, seq_len=seq_len,
             seed=request.seed, shard_index=request.shard_index, shard_count=request.shard_count, packing=packing,
-            worker_count=request.worker_count)
+            worker_count=request.worker_count, add_bos=add_bos)
     data_path, tokenizer = request.data_path, request.tokenizer
     if data_path is None:
         data_path, tokenizer = builtin.builtin_corpus()

@@ -110,3 +110,28 @@ def test_configuration_errors(prepared):
         tfds_source(prepared, tokenizer=None)
     with pytest.raises(KeyError, match=r"no feature 'text' \(features: story\); set make_source.text_key"):
         next(tfds_source(prepared, text_key="text"))
+
+
+@pytest.fixture(scope="module")
+def bos_tokenizer(prepared, tmp_path_factory):
+    """The fixture's BPE with a '<s>' BOS that its post-processor puts first (as a Llama tokenizer.json does)."""
+    from tokenizers import Tokenizer, processors
+
+    tokenizer = Tokenizer.from_file(prepared["tokenizer"])
+    tokenizer.add_special_tokens(["<s>"])
+    bos = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    path = tmp_path_factory.mktemp("bos") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path), bos
+
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_documents_start_with_the_tokenizers_bos_as_preprocess_writes_them(prepared, bos_tokenizer, add_bos):
+    path, bos = bos_tokenizer
+    batch = next(tfds_source({**prepared, "tokenizer": path}, packing=True, batch_size=4, add_bos=add_bos))
+    tokens, segments = batch[DECODER_INPUT_TOKENS], batch[DECODER_SEGMENT_IDS]
+    starts = (segments > 0) & (batch[DECODER_POSITIONS] == 0)  # documents, and pieces of ones longer than a row
+    is_bos = tokens == bos
+    assert not (is_bos & ~starts).any()  # BOS only where a segment starts
+    assert is_bos.sum() >= (4 if add_bos else 0) and (add_bos or not is_bos.any())
