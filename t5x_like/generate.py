@@ -136,7 +136,8 @@ class Generator:
             else:
                 pick = lambda logits, rng, seen: sample(logits, rng, self.settings, seen)  # noqa: E731
                 fn = functools.partial(self.lm.decode, max_new_tokens=self.max_new_tokens, eod_id=self.eod_id,
-                                       sample=pick, cache_layout=layout)
+                                       sample=pick, cache_layout=layout,
+                                       track_seen=self.settings.repetition_penalty != 1)
             self._compiled[prompt_len] = self.partitioner.partition(fn, None, self.partitioner.replicated)
         return self._compiled[prompt_len]
 

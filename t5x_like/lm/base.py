@@ -191,12 +191,13 @@ class LanguageModel:
                             shapes, shardings)
 
     def decode(self, params: Any, tokens: jax.Array, valid: jax.Array, rng: jax.Array, *, max_new_tokens: int,
-               eod_id: int, sample: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
-               cache_layout: tuple[Any, Any]) -> jax.Array:
+               eod_id: int, sample: Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array],
+               cache_layout: tuple[Any, Any], track_seen: bool = True) -> jax.Array:
         """Generated ids [batch, max_new_tokens] for left-padded prompts `tokens` [batch, P] (`valid`
         marks real tokens); `sample(logits [batch, vocab], rng, seen)` picks each id, `seen` [batch, vocab] bool
-        marking the ids the row's text holds so far (for a repetition penalty); rows stop at eod_id
-        (eod_id fills the rest). `cache_layout`: (shapes, shardings) from cache_layout(batch, P, max_new_tokens)."""
+        marking the ids the row's text holds so far (for a repetition penalty; None without `track_seen`); rows
+        stop at eod_id (eod_id fills the rest). `cache_layout`: (shapes, shardings) from cache_layout(batch, P,
+        max_new_tokens)."""
         batch = tokens.shape[0]
         logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))
         out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
@@ -210,10 +211,11 @@ class LanguageModel:
             i, out, done, logits, state, seen = loop
             token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i), seen))
             logits, state = self.step(params, token[:, None], state)
-            seen = seen.at[rows, token].set(True)
+            seen = None if seen is None else seen.at[rows, token].set(True)
             return i + 1, out.at[:, i].set(token), done | (token == eod_id), logits, state, seen
 
-        start = (0, out, jnp.zeros(batch, bool), logits, state, self.seen_before(tokens, valid, logits.shape[-1]))
+        seen = self.seen_before(tokens, valid, logits.shape[-1]) if track_seen else None
+        start = (0, out, jnp.zeros(batch, bool), logits, state, seen)
         return jax.lax.while_loop(unfinished, body, start)[1]
 
     def seen_before(self, tokens: jax.Array, valid: jax.Array, vocab: int) -> jax.Array:
