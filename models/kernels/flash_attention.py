@@ -124,7 +124,8 @@ def backward_dq(cfg: Config, q, k, v, do, lse, delta, segment_ids):
 
 
 def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids, *, fused: bool = False):
-    """dK, dV; with `fused`, also dQ (float32, summed atomically over key blocks: Triton and interpret mode)."""
+    """dK, dV; with `fused`, also dQ (float32, summed atomically over key blocks with Triton's atomic add, which
+    interpret mode runs too)."""
     batch, kv_heads, _, head_dim = k.shape
     bk, group = cfg.block_k, cfg.group
     q_group = pl.BlockSpec((None, group, cfg.padded_q, head_dim), lambda b, h, j: (b, h, 0, 0))
@@ -143,14 +144,13 @@ def backward_dkv(cfg: Config, q, k, v, do, lse, delta, segment_ids, *, fused: bo
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if not fused:
         return call(dkv_kernel, cfg, grid, in_specs, out_specs, out_shape, *args)
-    if pl_triton is None and not cfg.interpret:
+    if pl_triton is None:
         raise NotImplementedError(f"the fused attention backward needs Triton's atomic add, which jax {jax.__version__} "
                                   "does not ship; tune with backward='split'.")
-    atomic_add = pl_triton.atomic_add if pl_triton is not None else None
     dq_zeros = jnp.zeros(q.shape, jnp.float32)
     return call(dkv_kernel, cfg, grid, [*in_specs, q_group], [*out_specs, q_group],
                 [*out_shape, jax.ShapeDtypeStruct(q.shape, jnp.float32)], *args, dq_zeros,
-                name="dkv_dq_kernel", aliases={len(args): 2}, atomic_add=atomic_add)
+                name="dkv_dq_kernel", aliases={len(args): 2}, atomic_add=pl_triton.atomic_add)
 
 
 class KernelConfigs(NamedTuple):
