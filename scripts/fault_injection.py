@@ -39,8 +39,11 @@ def train_command(model_dir: str, steps: int) -> list[str]:
 
 
 def environment() -> dict:
-    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    """The runs' environment: 2 CPU devices, and any other XLA flags of the caller's (the test suite's cheap CPU
+    code generation)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    return dict(os.environ, XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=2", *flags]),
+                JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def run_to_end(model_dir: str, steps: int) -> float:

@@ -20,11 +20,12 @@ import time
 import pytest
 
 from t5x_like.data import builtin
+from tests.conftest import XLA_CPU_FLAGS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / 'scripts'
-# Each process has one CPU device and runs Eigen single-threaded (as the suite's subprocesses do).
-XLA_FLAGS = '--xla_force_host_platform_device_count=1 --xla_cpu_multi_thread_eigen=false'
+# Each process has one CPU device and the suite's XLA flags (single-threaded Eigen, the cheapest code generation).
+XLA_FLAGS = f'--xla_force_host_platform_device_count=1 {XLA_CPU_FLAGS}'
 TRAIN_ARGS = ['--gin_file=quickstart.gin', '--gin.TRAIN_STEPS=3', '--gin.WARMUP_STEPS=1',
               '--gin.BATCH_SIZE=8', '--gin.SEQ_LEN=32', '--gin.EVAL_EVERY=0', '--gin.train.log_every=1',
               '--gin.DATA_PARALLEL=-1', "--gin.model_config.overrides={'num_layers': 2}"]
