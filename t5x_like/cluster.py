@@ -54,6 +54,7 @@ ALIVE_DIR = PREFIX + "alive/"      # ALIVE_DIR<i>: a beat counter, or 'stopped' 
 LINK_KEY = PREFIX + "link"          # the port of process 0's link server
 STOPPED, DONE = "stopped", "done"
 INTERRUPT_S = 1.0   # a failure another thread saw: how long it waits to see the main thread interrupted
+MAX_INTERRUPTS = 20  # ... and how often it raises PeerFailed there again when Python swallowed it
 GRACE_S = 10.0      # ... and then, for the main thread's clean-up
 ACK_WAIT_S = 10.0   # process 0 failing: how long it keeps the service up for the others to read why
 COMMUNICATION_ERRORS = re.compile(r"gloo|nccl|connection reset|socket closed|unavailable|deadline_exceeded|"
@@ -99,6 +100,7 @@ class Cluster:
         self.exit_lock = threading.Lock()
         self.stopping = threading.Event()
         self.main_stopping = threading.Event()
+        self.interrupt_lost = threading.Event()  # PeerFailed was raised where Python only prints exceptions
         self.threads = [threading.Thread(target=self._watch, name="t5x_like-heartbeat", daemon=True),
                         threading.Thread(target=self._serve_links if process_id == 0 else self._hold_link,
                                          name="t5x_like-links", daemon=True)]
@@ -283,12 +285,25 @@ class Cluster:
         if failure.process == self.me and failure.summary.startswith(f"process {self.me} failed"):
             return  # this process's own failure: its main thread is already stopping
         if not self.main_stopping.is_set():
-            _interrupt_main_thread()
-            self.main_stopping.wait(INTERRUPT_S)
-        if self.main_stopping.is_set():
-            self.stopping.wait(GRACE_S)
+            self._interrupt_main_thread()
         if self.exit_lock.acquire(blocking=False):
             self._exit(failure.summary)
+
+    def _interrupt_main_thread(self) -> None:
+        """PeerFailed in the main thread, then GRACE_S for its clean-up. An exception raised while the main
+        thread runs a __del__ or a garbage-collection callback is only printed by Python ("Exception ignored
+        in ..."), and the main thread goes on: `_drop_lost_interrupt` keeps it quiet, and it is raised again."""
+        for _ in range(MAX_INTERRUPTS):
+            self.interrupt_lost.clear()
+            _raise_in_main_thread()
+            if not self.main_stopping.wait(INTERRUPT_S):
+                return  # it waits in native code (a collective, a compilation): this thread stops the process
+            deadline = time.monotonic() + GRACE_S
+            while not self.interrupt_lost.is_set() and not self.stopping.wait(0.05):
+                if time.monotonic() > deadline:
+                    return
+            if not self.interrupt_lost.is_set():
+                return
 
     def stop_on(self, error: Exception) -> NoReturn:
         """The main thread's exception, in a job of several processes: every process stops, each naming why.
@@ -371,10 +386,20 @@ class Cluster:
             thread.join(timeout=self.poll_s + 2)
 
 
-def _interrupt_main_thread() -> None:
+def _raise_in_main_thread() -> None:
     """PeerFailed in the main thread at its next Python instruction (at once unless it waits in native code)."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
                                                ctypes.py_object(PeerFailed))
+
+
+def _drop_lost_interrupt(unraisable: Any, *, previous: Callable[[Any], None]) -> None:
+    """sys.unraisablehook while watching: a PeerFailed that Python swallowed (see Cluster._interrupt_main_thread)
+    prints nothing and is raised again; anything else goes to the hook before."""
+    if _cluster is not None and issubclass(unraisable.exc_type, PeerFailed):
+        _cluster.main_stopping.clear()  # PeerFailed() set it, but the main thread goes on
+        _cluster.interrupt_lost.set()
+        return
+    previous(unraisable)
 
 
 def _receive(connection: socket.socket) -> bytes:
@@ -398,6 +423,7 @@ def watch(heartbeat_timeout: int) -> None:
         return
     _cluster = Cluster(state.client, state.process_id, state.num_processes, heartbeat_timeout,
                        state.coordinator_address)
+    sys.unraisablehook = functools.partial(_drop_lost_interrupt, previous=sys.unraisablehook)
     _cluster.start()
     atexit.register(_cluster.finish)  # registered after jax's clean-up, so it runs before it
 

@@ -3,6 +3,7 @@
 Run as a script, this file is the worker of the two-process tests:
 `python test_distributed.py MODE PORT PROCESS_ID`.
 """
+import functools
 import inspect
 import os
 import pathlib
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -193,6 +195,33 @@ def test_single_process_initialize_and_primary(monkeypatch):
     distributed.initialize()  # idempotent
     assert not jax.distributed.is_initialized()
     assert distributed.is_primary()
+
+
+def test_a_peer_failure_python_swallows_is_raised_again_without_a_traceback(monkeypatch, capsys):
+    """The watching thread raises PeerFailed in the main thread; landing in a __del__ (or a gc callback, as it
+    did under jax's _xla_gc_callback in CI), Python would print "Exception ignored ... Traceback" and go on. It
+    is raised again, at the main thread's next instruction outside it, and nothing is printed."""
+    watching = cluster.Cluster(None, process_id=1, num_processes=2, heartbeat_timeout=10, coordinator='x:1')
+    monkeypatch.setattr(cluster, '_cluster', watching)
+    monkeypatch.setattr(sys, 'unraisablehook', functools.partial(cluster._drop_lost_interrupt,
+                                                                 previous=sys.unraisablehook))
+    in_del = threading.Event()
+
+    class Collected:
+        def __del__(self):
+            in_del.set()
+            time.sleep(0.3)  # the interrupt arrives here: Python can only print it
+
+    thread = threading.Thread(target=lambda: (in_del.wait(5), watching._interrupt_main_thread()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    with pytest.raises(cluster.PeerFailed):
+        Collected()  # collected at once
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    thread.join(5)
+    assert watching.main_stopping.is_set() and not watching.interrupt_lost.is_set()
+    assert 'Exception ignored' not in capsys.readouterr().err
 
 
 # --- two real processes -------------------------------------------------------------------------
