@@ -82,6 +82,15 @@ def synthetic_source():
 
 
 @pytest.fixture(scope="session")
+def builtin_texts() -> list[str]:
+    """The builtin corpus's documents, read once per worker (builtin_documents parses the standard library's
+    sources: 6-11 s a call)."""
+    from t5x_like.data.builtin import builtin_documents
+
+    return builtin_documents()
+
+
+@pytest.fixture(scope="session")
 def random_hf_gpt2():
     """A builder of small transformers GPT2LMHeadModels with every tensor perturbed by `scale`
     (odd sizes, the full 50257-id vocabulary so padding is exercised); skips without the torch extra."""

@@ -30,8 +30,13 @@ def batches(source_cls, count, batch_size=8):
     return [next(source) for _ in range(count)]
 
 
+TOTAL_STEPS = 20
+"""The schedule's length for every run of 20 batches or fewer (test_train.py's too): runs of different lengths
+on one mesh compile the same train step, which the suite's compilation cache shares between tests."""
+
+
 def experiment(mesh, rules, data, *, config=CONFIG, feature_lengths=None, **settings):
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=max(len(data), 3))
+    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=max(len(data), TOTAL_STEPS))
     return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=len(
         data[0][DECODER_INPUT_TOKENS]), feature_lengths=feature_lengths or {"targets": SEQ_LEN}, **settings)
 
@@ -148,7 +153,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     assert 1 <= overflows < len(data) and skipped == [1] * overflows + [0] * (len(data) - overflows), skipped
     assert [m["loss_scale"] for m in history[:overflows + 1]] == [2.0 ** (24 - i) for i in range(overflows + 1)]
     # the logged rate is the one applied: skipped steps did not advance optax's schedule
-    schedule = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=len(data)).schedule
+    schedule = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=TOTAL_STEPS).schedule
     applied = [0] * (overflows + 1) + list(range(1, len(data) - overflows))
     assert [m["learning_rate"] for m in history] == pytest.approx([float(schedule(n)) for n in applied])
 

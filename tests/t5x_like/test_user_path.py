@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from t5x_like.data import load_tokenizer
-from t5x_like.data.builtin import builtin_documents
 from tests.conftest import cpu_env
 
 TINY = ("--gin.BATCH_SIZE=8", "--gin.SEQ_LEN=32", "--gin.WARMUP_STEPS=0", "--gin.EVAL_EVERY=0",
@@ -35,7 +34,7 @@ def train(cwd, model_dir, steps, *extra, env, check=True):
 
 
 @pytest.fixture(scope="module")
-def user(tmp_path_factory):
+def user(tmp_path_factory, builtin_texts):
     """`work/`: a corpus, a character vocabulary trained on it, the corpus preprocessed with it, and a run
     trained 2 steps then resumed to 4, all with paths relative to `work/`; `other/`: a second directory."""
     root = tmp_path_factory.mktemp("user")
@@ -44,9 +43,9 @@ def user(tmp_path_factory):
     other.mkdir()
     env = cpu_env(1, JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     with open(work / "corpus.jsonl", "w") as f:
-        for text in builtin_documents()[:300]:
+        for text in builtin_texts[:300]:
             f.write(json.dumps({"text": text}) + "\n")
-    (work / "wiki.txt").write_text(" = Heading = \n\n" + builtin_documents()[301][:3000] + " \n", encoding="utf-8")
+    (work / "wiki.txt").write_text(" = Heading = \n\n" + builtin_texts[301][:3000] + " \n", encoding="utf-8")
     cli(work, "t5x_like.data.train_tokenizer", "--input=corpus.jsonl", "--type=char", "--output=char_tok/vocab.txt",
         "--vocab_size=2000", env=env)
     cli(work, "t5x_like.data.preprocess", "--input=corpus.jsonl", "--output_prefix=data/corpus",
@@ -63,7 +62,7 @@ def test_a_relative_model_dir_resumes(user):
     assert sorted(os.listdir(user["work"] / "runs" / "char" / "checkpoints")) == ["2", "4"]
 
 
-def test_readers_find_the_tokenizer_from_elsewhere_after_the_run_moved(user):
+def test_readers_find_the_tokenizer_from_elsewhere_after_the_run_moved(user, builtin_texts):
     """generate from another directory; then the folder moves and the tokenizer's folder is deleted: eval,
     generate and to-hf still find the tokenizer (the checkpoint holds it), and transformers loads the export."""
     transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
@@ -81,7 +80,7 @@ def test_readers_find_the_tokenizer_from_elsewhere_after_the_run_moved(user):
     assert json.loads((other / "results" / "wiki.json").read_text())["ppl"] > 1, evaluated.stdout
     cli(other, "t5x_like.convert", "to-hf", "../moved/runs/char", "hf", env=env)
     reference = transformers.AutoTokenizer.from_pretrained(str(other / "hf"))
-    text = builtin_documents()[302][:500]
+    text = builtin_texts[302][:500]
     assert reference.encode(text, add_special_tokens=False) == user["tokenizer"].encode(text)
     assert load_tokenizer(other / "hf").sha256 == user["tokenizer"].sha256
     user["work"] = moved

@@ -20,7 +20,6 @@ from models.gpt2 import GPT2Config  # noqa: E402
 from t5x_like import checkpoints  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.data import train_tokenizer  # noqa: E402
-from t5x_like.data.builtin import builtin_documents  # noqa: E402
 from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
 from t5x_like.data.tokenizer_files import tokenizer_record  # noqa: E402
 
@@ -42,10 +41,10 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, builtin_texts):
     """Tokenizers train_tokenizer makes (corpus: the builtin documents plus Chinese lines)."""
     root = tmp_path_factory.mktemp("trained")
-    texts = builtin_documents()[:150] + CHINESE
+    texts = builtin_texts[:150] + CHINESE
     for kind, output, size in (("wordpiece", "wp/vocab.txt", 3000), ("char", "char/vocab.txt", 3000),
                                ("sentencepiece", "sp/sp.model", 1500), ("cpm", "cpm/spiece.model", 1500),
                                ("bpe", "bpe/tokenizer.json", 1500)):
@@ -94,13 +93,13 @@ FORMS = {
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_to_hf_exports_every_form_transformers_loads_and_encodes_alike(form, checkpoint, trained, tmp_path,
-                                                                        monkeypatch):
+                                                                        monkeypatch, builtin_texts):
     given = FORMS[form](tmp_path, trained)
     ours = load_tokenizer(given)
     monkeypatch.chdir(tmp_path)  # the user's own directory, relative paths
     cli.main(["to-hf", checkpoint, "out", f"--tokenizer={Path(given)}"])
     reference = transformers.AutoTokenizer.from_pretrained("out")
-    for text in (TEXT, *CHINESE[:2], builtin_documents()[200][:2000]):
+    for text in (TEXT, *CHINESE[:2], builtin_texts[200][:2000]):
         assert reference.encode(text, add_special_tokens=False) == ours.encode(text), (form, text[:60])
     assert load_tokenizer(tmp_path / "out").sha256 == ours.sha256
 
