@@ -4,25 +4,19 @@ One process's fault must not leave the others waiting in a collective. Everythin
 key-value store of jax's coordination service (the one `jax.distributed.initialize` starts):
 
 - `watch()` (called by distributed.initialize) notices a dead process. Every other process holds a TCP
-  connection to process 0: a killed process's kernel closes it at once, so process 0 learns of a dead
-  process, and the others of a dead process 0, within a second. Heartbeats cover what closes nothing (a
-  hung process, a failed host): every process beats (a counter under `t5x_like/alive/<i>`, every
-  `--heartbeat_timeout_seconds` / 5) and process 0 declares one whose counter stands still for
-  `--heartbeat_timeout_seconds` dead (the others watch process 0's). jax's own heartbeat gets a longer
-  timeout, as a backstop: when it fires, jax aborts the process with a C++ stack dump (its
-  `missed_heartbeat_callback` cannot be used: jaxlib has no Python conversion for the absl::Status it
-  passes, and the callback dies with std::bad_cast). When process 0 dies, jax's client also aborts the
-  others at once; the link thread usually prints its line and exits first, but jax's "Terminating
-  process" line and part of its stack dump may come before it.
+  connection to process 0, which a killed process's kernel closes at once: a dead process is known within a
+  second. Heartbeats cover what closes nothing (a hung process, a failed host): every process beats (a
+  counter under `t5x_like/alive/<i>`) and one whose counter stands still for `--heartbeat_timeout_seconds` is
+  dead. jax's own heartbeat, a backstop with a longer timeout, aborts with a C++ stack dump (its
+  `missed_heartbeat_callback` dies with std::bad_cast in jaxlib); when process 0 dies, jax's client aborts the
+  others at once, so its "Terminating process" line may come before ours.
 - A process that fails (any exception out of a CLI's main, see `stop_together`) publishes its message
   under `t5x_like/failure` (the first failure stands); every other process, wherever it waits, prints
   `error: process <i> failed: <message>` and exits 1. Process 0, which hosts the service, waits a few
   seconds for the others to read it before it goes.
-- t5x_like/agreement.py: before step 1, every process compares its resolved settings with process 0's
-  over the same store.
+- t5x_like/agreement.py compares every process's resolved settings with process 0's before step 1.
 
-Every exit on these paths is `os._exit(1)` after flushing: Python's normal exit would wait in jax's
-shutdown barrier for processes that will never come (300 s), then abort.
+Every exit on these paths is `os._exit(1)` after flushing (a normal exit waits 300 s in jax's shutdown barrier).
 """
 from __future__ import annotations
 
@@ -158,8 +152,7 @@ class Cluster:
                     self.failure = self.coordinator_lost()
             failure = self.read_failure()
             if failure is not None:
-                self.main_stopping.set()
-                raise PeerFailed(failure.summary)
+                raise PeerFailed(failure.summary)  # which sets main_stopping
 
     # ------------------------------------------------------------------------------- heartbeat
 
@@ -290,18 +283,16 @@ class Cluster:
             self._exit(failure.summary)
 
     def _interrupt_main_thread(self) -> None:
-        """PeerFailed in the main thread, then GRACE_S for its clean-up. An exception raised while the main
-        thread runs a __del__ or a garbage-collection callback is only printed by Python ("Exception ignored
-        in ..."), and the main thread goes on: `_drop_lost_interrupt` keeps it quiet, and it is raised again."""
+        """PeerFailed in the main thread, then GRACE_S for its clean-up; raised again when Python swallowed it
+        (raised in a __del__ or a gc callback, it is only printed, and `_drop_lost_interrupt` hides that)."""
         for _ in range(MAX_INTERRUPTS):
             self.interrupt_lost.clear()
             _raise_in_main_thread()
             if not self.main_stopping.wait(INTERRUPT_S):
                 return  # it waits in native code (a collective, a compilation): this thread stops the process
             deadline = time.monotonic() + GRACE_S
-            while not self.interrupt_lost.is_set() and not self.stopping.wait(0.05):
-                if time.monotonic() > deadline:
-                    return
+            while not (self.interrupt_lost.is_set() or self.stopping.wait(0.05) or time.monotonic() > deadline):
+                pass
             if not self.interrupt_lost.is_set():
                 return
 
