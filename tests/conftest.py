@@ -9,7 +9,8 @@ import tempfile
 # (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
 # vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
 # Not XLA's classic fusion emitters (--xla_cpu_use_fusion_emitters=false): they halve compile times, but the
-# one CI run with them lost a worker to a fatal signal inside XLA, which the runs without them never did.
+# one CI run with them lost a worker to a fatal signal in native code (not reproduced here); runs without them
+# never have.
 XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
                 "--xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
