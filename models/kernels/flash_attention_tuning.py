@@ -58,7 +58,8 @@ class Tuning:
     """The launch settings of the kernels of one attention call. backward 'split': a dQ kernel over query blocks
     and a dK/dV kernel over key blocks, each recomputing the scores (7 matmuls, deterministic); 'fused': one
     kernel over key blocks with `dkv`'s launch that also adds dQ atomically in float32 (5 matmuls; dQ's sum order,
-    so its last bits, vary run to run; GPU/Triton and interpret mode only)."""
+    so its last bits, vary run to run; GPU/Triton and interpret mode only; 2.3-2.7x slower than 'split' on an
+    H200, docs/benchmarks.md)."""
 
     forward: KernelTuning = KernelTuning()
     dq: KernelTuning = KernelTuning()
