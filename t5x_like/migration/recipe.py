@@ -296,6 +296,41 @@ def precision(upstream: Upstream, out: Out) -> None:
         out.set("DTYPE", "float32", "neither fp16 nor bf16: upstream trains in float32 ('bfloat16' is faster)")
 
 
+FP8_ROWS = (
+    Row(("model_config.matmul_dtype",), "'fp8': the matmuls in E4M3 forward and E5M2 for gradients (Megatron's "
+        "'hybrid'), each tensor scaled from the max of a 1024-step amax history (Megatron's delayed scaling with "
+        "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max); not with a pipeline",
+        megatron=("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo")),
+    Row((), "parameters are stored and gathered in their own dtype; the FP8 casts happen inside each matmul",
+        megatron=("--fp8-param-gather",)),
+)
+FP8_SAME = {"fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+"""Megatron's FP8 settings whose value here is fixed (flax's fp8 ops): another value is listed as not migrated."""
+
+
+@translates(*FP8_ROWS)
+def fp8(upstream: Upstream, out: Out) -> None:
+    """--fp8-format turns FP8 matmuls on (Transformer Engine's recipe: E4M3 forward, E5M2 backward)."""
+    out.section = "precision"
+    fp8_format = upstream.get("fp8_format")
+    settings = {key: upstream.get(key) for key in FP8_SAME}
+    out.skip(upstream.get("fp8_param_gather"), FP8_ROWS[1].note)
+    if fp8_format is None:
+        return
+    if (out.value("PIPELINE_PARALLEL") or 1) > 1:
+        out.skip(fp8_format, "FP8 matmuls do not run pipelined here yet (the pipeline carries no FP8 state): the "
+                 "run trains in DTYPE")
+        return
+    why = provenance(fp8_format)
+    if fp8_format.value != "hybrid":
+        why += ": gradients in E5M2 here (Megatron's 'hybrid'), not E4M3"
+    out.set("model_config.matmul_dtype", "fp8", why)
+    for key, same in FP8_SAME.items():
+        setting = settings[key]
+        if setting is not None and str(setting.value) != str(same):
+            out.skip(setting, f"FP8 scaling here is fixed at {key[4:].replace('_', ' ')} {same!r} (flax's fp8 ops)")
+
+
 def loss_scale(upstream: Upstream, out: Out, *, deepspeed: bool) -> None:
     """DeepSpeed's fp16 section when the run has one (it is what DeepSpeed's engine uses), else Megatron's flags."""
     out.set("build_experiment.loss_scale", LossScale(), "the float16 loss scaling below")

@@ -158,7 +158,8 @@ def test_a_flag_written_wrong_is_named_in_one_line(tmp_path, flag, value, messag
 
 def test_megatron_lms_own_llama3_example_migrates(tmp_path, monkeypatch):
     """examples/llama/train_llama3_8b_h100_fp8.sh as upstream writes it (tests/data/upstream): its mock-data branch
-    (NullTokenizer, --vocab-size), its rotary base of 1000000 and its quoted `'99,1,0'` split."""
+    (NullTokenizer, --vocab-size), its rotary base of 1000000, its quoted `'99,1,0'` split and its FP8 recipe; every
+    flag it sets is migrated or listed with a reason (none is left unrecognised)."""
     name = "train_llama3_8b_h100_fp8.sh"
     shutil.copy(SCRIPTS.parent / "upstream" / "megatron" / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
@@ -167,8 +168,11 @@ def test_megatron_lms_own_llama3_example_migrates(tmp_path, monkeypatch):
     assert (config["family"], config["rope_theta"], config["num_key_value_heads"]) == ("llama", 1e6, 8)
     assert config["vocab_size"] == 128256 and out.value("DATA_SPLIT") == "99,1,0"
     listed = skipped(out)
-    for flag in ("--mock-data", "--tokenizer-type NullTokenizer", "--apply-layernorm-1p", "--use-mcore-models"):
+    for flag in ("--mock-data", "--tokenizer-type NullTokenizer", "--apply-layernorm-1p", "--use-mcore-models",
+                 "--fp8-param-gather", "--context-parallel-size 1", "--decoupled-lr 5.0e-4", "--ckpt-format torch_dist"):
         assert f"{flag} ({name}:" in listed, flag
+    assert "not recognised" not in listed, [line for line in listed.splitlines() if "not recognised" in line]
+    assert out.value("model_config.matmul_dtype") == "fp8"  # its DTYPE="fp8" branch: --fp8-format hybrid
 
 
 def run_cli(module: str, args: list[str], cwd: Path, devices: int = 8, timeout: int = 300
@@ -270,3 +274,41 @@ def test_the_migration_page_shows_this_script_and_what_it_migrates_to(tmp_path, 
     (tmp_path / "train_llama3_8b.sh").write_text(script.text)
     written = translate.render(translate.translate(upstream.read(["train_llama3_8b.sh"])), "migrate").splitlines()
     assert [line for line in excerpt.splitlines() if line not in written] == []
+
+
+FP8 = ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max",
+       "--fp8-param-gather"]
+
+
+def test_megatrons_fp8_recipe_turns_on_the_fp8_matmuls(tmp_path):
+    """Transformer Engine's recipe as Megatron-LM's examples set it (hybrid, delayed scaling over a 1024-step amax
+    history, its max) is the recipe of `matmul_dtype='fp8'` here: the gin file sets it, says where it came from,
+    and `train --print_config` resolves it."""
+    flags = megatron_flags("llama_tiny") + FP8 + ["--bf16", "--save", "runs/fp8", "--data-path", "data/text_document",
+                                                  "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok"]
+    (tmp_path / "args.txt").write_text(" ".join(flags) + "\n")
+    stand_in_tokenizer(tmp_path / "tok", preset_config("llama_tiny").vocab_size)
+    run_cli("t5x_like.migrate", ["args.txt", "--output=run.gin"], tmp_path)
+    gin_text = (tmp_path / "run.gin").read_text()
+    assert "model_config.matmul_dtype = 'fp8'  # --fp8-format hybrid (args.txt:1)" in gin_text
+    assert "not recognised by this migration" not in gin_text, gin_text.split("# ---- not migrated")[-1]
+    assert "--fp8-param-gather (args.txt:1): parameters are stored and gathered in their own dtype" in gin_text
+    values = printed_config(run_cli("t5x_like.train", ["--gin_file=run.gin", "--print_config"], tmp_path).stdout)
+    assert (values["model.matmul_dtype"], values["DTYPE"]) == ("fp8", "bfloat16")
+
+
+def test_fp8_settings_that_differ_here_are_listed_and_a_pipeline_keeps_its_dtype(tmp_path):
+    flags = megatron_flags("llama_tiny") + ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise",
+                                            "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "most_recent"]
+    out = migrated(tmp_path, flags)
+    why = next(why for binding in out.bindings if binding.name == "model_config.matmul_dtype" for why in [binding.why])
+    assert out.value("model_config.matmul_dtype") == "fp8" and "E5M2 here" in why
+    listed = skipped(out)
+    for flag, reason in (("--fp8-recipe tensorwise", "fixed at recipe 'delayed'"),
+                         ("--fp8-amax-history-len 16", "fixed at amax history len 1024"),
+                         ("--fp8-amax-compute-algo most_recent", "fixed at amax compute algo 'max'")):
+        assert f"{flag} (" in listed and reason in listed, flag
+    pipelined = migrated(tmp_path, flags + ["--pipeline-model-parallel-size", "2"])
+    assert pipelined.value("model_config.matmul_dtype") is None
+    assert "args.txt:1): FP8 matmuls do not run pipelined here yet" in skipped(pipelined)
+    assert "--fp8-format e4m3 (" in skipped(pipelined)
