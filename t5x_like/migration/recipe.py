@@ -315,11 +315,11 @@ def fp8(upstream: Upstream, out: Out) -> None:
     fp8_format = upstream.get("fp8_format")
     settings = {key: upstream.get(key) for key in FP8_SAME}
     out.skip(upstream.get("fp8_param_gather"), FP8_ROWS[1].note)
-    if fp8_format is None:
-        return
-    if (out.value("PIPELINE_PARALLEL") or 1) > 1:
-        out.skip(fp8_format, "FP8 matmuls do not run pipelined here yet (the pipeline carries no FP8 state): the "
-                 "run trains in DTYPE")
+    if fp8_format is None or (out.value("PIPELINE_PARALLEL") or 1) > 1:
+        off = "FP8 is off upstream (no --fp8-format)" if fp8_format is None else \
+            "FP8 matmuls do not run pipelined here yet (the pipeline carries no FP8 state): the run trains in DTYPE"
+        for setting in (fp8_format, *settings.values()):
+            out.skip(setting, off)
         return
     why = provenance(fp8_format)
     if fp8_format.value != "hybrid":

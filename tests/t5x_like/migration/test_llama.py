@@ -311,4 +311,6 @@ def test_fp8_settings_that_differ_here_are_listed_and_a_pipeline_keeps_its_dtype
     pipelined = migrated(tmp_path, flags + ["--pipeline-model-parallel-size", "2"])
     assert pipelined.value("model_config.matmul_dtype") is None
     assert "args.txt:1): FP8 matmuls do not run pipelined here yet" in skipped(pipelined)
-    assert "--fp8-format e4m3 (" in skipped(pipelined)
+    assert "--fp8-format e4m3 (" in skipped(pipelined) and "--fp8-amax-history-len 16 (" in skipped(pipelined)
+    unused = skipped(migrated(tmp_path, megatron_flags("llama_tiny") + ["--fp8-amax-history-len", "16"]))
+    assert "--fp8-amax-history-len 16 (" in unused and "FP8 is off upstream (no --fp8-format)" in unused
