@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from models.layers.dense import Einsum
 from t5x_like.errors import UserError
 from t5x_like.migration.rows import Row, translates
 from t5x_like.migration.translate import Out, provenance
@@ -296,15 +297,16 @@ def precision(upstream: Upstream, out: Out) -> None:
         out.set("DTYPE", "float32", "neither fp16 nor bf16: upstream trains in float32 ('bfloat16' is faster)")
 
 
+AMAX_HISTORY = Einsum.amax_history_length
 FP8_ROWS = (
     Row(("model_config.matmul_dtype",), "'fp8': the matmuls in E4M3 forward and E5M2 for gradients (Megatron's "
-        "'hybrid'), each tensor scaled from the max of a 1024-step amax history (Megatron's delayed scaling with "
-        "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max); not with a pipeline",
+        f"'hybrid'), each tensor scaled from the max of a {AMAX_HISTORY}-step amax history (Megatron's delayed "
+        f"scaling with --fp8-amax-history-len {AMAX_HISTORY} --fp8-amax-compute-algo max); not with a pipeline",
         megatron=("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo")),
     Row((), "parameters are stored and gathered in their own dtype; the FP8 casts happen inside each matmul",
         megatron=("--fp8-param-gather",)),
 )
-FP8_SAME = {"fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+FP8_SAME = {"fp8_recipe": "delayed", "fp8_amax_history_len": AMAX_HISTORY, "fp8_amax_compute_algo": "max"}
 """Megatron's FP8 settings whose value here is fixed (flax's fp8 ops): another value is listed as not migrated."""
 
 

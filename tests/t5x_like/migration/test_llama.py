@@ -301,7 +301,7 @@ def test_fp8_settings_that_differ_here_are_listed_and_a_pipeline_keeps_its_dtype
     flags = megatron_flags("llama_tiny") + ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise",
                                             "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "most_recent"]
     out = migrated(tmp_path, flags)
-    why = next(why for binding in out.bindings if binding.name == "model_config.matmul_dtype" for why in [binding.why])
+    why = next(binding.why for binding in out.bindings if binding.name == "model_config.matmul_dtype")
     assert out.value("model_config.matmul_dtype") == "fp8" and "E5M2 here" in why
     listed = skipped(out)
     for flag, reason in (("--fp8-recipe tensorwise", "fixed at recipe 'delayed'"),
