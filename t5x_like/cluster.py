@@ -336,8 +336,10 @@ class Cluster:
         jax's shutdown barrier; process 0 first waits (up to ACK_WAIT_S) until the others have read it."""
         self.stopping.set()
         logging.flush()
-        print(f"error: {line}", file=sys.stderr, flush=True)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the dying jax client's own lines would follow ours
+        sys.stderr.flush()
+        log = os.dup(2)  # the dying jax client writes to fd 2 at any moment: silence it, then write ours last
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        os.write(log, f"error: {line}\n".encode())
         if not self.store_lost:
             self._say(STOPPED.encode())
             try:
@@ -346,9 +348,7 @@ class Cluster:
                     self._wait_until_others_stop()
             except Exception:  # noqa: BLE001 (the store is gone: nothing left to wait for)
                 pass
-        logging.flush()
         sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(1)
 
     def _wait_until_others_stop(self) -> None:
