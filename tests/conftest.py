@@ -8,11 +8,14 @@ import tempfile
 # XLA's cheapest CPU code generation: the suite's small programs spend their time compiling, not running
 # (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
 # vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
-# Not XLA's classic fusion emitters (--xla_cpu_use_fusion_emitters=false): they halve compile times, but the
-# one CI run with them lost a worker to a fatal signal in native code (not reproduced here); runs without them
-# never have.
+# XLA's classic fusion emitters (--xla_cpu_use_fusion_emitters=false) instead of its MLIR ones: compiling about
+# halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s; the suite 54 -> 41 min here). The one CI run with them, on
+# another CPU, lost a worker to a fatal signal in native code that no run here reproduced; XLA generates code for
+# the CPU it runs on, so --xla_cpu_max_isa=AVX2 keeps CI to the instructions the runs here use (this machine has no
+# AVX-512). A worker that dies ends `make test` at once, naming its test (Makefile).
+ISA = "--xla_cpu_max_isa=AVX2"
 XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
-                "--xla_llvm_disable_expensive_passes=true"
+                f"--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false {ISA}"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One JAX compilation cache for the whole suite, its workers and the CLIs its tests start (they inherit the
@@ -28,7 +31,7 @@ def cpu_env(devices: int, *, optimized: bool = False, **extra: str) -> dict[str,
     """The environment for a test's subprocess: `devices` simulated CPU devices, the suite's XLA flags, or with
     `optimized` XLA's full CPU optimisation, for a run whose steps cost more than compiling them (tens of steps of
     a quickstart-sized model: the quickstart T5's 30 steps 155 s -> 75 s)."""
-    flags = "--xla_cpu_multi_thread_eigen=false" if optimized else XLA_CPU_FLAGS
+    flags = f"--xla_cpu_multi_thread_eigen=false {ISA}" if optimized else XLA_CPU_FLAGS
     return dict(os.environ, JAX_PLATFORMS="cpu",
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {flags}", **extra)
 
