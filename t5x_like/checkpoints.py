@@ -100,7 +100,11 @@ class Checkpointer:
         directory is committed: process 0's manifest (its own files and the shared ones; with one
         process, every file) is committed with the step. Other processes hash their own files once
         the step is committed (`wait`)."""
-        (tmp_dir,) = glob.glob(os.path.join(self.directory, f"{self._saving}.orbax-checkpoint-tmp*"))
+        found = glob.glob(os.path.join(self.directory, f"{self._saving}.orbax-checkpoint-tmp*"))
+        if not found:  # checkpoints/ was removed under the save: storage.py names it in one line
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT),
+                                    os.path.join(self.directory, f"{self._saving}.orbax-checkpoint-tmp"))
+        (tmp_dir,) = found
         write_manifest(tmp_dir, 0 if jax.process_count() > 1 else None)
         logging.info("checkpoint %d written (%s)", self._saving, _size_str(tmp_dir))
 

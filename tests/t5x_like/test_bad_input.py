@@ -655,7 +655,7 @@ def train_with_fault(fault: str, cwd, env: dict) -> subprocess.CompletedProcess:
 def inject(fault: str) -> None:
     """Storage faults, as a real run meets them: 'full_at_start' (every write past a byte fails from the start),
     'full_after_first_checkpoint' (past FILE_SIZE_LIMIT bytes, once step 2 is committed: the next save fails in
-    tensorstore's native writers), 'checkpoints_removed' (checkpoints/ deleted while step 4's save is in flight).
+    tensorstore's native writers), 'checkpoints_removed' (checkpoints/ deleted while step 4's save is in flight, before its commit).
     The size limit is RLIMIT_FSIZE (EFBIG, "File too large"), standing in for a full disk (ENOSPC), which needs
     a mounted filesystem of limited size: both fail the same writes with an errno."""
     import resource
@@ -670,14 +670,14 @@ def inject(fault: str) -> None:
             finalise(self)
             resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
         checkpoints.Checkpointer._on_finalise = _on_finalise
-    else:
-        save = checkpoints.Checkpointer.save
+    else:  # removed once step 4's files are written, before orbax commits them (earlier, orbax may write them anew)
+        finalise = checkpoints.Checkpointer._on_finalise
 
-        def save_then_remove(self, step, **items):
-            save(self, step, **items)
-            if step == 4:
+        def remove_then_finalise(self):
+            if self._saving == 4:
                 shutil.rmtree(self.directory, ignore_errors=True)
-        checkpoints.Checkpointer.save = save_then_remove
+            finalise(self)
+        checkpoints.Checkpointer._on_finalise = remove_then_finalise
 
 
 def last_line(stderr: str) -> str:
