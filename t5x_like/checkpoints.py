@@ -43,7 +43,7 @@ REPLICA_PARALLEL_MIN_BYTES = 1 << 20
 """orbax's replica-parallel saving splits a replicated shard among its replicas, each writing a slice it cuts on
 device: one compiled program per array shape at a process's first save. Only slices of at least this many bytes
 are cut; smaller arrays are written whole by one replica (a quickstart-sized model's first save compiled 80
-slices, 3-6 s of a 2-step run; measured in docs/testing.md)."""
+slices, 3-6 s of a 2-step run, timed once by hand on a busy machine: docs/outputs.md)."""
 ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
     array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES),
     override=True)

@@ -9,7 +9,7 @@ import tempfile
 # (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
 # vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
 # XLA's classic fusion emitters (--xla_cpu_use_fusion_emitters=false) instead of its MLIR ones: compiling about
-# halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s; the suite 54 -> 41 min here). The one CI run with them, on
+# halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s; the suite's pytest 53 -> 37 min here). The one CI run with them, on
 # another CPU, lost a worker to a fatal signal in native code that no run here reproduced; XLA generates code for
 # the CPU it runs on, so --xla_cpu_max_isa=AVX2 keeps CI to the instructions the runs here use (this machine has no
 # AVX-512). A worker that dies ends `make test` at once, naming its test (Makefile).
