@@ -8,15 +8,19 @@ import tempfile
 # XLA's cheapest CPU code generation: the suite's small programs spend their time compiling, not running
 # (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
 # vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
-# XLA's classic fusion emitters (--xla_cpu_use_fusion_emitters=false) instead of its MLIR ones: compiling about
-# halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s; the suite's pytest 53 -> 37 min here). The one CI run with them, on
-# another CPU, lost a worker to a fatal signal in native code that no run here reproduced; XLA generates code for
-# the CPU it runs on, so --xla_cpu_max_isa=AVX2 keeps CI to the instructions the runs here use (this machine has no
-# AVX-512). A worker that dies ends `make test` at once, naming its test (Makefile).
+CHEAP_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
+              "--xla_llvm_disable_expensive_passes=true"
+# The processes tests start (CLIs, multi-process runs, the documented commands) also use XLA's classic fusion
+# emitters instead of its MLIR ones: compiling about halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s), and
+# --xla_cpu_max_isa=AVX2 keeps them to the instructions the runs here use whatever CI's CPU is (XLA generates code
+# for the CPU it runs on; this machine has no AVX-512). The pytest workers themselves keep the MLIR emitters: the
+# two CI runs with the classic ones in the workers (8d3496c, c7eb6e3) each lost a worker to an abort in native code
+# late in the run (at about 89 % and 84 %, a thousand tests into one process), which no whole run here reproduced,
+# while the subprocesses that ran with them there all passed. A worker that dies ends `make test` at
+# once, naming its test (Makefile).
 ISA = "--xla_cpu_max_isa=AVX2"
-XLA_CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
-                f"--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false {ISA}"
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
+XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CHEAP_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One JAX compilation cache for the whole suite, its workers and the CLIs its tests start (they inherit the
 # environment): the same small models are compiled by many tests, and a cache hit loads the executable instead.
