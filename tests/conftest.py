@@ -14,10 +14,10 @@ CHEAP_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_lev
 # emitters instead of its MLIR ones: compiling about halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s), and
 # --xla_cpu_max_isa=AVX2 keeps them to the instructions the runs here use whatever CI's CPU is (XLA generates code
 # for the CPU it runs on; this machine has no AVX-512). The pytest workers themselves keep the MLIR emitters: the
-# two CI runs with the classic ones in the workers (8d3496c, c7eb6e3) each lost a worker to an abort in native code
-# late in the run (at about 89 % and 84 %, a thousand tests into one process), which no whole run here reproduced,
-# while the subprocesses that ran with them there all passed. A worker that dies ends `make test` at
-# once, naming its test (Makefile).
+# two CI runs with the classic ones in the workers (8d3496c, c7eb6e3) each lost a worker to a fatal signal in native
+# code late in the run (at about 89 % and 84 %, hundreds of tests into one process), which no whole run here
+# reproduced, while every subprocess test that ran before the second crash there passed. A worker that dies ends
+# `make test` at once, naming its test (Makefile).
 ISA = "--xla_cpu_max_isa=AVX2"
 XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CHEAP_FLAGS}")
