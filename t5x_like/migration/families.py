@@ -2,7 +2,7 @@
 base preset, how upstream's settings become its config fields, and the rows of the settings it reads. Megatron's
 GPT programs become the family whose architecture their flags describe (GPT-2's learned positions, LayerNorm and
 GELU MLP, or Llama's rotary embeddings, RMSNorm and SwiGLU MLP), pretrain_t5.py the t5 family, and NeoX configs
-the neox family."""
+the neox family, or the llama family where they describe RMSNorm and a SwiGLU MLP (NeoX's configs/llama*/)."""
 from __future__ import annotations
 
 import re
@@ -222,5 +222,114 @@ NEOX = Family("neox", "neox", "pythia_160m", neox_fields, decoder_lengths, featu
     Row(("overrides.init_std",), "`init_method` 'normal' uses init_method_std; 'small_init' and the output layers' "
         "'wang_init' are the neox family's own", neox=("init_method", "output_layer_init_method"))))
 
-FAMILIES = (GPT2, T5, LLAMA, NEOX)
+class NeoxGatedMLP(Feature):
+    """GPT-NeoX's SwiGLU MLP: `activation: swiglu` (its ParallelMLP since 2024), or `mlp_type: llama` with
+    `activation: silu` (its LLaMAParallelMLP of 2023-24, which gated the activation it was given)."""
+
+    def spellings(self) -> tuple[str, ...]:
+        return ("activation", "mlp_type")
+
+    def read(self, settings):
+        activation, mlp_type = settings.get("activation"), settings.get("mlp_type")
+        if mlp_type is None or mlp_type.value != "llama" or (activation is not None and activation.value == "swiglu"):
+            return super().read(settings)
+        value = self.default if activation is None else activation.value
+        return ("swiglu" if value == "silu" else f"gated {value}"), activation or mlp_type
+
+
+def round_up(value: int, multiple: int) -> int:
+    return multiple * -(-value // multiple)
+
+
+def neox_gated_width(upstream: Upstream, out: Out, hidden: int) -> tuple[int, str]:
+    """Each of the two input projections' width, as GPT-NeoX computes it. ParallelMLP (`activation: swiglu`)
+    takes 2/3 of intermediate_size (else expansion_factor x, else 4 x hidden size) for both halves together, each
+    half up to a multiple of mlp_multiple_of (Llama 2 7B: 32768 -> 11008); LLaMAParallelMLP (`mlp_type: llama`)
+    took intermediate_size as each half's width, else 8/3 x hidden size up to a multiple of 256."""
+    size, mlp_type = upstream.get("intermediate_size"), upstream.get("mlp_type")
+    if mlp_type is not None and mlp_type.value == "llama" and upstream.value("activation") != "swiglu":
+        out.skip(upstream.get("mlp_multiple_of"), "LLaMAParallelMLP (mlp_type: llama) rounds to 256 whatever this "
+                                                  "says")
+        if size is not None:
+            return size.number(int), f"{provenance(size)}: each half's width with {provenance(mlp_type)}"
+        return round_up(int(8 * hidden / 3), 256), f"{provenance(mlp_type)}: 8/3 x hidden size, up to a multiple " \
+                                                   "of 256"
+    factor = upstream.get("expansion_factor")
+    if size is not None:
+        total, why = size.number(int), provenance(size)
+    elif factor is not None:
+        total, why = int(factor.number(float) * hidden), f"{provenance(factor)} x hidden size"
+    else:
+        total, why = 4 * hidden, f"no intermediate_size: 4 x hidden size, {out.default()}"
+    multiple, _ = field(upstream, out, "mlp_multiple_of", kind=int)
+    width = round_up(int(total * 2 / 3) // 2, multiple)
+    return width, f"{why}: GPT-NeoX's gated MLP is 2/3 of it in two halves, each up to a multiple of {multiple}"
+
+
+def neox_llama_init(upstream: Upstream, out: Out) -> tuple[float, str]:
+    init, why = field(upstream, out, "init_method", kind=str)
+    if init != "normal":
+        out.skip(upstream.get("init_method"), "the llama family initialises every weight with normal(init_std)")
+    output = upstream.get("output_layer_init_method")
+    if output is not None and output.value != "normal":
+        out.skip(output, "the llama family initialises output layers with normal(init_std) too")
+    return field(upstream, out, "init_method_std")
+
+
+def neox_llama_fields(upstream: Upstream, out: Out) -> Fields:
+    """GPT-NeoX's Llama configs (its configs/llama*/): RMSNorm, a SwiGLU MLP, rotary embeddings, grouped-query
+    attention (num_kv_heads), biases on the attention's layers or on none, an untied output layer."""
+    fields = common_fields(upstream, out)
+    fields["mlp_dim"] = neox_gated_width(upstream, out, fields["embed_dim"][0])
+    out.skip(upstream.get("layernorm_epsilon"), "GPT-NeoX's RMSNorm reads rms_norm_epsilon")
+    fields["layer_norm_eps"] = field(upstream, out, "rms_norm_epsilon")
+    max_len(upstream, out, fields)
+    fields["attention_dropout_rate"] = field(upstream, out, "attention_dropout")
+    fields["init_std"] = neox_llama_init(upstream, out)
+    kv = upstream.get("num_kv_heads")
+    heads = fields["num_heads"][0]
+    fields["num_key_value_heads"] = (None, "no num_kv_heads: a key/value head per query head") if kv is None else (
+        None if kv.number(int) == heads else kv.number(int), provenance(kv))
+    base, why = field(upstream, out, "rotary_emb_base")
+    fields["rope_theta"] = (float(base), why)
+    if field(upstream, out, "rotary_pct")[0] != 1.0:
+        out.skip(upstream.get("rotary_pct"), "the llama family rotates whole heads")
+    fields["qkv_bias"] = field(upstream, out, "use_bias_in_attn_linear", kind=bool)
+    if fields["qkv_bias"][0]:
+        out.skipped.append((fields["qkv_bias"][1], "GPT-NeoX puts a bias on the attention's output layer too; the "
+                                                   "llama family has them on query, key and value only: this model "
+                                                   "differs from upstream's here"))
+    mlp_bias, why = field(upstream, out, "use_bias_in_mlp", kind=bool)
+    if mlp_bias and upstream.value("mlp_type") != "llama":
+        out.skipped.append((why, "the llama family's MLP has no biases; this model differs from upstream's here"))
+    upstream.get("use_bias_in_norms")  # GPT-NeoX's RMSNorm has no bias whatever this says
+    untied, why = field(upstream, out, "no_weight_tying", kind=bool)
+    fields["tie_word_embeddings"] = (not untied, why)
+    if field(upstream, out, "gpt_j_residual", kind=bool)[0]:
+        out.skip(upstream.get("gpt_j_residual"), "the llama family adds attention and MLP one after the other")
+    return fields
+
+
+NEOX_LLAMA = Family("llama", "neox", "llama2_7b", neox_llama_fields, decoder_lengths, features=(
+    Feature("pos_emb", "rotary", "learned", "rotary embeddings"),
+    Feature("norm", "rmsnorm", "layernorm", "RMSNorm"),
+    NeoxGatedMLP("activation", "swiglu", "gelu", "a SwiGLU MLP")), rows=(
+    Row(("overrides.mlp_dim",), "with `activation: swiglu`, 2/3 of intermediate_size (or expansion_factor x, or 4 x "
+        "hidden size) in two halves, each up to a multiple of mlp_multiple_of (Llama 2 7B's 32768: 11008); with "
+        "`mlp_type: llama` (2023-24), intermediate_size is each half's width, default 8/3 x hidden size up to a "
+        "multiple of 256", neox=("intermediate_size", "expansion_factor", "mlp_multiple_of")),
+    Row(("overrides.layer_norm_eps",), "RMSNorm's epsilon (GPT-NeoX's default 1e-8)", neox=("rms_norm_epsilon",)),
+    Row(("overrides.num_key_value_heads",), "grouped-query attention; unset, a key/value head per query head",
+        neox=("num_kv_heads",)),
+    Row(("overrides.rope_theta",), "the llama family's rotary base (GPT-NeoX's default 10000)",
+        neox=("rotary_emb_base",)),
+    Row(("overrides.qkv_bias",), "GPT-NeoX's default puts biases on the query, key, value and output layers: the "
+        "llama family has them on the first three only (listed as not migrated)", neox=("use_bias_in_attn_linear",)),
+    Row(("overrides.tie_word_embeddings",), "the llama family's output layer; GPT-NeoX ties it by default",
+        neox=("no_weight_tying",)),
+    Row((), "the llama family's MLP has no biases (GPT-NeoX's ParallelMLP has them by default: listed as not "
+        "migrated); GPT-NeoX's RMSNorm has no bias whatever use_bias_in_norms says", neox=("use_bias_in_mlp",
+                                                                                           "use_bias_in_norms"))))
+
+FAMILIES = (GPT2, T5, LLAMA, NEOX, NEOX_LLAMA)
 """Ties in how well a run fits go to the earlier entry."""

@@ -19,7 +19,8 @@ UPSTREAM_DEFAULTS = {
                  "rotary_base": 10000, "rope_scaling_factor": 8.0, "rotary_percent": 1.0},
     "neox": {"hidden_dropout": 0.0, "attention_dropout": 0.0, "init_method_std": 0.02, "layernorm_epsilon": 1e-5,
              "rotary_pct": 1.0, "rotary_emb_base": 10000, "gpt_j_residual": False, "init_method": "normal",
-             "output_layer_init_method": "scaled_normal"},
+             "output_layer_init_method": "scaled_normal", "rms_norm_epsilon": 1e-8, "mlp_multiple_of": 1,
+             "use_bias_in_attn_linear": True, "use_bias_in_mlp": True, "no_weight_tying": False},
 }
 """Upstream defaults (Megatron-LM's arguments.py and TransformerConfig, NeoX's neox_arguments.md) a file leaves
 unsaid, keyed by the first name a reading asks for."""

@@ -152,6 +152,55 @@ CASES["pythia_160m"] = dict(
     defaults={"SEED": 1234, "train.keep_checkpoints": None, "DATA_SPLIT": "969,30,1", "GRAD_ACCUM_STEPS": 1},
     bindings=["--gin.MODEL_DIR='runs/pythia'", "--gin.TOKENIZER='home/mchorse/data/tokenizers/20B_tokenizer.json'"])
 
+# NeoX's Llama configs (configs/llama*/) with its Llama train_config.yml: the llama family. The MLP widths are
+# Llama's own (7B 11008, 70B 28672), which NeoX's ParallelMLP builds from these intermediate_size values.
+NEOX_LLAMA_TRAINING = {
+    "optimizer.type": {"OPTIMIZER": "adamw"}, "optimizer.params.lr": {"LEARNING_RATE": 0.0002},
+    "optimizer.params.betas": {"make_optimizer.b1": 0.9, "make_optimizer.b2": 0.95},
+    "optimizer.params.eps": {"make_optimizer.eps": 1e-8}, "min_lr": {"make_optimizer.min_learning_rate": 0.00002},
+    "zero_optimization.stage": {"RULES": "zero1", "FSDP_PARALLEL": -1}, "train_micro_batch_size_per_gpu": {},
+    "checkpoint_activations": {"model.remat_policy": "full"},
+    "gradient_clipping": {"make_optimizer.clip_grad_norm": 1.0},
+    "weight_decay": {"make_optimizer.weight_decay": 0.1}, "hidden_dropout": {"model.dropout_rate": 0.0},
+    "attention_dropout": {"model.attention_dropout_rate": 0.0}, "fp16.fp16": {}, "fp16.enabled": {"DTYPE": "float16"},
+    "fp16.loss_scale": {"LossScaleConfig.static_scale": 0.0},
+    "fp16.loss_scale_window": {"LossScaleConfig.window": 1000},
+    "fp16.hysteresis": {"LossScaleConfig.hysteresis": 2}, "fp16.min_loss_scale": {"LossScaleConfig.min_scale": 1.0},
+    "train_iters": {"TRAIN_STEPS": 320000}, "lr_decay_iters": {"make_optimizer.decay_steps": 320000},
+    "lr_decay_style": {"make_optimizer.decay": "cosine"}, "warmup": {"WARMUP_STEPS": 0.01},
+    "checkpoint_factor": {"CHECKPOINT_EVERY": 10000}, "eval_interval": {"EVAL_EVERY": 1000},
+    "eval_iters": {"EVAL_STEPS": 10}, "log_interval": {"train.log_every": 100}, "steps_per_print": {},
+    "keep_last_n_checkpoints": {"train.keep_checkpoints": 4},
+    "pipe_parallel_size": {"PIPELINE_PARALLEL": 1}, "model_parallel_size": {"TENSOR_PARALLEL": 1},
+    "pos_emb": {"model.family": "llama"}, "norm": {"model.family": "llama"}, "activation": {"model.family": "llama"},
+    "rotary_pct": {"model.family": "llama"}, "gpt_j_residual": {"model.family": "llama"},
+    "no_weight_tying": {"model.tie_word_embeddings": False}, "use_bias_in_attn_linear": {"model.qkv_bias": False},
+    "use_bias_in_norms": {}, "num_layers": {"model.num_layers": 32}, "hidden_size": {"model.embed_dim": 4096},
+    "num_attention_heads": {"model.num_heads": 32}, "seq_length": {"SEQ_LEN": 2048},
+    "max_position_embeddings": {"model.max_len": 2048}, "rms_norm_epsilon": {"model.layer_norm_eps": 1e-6},
+}
+NEOX_LLAMA_BINDINGS = ["--gin.MODEL_DIR='runs/llama'", "--gin.DATA_PATH='my-llama_text_document'"]
+CASES["neox_llama_7b"] = dict(
+    files=["neox/llama/7B.yml", "neox/llama/train_config.yml", "--num_gpus=8"],
+    expected={**NEOX_LLAMA_TRAINING, "intermediate_size": {"model.mlp_dim": 11008}, "mlp_multiple_of": {},
+              "use_bias_in_mlp": {}, "train_micro_batch_size_per_gpu": {"BATCH_SIZE": 4 * 8}},
+    defaults={"model.num_key_value_heads": None, "model.rope_theta": 10000.0, "SEED": 1234},
+    bindings=NEOX_LLAMA_BINDINGS)
+CASES["neox_llama2_70b"] = dict(
+    files=["neox/llama2/70B.yml", "neox/llama/train_config.yml", "--num_gpus=64"],
+    expected={**NEOX_LLAMA_TRAINING, "intermediate_size": {"model.mlp_dim": 28672}, "mlp_multiple_of": {},
+              "num_layers": {"model.num_layers": 80}, "hidden_size": {"model.embed_dim": 8192},
+              "num_attention_heads": {"model.num_heads": 64}, "num_kv_heads": {"model.num_key_value_heads": 8},
+              "rotary_emb_base": {"model.rope_theta": 1e6}, "seq_length": {"SEQ_LEN": 4096},
+              "max_position_embeddings": {"model.max_len": 4096}, "rms_norm_epsilon": {"model.layer_norm_eps": 1e-5},
+              "train_micro_batch_size_per_gpu": {"BATCH_SIZE": 4 * 64}},
+    defaults={"SEED": 1234}, bindings=NEOX_LLAMA_BINDINGS)
+CASES["neox_llama_7b_2023"] = dict(  # mlp_type: llama, activation: silu (LLaMAParallelMLP): 8/3 x 4096 up to 256
+    files=["neox/llama-2023/7B.yml", "neox/llama/train_config.yml", "--num_gpus=8"],
+    expected={**NEOX_LLAMA_TRAINING, "mlp_type": {"model.mlp_dim": 11008}, "activation": {"model.family": "llama"},
+              "train_micro_batch_size_per_gpu": {"BATCH_SIZE": 4 * 8}},
+    defaults={"model.num_key_value_heads": None, "SEED": 1234}, bindings=NEOX_LLAMA_BINDINGS)
+
 
 def upstream_names(case: dict) -> set[str]:
     """Every setting the case's files write: a script's --flags, a YAML / JSON file's keys (sections dotted)."""
@@ -240,7 +289,8 @@ def test_print_config_shows_every_upstream_value(name, tmp_path):
     migrated = subprocess.run([sys.executable, "-m", "t5x_like.migrate", *args, "--output=run.gin"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=120)
     assert migrated.returncode == 0, migrated.stderr
-    tokenizer_stand_in(tmp_path / case["tokenizer"][0], case["tokenizer"][1])
+    if "tokenizer" in case:  # NeoX's Llama configs name none: the preset's vocabulary
+        tokenizer_stand_in(tmp_path / case["tokenizer"][0], case["tokenizer"][1])
     shown = subprocess.run([sys.executable, "-m", "t5x_like.train", "--gin_file=run.gin", "--print_config",
                             *case.get("bindings", [])], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
