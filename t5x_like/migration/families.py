@@ -222,6 +222,14 @@ NEOX = Family("neox", "neox", "pythia_160m", neox_fields, decoder_lengths, featu
     Row(("overrides.init_std",), "`init_method` 'normal' uses init_method_std; 'small_init' and the output layers' "
         "'wang_init' are the neox family's own", neox=("init_method", "output_layer_init_method"))))
 
+
+def llama_parallel_mlp(settings) -> bool:
+    """NeoX's LLaMAParallelMLP (2023-24): `mlp_type: llama` without `activation: swiglu` (which ParallelMLP reads
+    since September 2024, whatever mlp_type says)."""
+    mlp_type, activation = settings.get("mlp_type"), settings.get("activation")
+    return mlp_type is not None and mlp_type.value == "llama" and (activation is None or activation.value != "swiglu")
+
+
 class NeoxGatedMLP(Feature):
     """GPT-NeoX's SwiGLU MLP: `activation: swiglu` (its ParallelMLP since 2024), or `mlp_type: llama` with
     `activation: silu` (its LLaMAParallelMLP of 2023-24, which gated the activation it was given)."""
@@ -230,11 +238,11 @@ class NeoxGatedMLP(Feature):
         return ("activation", "mlp_type")
 
     def read(self, settings):
-        activation, mlp_type = settings.get("activation"), settings.get("mlp_type")
-        if mlp_type is None or mlp_type.value != "llama" or (activation is not None and activation.value == "swiglu"):
+        if not llama_parallel_mlp(settings):
             return super().read(settings)
+        activation = settings.get("activation")
         value = self.default if activation is None else activation.value
-        return ("swiglu" if value == "silu" else f"gated {value}"), activation or mlp_type
+        return ("swiglu" if value == "silu" else f"gated {value}"), activation or settings.get("mlp_type")
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -247,7 +255,7 @@ def neox_gated_width(upstream: Upstream, out: Out, hidden: int) -> tuple[int, st
     half up to a multiple of mlp_multiple_of (Llama 2 7B: 32768 -> 11008); LLaMAParallelMLP (`mlp_type: llama`)
     took intermediate_size as each half's width, else 8/3 x hidden size up to a multiple of 256."""
     size, mlp_type = upstream.get("intermediate_size"), upstream.get("mlp_type")
-    if mlp_type is not None and mlp_type.value == "llama" and upstream.value("activation") != "swiglu":
+    if llama_parallel_mlp(upstream.settings):
         out.skip(upstream.get("mlp_multiple_of"), "LLaMAParallelMLP (mlp_type: llama) rounds to 256 whatever this "
                                                   "says")
         if size is not None:
@@ -270,9 +278,11 @@ def neox_llama_init(upstream: Upstream, out: Out) -> tuple[float, str]:
     init, why = field(upstream, out, "init_method", kind=str)
     if init != "normal":
         out.skip(upstream.get("init_method"), "the llama family initialises every weight with normal(init_std)")
-    output = upstream.get("output_layer_init_method")
-    if output is not None and output.value != "normal":
-        out.skip(output, "the llama family initialises output layers with normal(init_std) too")
+    output, why = field(upstream, out, "output_layer_init_method", kind=str)
+    if output != "normal":
+        reason = "the llama family initialises output layers with normal(init_std) too"
+        setting = upstream.get("output_layer_init_method")
+        out.skip(setting, reason) if setting is not None else out.skipped.append((why, reason))
     return field(upstream, out, "init_method_std")
 
 
@@ -300,7 +310,7 @@ def neox_llama_fields(upstream: Upstream, out: Out) -> Fields:
                                                    "llama family has them on query, key and value only: this model "
                                                    "differs from upstream's here"))
     mlp_bias, why = field(upstream, out, "use_bias_in_mlp", kind=bool)
-    if mlp_bias and upstream.value("mlp_type") != "llama":
+    if mlp_bias and not llama_parallel_mlp(upstream.settings):  # LLaMAParallelMLP had none
         out.skipped.append((why, "the llama family's MLP has no biases; this model differs from upstream's here"))
     upstream.get("use_bias_in_norms")  # GPT-NeoX's RMSNorm has no bias whatever this says
     untied, why = field(upstream, out, "no_weight_tying", kind=bool)

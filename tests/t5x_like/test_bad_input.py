@@ -655,7 +655,8 @@ def train_with_fault(fault: str, cwd, env: dict) -> subprocess.CompletedProcess:
 def inject(fault: str) -> None:
     """Storage faults, as a real run meets them: 'full_at_start' (every write past a byte fails from the start),
     'full_after_first_checkpoint' (past FILE_SIZE_LIMIT bytes, once step 2 is committed: the next save fails in
-    tensorstore's native writers), 'checkpoints_removed' (checkpoints/ deleted while step 4's save is in flight, before its commit).
+    tensorstore's native writers), 'checkpoints_removed' (checkpoints/ deleted while step 4's save is in flight,
+    before its commit).
     The size limit is RLIMIT_FSIZE (EFBIG, "File too large"), standing in for a full disk (ENOSPC), which needs
     a mounted filesystem of limited size: both fail the same writes with an errno."""
     import resource

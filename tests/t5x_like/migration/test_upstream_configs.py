@@ -310,3 +310,19 @@ def test_print_config_shows_every_upstream_value(name, tmp_path):
         got = values.get(key, "(not shown)")
         matches = got == pytest.approx(expected) if isinstance(expected, float) else got == expected
         assert matches, f"{key}: --print_config shows {got!r}, upstream {expected!r}"
+
+
+def test_neox_defaults_the_llama_family_does_not_build_are_listed(tmp_path):
+    """What a NeoX Llama config leaves unsaid still differs here: NeoX's default scaled_normal output layers and
+    its default MLP biases are listed as not migrated, naming NeoX's default."""
+    shutil.copy(UPSTREAM / "neox" / "llama2" / "70B.yml", tmp_path)
+    train = (UPSTREAM / "neox" / "llama" / "train_config.yml").read_text()
+    (tmp_path / "train.yml").write_text("\n".join(line for line in train.splitlines() if "init_method" not in line))
+    migrated = subprocess.run([sys.executable, "-m", "t5x_like.migrate", "70B.yml", "train.yml", "--num_gpus=64",
+                               "--output=run.gin"], cwd=tmp_path, env=cpu_env(1), capture_output=True, text=True,
+                              timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    section = (tmp_path / "run.gin").read_text().split("# ---- not migrated", 1)[1]
+    assert "# output_layer_init_method not set: GPT-NeoX's default: the llama family initialises output layers" \
+           in section
+    assert "# use_bias_in_mlp not set: GPT-NeoX's default: the llama family's MLP has no biases" in section
