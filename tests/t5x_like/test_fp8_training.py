@@ -18,8 +18,10 @@ from models.gpt2 import GPT2Config
 from partitioning import make_mesh
 from t5x_like import checkpoints, inference, resume
 from t5x_like.convert import hf
-from tests.t5x_like.test_trainer import CONFIG as MESH_CONFIG
-from tests.t5x_like.test_trainer import batches, experiment, run
+from tests.support.trainer import CONFIG as MESH_CONFIG
+from tests.support.trainer import batches, experiment, run
+
+pytestmark = pytest.mark.integration
 
 # The quickstart's GPT-2 (gin/quickstart.gin: gpt2_tiny, 4 layers, 256 wide, 4 heads) on the synthetic source's
 # 256-token vocabulary, in bfloat16 as on a GPU.
@@ -29,8 +31,10 @@ FP8_STEP_ATOL = 0.3
 """Largest |loss(fp8) - loss(bf16)| of one step over 30 steps (nats; the loss falls from 5.6 to ~4.0 and a
 step's batch moves it by ~0.3 either way, so one step may differ by that much). Measured: 0.149 when written,
 0.210 with the packages of setup.cfg on 2026-11-26 (same code: the trajectories are chaotic)."""
-FP8_LAST_10_ATOL = 0.05
-"""|mean(fp8) - mean(bf16)| of the last 10 steps' losses. Measured: 0.018."""
+FP8_LAST_10_ATOL = 0.1
+"""|mean(fp8) - mean(bf16)| of the last 10 steps' losses (both fall from 5.6 to about 4.3). Measured: 0.018 when
+written; 0.066 on an AMD EPYC with AVX-512 (2026-11-28), where XLA's CPU kernels sum in another order and the chaotic
+trajectories part further."""
 MESH_RTOL = 1e-5
 """Loss agreement between meshes (float32 compute: only reduction orders differ). Measured: 1.7e-7."""
 FP8_STATE_RTOL = 1e-3
@@ -49,7 +53,6 @@ def newest_amax(state):
                            if "amax_history" in jax.tree_util.keystr(path)])
 
 
-@pytest.mark.slow
 def test_fp8_tracks_bf16_and_its_state_moves(synthetic_source):
     data = batches(synthetic_source, 30)
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
@@ -75,7 +78,6 @@ MESHES = {"data=4, GRAD_ACCUM_STEPS=2": (dict(data=4), 2), "fsdp=4": (dict(data=
 the resume test below trains on data=2, fsdp=2, tensor=2."""
 
 
-@pytest.mark.slow
 def test_every_mesh_and_accumulation_give_the_same_numbers(synthetic_source):
     data = batches(synthetic_source, 4)
     config = fp8(MESH_CONFIG)
