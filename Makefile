@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 MODEL_DIR ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test libtpu-venv test-libtpu clean
+.PHONY: install demo test test-fast libtpu-venv test-libtpu clean
 
 install: $(STAMP)
 
@@ -19,12 +19,19 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m t5x_like.train --gin_file=quickstart.gin --gin.MODEL_DIR="'$(MODEL_DIR)'"
 
+# The suite in three tiers (docs/testing.md): unit, integration, system. `make test` runs all of them (CI too);
+# `make test-fast` the unit tier and a two-step pulse per family, for after each change.
 # pytest exits 5 when it collected no tests: treat that as a failure, loudly.
 # A worker that dies (a fatal signal in native code) is not replaced: pytest-xdist 3.8's loadfile scheduling can
 # wait forever after replacing one (pytest-dev/pytest-xdist#1378); the run ends at once, naming the test instead.
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0
+NO_TESTS_IS_AN_ERROR := rc=$$?; if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
 test: $(STAMP)
-	@$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=15 tests; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	@$(PYTEST) --durations=15 tests; $(NO_TESTS_IS_AN_ERROR)
+
+test-fast: $(STAMP)
+	@$(PYTEST) --durations=5 -m "unit or pulse" tests; $(NO_TESTS_IS_AN_ERROR)
 
 # A second virtualenv with libtpu (jax[tpu]) for compiling against TPU topologies without chips:
 #   JAX_PLATFORMS=cpu .venv-libtpu/bin/python -m t5x_like.compile --gin_file=... --topology=v5p:2x2x1

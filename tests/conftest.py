@@ -1,48 +1,69 @@
-"""Test-wide setup: 8 simulated CPU devices (set before jax is imported anywhere), and a
-synthetic data source that follows the trainer's data contract."""
-import os
-import tempfile
+"""Test-wide setup: 8 simulated CPU devices (set before jax is imported anywhere), the tiers and the rules every
+test keeps (tests/support/tiers.py), and fixtures many files share."""
+from tests.support.environment import configure_this_process
 
-# Single-threaded Eigen inside each XLA:CPU op: the suite already runs one worker per core, and the
-# multi-threaded pool has wedged a restore on a 2-core CI machine (a known XLA:CPU hazard; no slower here).
-# XLA's cheapest CPU code generation: the suite's small programs spend their time compiling, not running
-# (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
-# vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
-CHEAP_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
-              "--xla_llvm_disable_expensive_passes=true"
-# The processes tests start (CLIs, multi-process runs, the documented commands) also use XLA's classic fusion
-# emitters instead of its MLIR ones: compiling about halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s), and
-# --xla_cpu_max_isa=AVX2 keeps them to the instructions the runs here use whatever CI's CPU is (XLA generates code
-# for the CPU it runs on; this machine has no AVX-512). The pytest workers themselves keep the MLIR emitters: the
-# two CI runs with the classic ones in the workers (8d3496c, c7eb6e3) each lost a worker to a fatal signal in native
-# code late in the run (at about 89 % and 84 %, hundreds of tests into one process), which no whole run here
-# reproduced, while every subprocess test that ran before the second crash there passed. A worker that dies ends
-# `make test` at once, naming its test (Makefile).
-ISA = "--xla_cpu_max_isa=AVX2"
-XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CHEAP_FLAGS}")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One JAX compilation cache for the whole suite, its workers and the CLIs its tests start (they inherit the
-# environment): the same small models are compiled by many tests, and a cache hit loads the executable instead.
-# Every program, however quick to compile: test_eval + test_generate + test_lm 178 -> 167 s, test_optim +
-# test_metrics + test_golden_checkpoints 116 -> 103 s (one process, from an empty cache each time).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(),
-                                                                f"t5x_like-tests-jax-cache-{os.getuid()}"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-
-
-def cpu_env(devices: int, *, optimized: bool = False, **extra: str) -> dict[str, str]:
-    """The environment for a test's subprocess: `devices` simulated CPU devices, the suite's XLA flags, or with
-    `optimized` XLA's full CPU optimisation, for a run whose steps cost more than compiling them (tens of steps of
-    a quickstart-sized model: the quickstart T5's 30 steps 155 s -> 75 s)."""
-    flags = f"--xla_cpu_multi_thread_eigen=false {ISA}" if optimized else XLA_CPU_FLAGS
-    return dict(os.environ, JAX_PLATFORMS="cpu",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {flags}", **extra)
+configure_this_process()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+from tests.support import shared_data, tiers  # noqa: E402
+
+tiers.start_watching()
+pytest_plugins = ["pytester"]  # tests/test_suite_rules.py runs rule-breaking tests in a session of their own
+_FIXTURES_READING_SHARED: set[str] = set()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test gets its tier: unit unless marked integration or system (`pytest -m unit` selects it)."""
+    for item in items:
+        try:
+            tier = tiers.tier_of({mark.name for mark in item.iter_markers()})
+        except ValueError as error:
+            raise pytest.UsageError(f"{item.nodeid}: {error}") from None
+        if tier == "unit":
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    tiers.reset()
+    mark = item.get_closest_marker("shared_data")
+    if mark is not None:
+        shared_data.skip_unless_present(*mark.args)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Remembers the fixtures that took a path from shared_data.shared_file: the tests using them may read it."""
+    reached_before = shared_data.reached_by_helper()
+    shared_data.start_test()
+    try:
+        return (yield)
+    finally:
+        if shared_data.reached_by_helper():
+            _FIXTURES_READING_SHARED.add(fixturedef.argname)
+        if reached_before or shared_data.reached_by_helper():
+            shared_data.mark_reached()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test that started a process without the system mark, or read ../shared/data past its guard, fails."""
+    result = yield
+    started = tiers.processes_started()
+    if started and item.get_closest_marker("system") is None:
+        raise pytest.fail.Exception(f"{item.nodeid} starts a process ({started[0]}) but is not marked "
+                                    "@pytest.mark.system (tests/support/tiers.py)", pytrace=False)
+    opened = tiers.shared_files_opened()
+    guarded = (shared_data.reached_by_helper() or item.get_closest_marker("shared_data") is not None
+               or _FIXTURES_READING_SHARED.intersection(getattr(item, "fixturenames", ())))
+    if opened and not guarded:
+        raise pytest.fail.Exception(f"{item.nodeid} reads {opened[0]} without tests.support.shared_data.shared_file "
+                                    "(or its needs_shared mark), so a clone without ../shared fails instead of "
+                                    "skipping", pytrace=False)
+    return result
 
 
 class SyntheticSource:

@@ -173,7 +173,7 @@ def command_env(cache_dir: Path) -> dict[str, str]:
     """What a user's shell has after `source .venv/bin/activate` on a CPU machine, plus the suite's settings:
     8 simulated devices, the suite's XLA flags (tests/conftest.py: the cheapest CPU code generation), JAX's
     compilation cache for the session, and no network for transformers (the runner adds T5X_LIKE_EXTRA_GIN per command)."""
-    from tests.conftest import cpu_env
+    from tests.support.environment import cpu_env
 
     env = cpu_env(8)
     return dict(env, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}",

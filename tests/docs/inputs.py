@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.docs.doc_commands import REPO, copy_into
+from tests.support.shared_data import shared_file
 
-SHARED = (REPO.parent / "shared" / "data").resolve()
 
 CHINESE = [
     "今天天气很好，我们去公园散步。", "北京是中国的首都，有很多名胜古迹，比如故宫和天坛。",
@@ -33,18 +33,11 @@ CHINESE = [
 ]
 
 
-def shared(*parts: str) -> Path:
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} is absent: the page's inputs are built from ../shared/data (real tokenizers, WikiText)")
-    return path
-
-
 @functools.cache
 def articles() -> tuple[str, ...]:
     """WikiText-103's validation articles (60, about 3,600 words each), one string per article."""
     found: list[list[str]] = []
-    for line in shared("wikitext", "wt103-tokenized", "wiki.valid.tokens").read_text(encoding="utf-8").splitlines():
+    for line in shared_file("wikitext", "wt103-tokenized", "wiki.valid.tokens").read_text(encoding="utf-8").splitlines():
         stripped = line.strip()
         if stripped.startswith("= ") and not stripped.startswith("= ="):
             found.append([])
@@ -95,7 +88,7 @@ def _c4(dest: Path) -> None:
 
 def _wikitext_test(dest: Path) -> None:
     dest.mkdir(parents=True)
-    lines = shared("wikitext", "wt103-tokenized", "wiki.test.tokens").read_text(encoding="utf-8").splitlines()
+    lines = shared_file("wikitext", "wt103-tokenized", "wiki.test.tokens").read_text(encoding="utf-8").splitlines()
     kept, words = [], 0
     while words < 850:  # about 1,100 GPT-2 tokens: one 1024-token window and a few 32-token strides
         kept.append(lines[len(kept)])
@@ -104,7 +97,7 @@ def _wikitext_test(dest: Path) -> None:
 
 
 def _lambada(dest: Path) -> None:
-    lines = shared("lambada", "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = shared_file("lambada", "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()
     dest.write_text("\n".join(lines[:8]) + "\n", encoding="utf-8")
 
 
@@ -135,7 +128,7 @@ def _boolq(dest: Path) -> None:
 def _gpt2_hf(dest: Path) -> None:
     import transformers
 
-    bpe = shared("gpt2-bpe")
+    bpe = shared_file("gpt2-bpe")
     transformers.set_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=50257, n_positions=1024, n_embd=32, n_layer=2, n_head=4))
@@ -153,7 +146,7 @@ def _t5_hf(dest: Path) -> None:
         vocab_size=32128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
         tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
     model.save_pretrained(dest)
-    shutil.copy(shared("t5-spiece", "spiece.model"), dest / "spiece.model")
+    shutil.copy(shared_file("t5-spiece", "spiece.model"), dest / "spiece.model")
 
 
 def _bert_hf(dest: Path) -> None:
@@ -197,7 +190,7 @@ def _gpt2_chinese(dest: Path) -> None:
 def _megatron(dest: Path) -> None:
     """Megatron-LM's GPT-2 tutorial files: gpt2-vocab.json, gpt2-merges.txt and the token file its
     preprocess_data.py writes (my-gpt2_text_document.bin + .idx, no metadata)."""
-    bpe = shared("gpt2-bpe")
+    bpe = shared_file("gpt2-bpe")
     dest.mkdir(parents=True)
     shutil.copy(bpe / "encoder.json", dest / "gpt2-vocab.json")
     shutil.copy(bpe / "vocab.bpe", dest / "gpt2-merges.txt")
@@ -212,8 +205,8 @@ def _megatron(dest: Path) -> None:
 
 
 BUILDERS = {
-    "gpt2-bpe": lambda dest: copy_into(shared("gpt2-bpe"), dest),
-    "20B_tokenizer.json": lambda dest: copy_into(shared("gpt-neox-20b-tokenizer", "20B_tokenizer.json"), dest),
+    "gpt2-bpe": lambda dest: copy_into(shared_file("gpt2-bpe"), dest),
+    "20B_tokenizer.json": lambda dest: copy_into(shared_file("gpt-neox-20b-tokenizer", "20B_tokenizer.json"), dest),
     "openwebtext": _text_folder,
     "pile": _pile,
     "wiki": _wikiextractor,

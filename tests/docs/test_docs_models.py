@@ -2,17 +2,12 @@
 The other pages are in test_docs_tools.py: two files, so `make test`'s two workers share the work."""
 import pytest
 
-from tests.docs.doc_commands import Page, commands
+from tests.docs.doc_commands import commands
+from tests.docs.pages import MODEL_PAGES
 
-PAGES = {
-    "docs/configure.md": Page(),
-    "docs/neox.md": Page(("pile", "20B_tokenizer.json")),
-    "docs/llama.md": Page(("wikitext-103", "lambada_test.jsonl")),
-    "docs/cpm.md": Page(("cpm-generate", "zh")),
-    "docs/t5.md": Page(("t5-v1_1-base", "c4", "train.jsonl", "dev.jsonl")),
-    "docs/bert.md": Page(("bert-base-uncased", "wiki", "BoolQ")),
-    "docs/data.md": Page(("openwebtext", "wiki", "pairs.jsonl", "t5-v1_1-base")),
-}
+pytestmark = pytest.mark.system
+
+PAGES = MODEL_PAGES  # the pages this module follows (tests/docs/conftest.py's page_runs reads them)
 RUN = [c for c in commands(PAGES) if c.not_run is None]
 
 

@@ -6,8 +6,10 @@ import subprocess
 import sys
 import warnings
 
-from tests.docs import test_docs_models, test_docs_tools
+import pytest
+
 from tests.docs.doc_commands import PAGES, REPO, commands, hidden_commands
+from tests.docs.pages import MODEL_PAGES, TOOL_PAGES
 
 ABSOLUTE_PATH = re.compile(r"""(?:^|[\s='"])/(?!dev/)[\w.-]+/""")
 
@@ -22,6 +24,7 @@ def summary() -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.system
 def test_the_site_builds_strictly(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
                            str(REPO / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
@@ -31,7 +34,7 @@ def test_the_site_builds_strictly(tmp_path):
 
 
 def test_every_page_is_followed_by_one_test_module():
-    followed = [*test_docs_models.PAGES, *test_docs_tools.PAGES]
+    followed = [*MODEL_PAGES, *TOOL_PAGES]
     assert sorted(followed) == sorted(PAGES), "each of README.md and docs/*.md belongs to exactly one doc-command test"
 
 

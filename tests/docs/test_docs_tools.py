@@ -3,27 +3,12 @@ of parallelism and migrating, and of README.md, run as written (tests/docs/doc_c
 in test_docs_models.py: two files, so `make test`'s two workers share the work."""
 import pytest
 
-from tests.docs.doc_commands import Page, commands
+from tests.docs.doc_commands import commands
+from tests.docs.pages import TOOL_PAGES
 
-GPT2 = "docs/gpt2.md"
-PAGES = {
-    "README.md": Page(),
-    "docs/index.md": Page(),
-    GPT2: Page(("openwebtext", "gpt2-bpe")),
-    "docs/evaluation.md": Page(("wikitext-103", "lambada_test.jsonl"), after=GPT2),
-    "docs/generation.md": Page(after=GPT2),
-    "docs/conversion.md": Page(("gpt2",), after=GPT2),
-    "docs/outputs.md": Page(after=GPT2),
-    "docs/parallelism.md": Page(),
-    "docs/attention.md": Page(),
-    "docs/clusters.md": Page(),
-    "docs/migrating.md": Page(("megatron", "train.json")),
-    "docs/troubleshooting.md": Page(),
-    "docs/benchmarks.md": Page(),
-    "docs/testing.md": Page(),
-    "docs/add_a_family.md": Page(),
-    "docs/add_an_objective.md": Page(),
-}
+pytestmark = pytest.mark.system
+
+PAGES = TOOL_PAGES  # the pages this module follows (tests/docs/conftest.py's page_runs reads them)
 RUN = [c for c in commands(PAGES) if c.not_run is None]
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from tests.docs.doc_commands import REPO, SMALL_GIN, command_env
 
+pytestmark = pytest.mark.system
+
 TRAIN_STEPS = 100
 DEMO_GIN = f"""{SMALL_GIN.read_text()}
 TRAIN_STEPS = {TRAIN_STEPS}

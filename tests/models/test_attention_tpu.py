@@ -259,6 +259,7 @@ def quickstart_losses(synthetic_source):
     gin.clear_config()
 
 
+@pytest.mark.integration
 def test_quickstart_trains_the_same_with_splash_as_with_xla(quickstart_losses):
     splash_losses, xla_losses = quickstart_losses("splash"), quickstart_losses("xla")
     print("losses, splash:", splash_losses, "xla:", xla_losses)

@@ -103,6 +103,7 @@ def test_roberta_positions_are_transformers():
                                   theirs.numpy())
 
 
+@pytest.mark.integration
 def test_scanned_and_unrolled_layers_compute_the_same():
     scanned = init(SMALL)
     unrolled = {k: v for k, v in scanned.items() if k != "blocks"}

@@ -25,38 +25,10 @@ from t5x_like.convert import t5 as t5_convert
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
-HF_SIZES = dict(vocab_size=200, d_model=24, d_kv=7, d_ff=40, num_layers=2, num_decoder_layers=3, num_heads=3,
-                relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0)
-VERSIONS = {"v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
-            "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
+from tests.support.hf_models import VERSIONS, hf_and_ours_for, our_config, random_hf_model  # noqa: E402
+
 LOGITS_ATOL = 1e-4  # fp32, logits of magnitude ~1-10
 INPUTS, TARGETS = 26, 23
-
-
-def random_hf_model(version: str, seed: int = 0):
-    """A T5ForConditionalGeneration whose every tensor (norms and relative biases too) is random;
-    v1.1 gets its own lm_head."""
-    torch.manual_seed(seed)
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_SIZES, **VERSIONS[version]))
-    if not VERSIONS[version]["tie_word_embeddings"]:
-        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
-    return model.eval()
-
-
-def our_config(hf_model) -> T5Config:
-    """As from-hf reads it: the config file, then the weights (transformers 5 writes tie_word_embeddings: true
-    for an lm_head of its own)."""
-    config = t5_convert.config_from_hf(hf_model.config.to_dict(), "test", vocab_pad_multiple=64)
-    return t5_convert.config_for_tensors(config, {n: p.detach().numpy() for n, p in hf_model.state_dict().items()})
-
-
-def params_from_hf(hf_model, config):
-    tensors = {n: p.detach().numpy().copy() for n, p in hf_model.state_dict().items()}
-    flat = mapping.from_hf_tensors(tensors, config, *t5_convert.layout(config), "test")
-    return jax.tree.map(jnp.asarray, mapping.unflatten(flat))
 
 
 def load_into_hf(hf_model, config, params):
@@ -88,12 +60,6 @@ def init(config, inputs=4, targets=3):
     module = T5(config)
     return nn.meta.unbox(jax.jit(module.init)(jax.random.key(0), jnp.zeros((1, inputs), jnp.int32),
                                               jnp.zeros((1, targets), jnp.int32))["params"])
-
-
-def hf_and_ours_for(version):
-    model = random_hf_model(version)
-    config = our_config(model)
-    return model, config, params_from_hf(model, config)
 
 
 @pytest.fixture(scope="module", params=sorted(VERSIONS))
@@ -221,6 +187,7 @@ def test_return_hidden_gives_the_logits_with_the_output_table(v1_1):
                                forward(config, params, inputs, targets)[..., :200], atol=1e-5, rtol=0)
 
 
+@pytest.mark.integration
 def test_scanned_and_unrolled_layers_compute_the_same(v1_1):
     _, config, params = v1_1
     unrolled_config = dataclasses.replace(config, scan_layers=False)
@@ -317,6 +284,7 @@ def test_flops_and_lengths():
         T5Config(feed_forward="swiglu")
 
 
+@pytest.mark.integration
 def test_sharded_over_data_fsdp_tensor_equals_one_device():
     """data=2 x fsdp=2 x tensor=2 with the fsdp_tensor rules: heads, mlp, vocab and the relative
     bias table split over 'tensor', the same packed-row logits as unsharded (fp32 sums in another order:

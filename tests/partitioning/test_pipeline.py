@@ -17,8 +17,11 @@ from models.llama import LlamaConfig
 from models.neox import NeoXConfig
 from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
-from t5x_like import checkpoints, optim, resume, training
+from t5x_like import checkpoints, optim, training
 from t5x_like.experiment import build_experiment, pipeline_stack
+from tests.support.pipeline import saved_and_restored
+
+pytestmark = pytest.mark.integration
 
 SEQ_LEN, BATCH, STEPS, SEED = 16, 16, 10, 3
 # 8 layers: 2 or 4 stages, each with 1 or 2 repeats, all divide them.
@@ -202,15 +205,3 @@ def test_pipeline_dropout_is_seeded_and_off_when_deterministic():
     again = compiled()
     np.testing.assert_array_equal(again(1), first)
     assert not np.allclose(again(2), first, atol=1e-3)
-
-
-def saved_and_restored(tmp_path, saved, target, shardings):
-    """`saved` (a train state) written as a checkpoint and restored as `target` with `shardings`,
-    checked equal to what was saved."""
-    ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
-    ckpt.save(0, params=saved.params, train_state=resume.train_state_item(saved), data_state={}, model={})
-    restored, _ = resume.restore_state(ckpt, 0, target, shardings)
-    ckpt.close()
-    jax.tree.map(np.testing.assert_array_equal, restored.params, saved.params)
-    jax.tree.map(np.testing.assert_array_equal, restored.opt_state, saved.opt_state)
-    return restored

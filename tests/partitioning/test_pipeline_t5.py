@@ -17,7 +17,9 @@ from t5x_like import optim
 from t5x_like.data import make_source
 from t5x_like.experiment import build_experiment, pipeline_stack
 from t5x_like.features import DECODER_POSITIONS
-from tests.partitioning.test_pipeline import saved_and_restored
+from tests.support.pipeline import saved_and_restored
+
+pytestmark = pytest.mark.integration
 
 LENGTHS, BATCH, STEPS = {"inputs": 32, "targets": 8}, 8, 3
 # 4 + 4 layers: 2 stages x 2 repeats divide both stacks; 4 heads and the vocabulary divide tensor=2.

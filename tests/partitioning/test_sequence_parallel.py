@@ -12,6 +12,8 @@ from partitioning import make_mesh
 from t5x_like import optim
 from t5x_like.experiment import build_experiment
 
+pytestmark = pytest.mark.integration
+
 SEQ_LEN, BATCH, STEPS, EMBED = 16, 8, 3, 32
 CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=4, embed_dim=EMBED, mlp_dim=64,
                     dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")

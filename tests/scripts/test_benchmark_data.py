@@ -1,3 +1,4 @@
+import pytest
 """scripts/benchmark_data.py's loader part, run as users run it (a subprocess, tiny batches, the builtin corpus's
 token file): both loader rows are printed with a positive rate. (The preprocessing part has its own test.)"""
 import re
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 from t5x_like.data.builtin import builtin_corpus
+
+pytestmark = pytest.mark.system
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_data.py"
 

@@ -54,6 +54,7 @@ def test_table_gives_the_ratio_to_the_reference_at_the_same_shape():
 
 
 @pytest.mark.parametrize("name", [n for n in benchmark_gpu.FLAG_VARIANTS if n != "default"])
+@pytest.mark.system
 def test_every_flag_entry_builds_its_environment_and_command(name, tmp_path):
     args = benchmark_gpu.parse_args([f"--out={tmp_path}", "--only=flags", f"--flags={name}"])
     assert args.flags == (name,)
@@ -83,6 +84,7 @@ def test_flags_combine_with_ampersand():
         benchmark_gpu.parse_args(["--out=/tmp/unused", "--flags=cublaslt&fast"])
 
 
+@pytest.mark.system
 def test_fp8_item_runs_torch_bf16_and_fp8_for_the_loss_steps(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(benchmark_gpu, "timed_row", lambda recorder, item, label, argv, path, timeout, env=None:
@@ -109,6 +111,7 @@ def test_fp8_runs_and_loss_steps_replace_the_suites():
         benchmark_gpu.parse_presets("gpt2_xl")
 
 
+@pytest.mark.system
 def test_tune_item_retries_with_serial_compiles_and_reports_the_table(tmp_path, monkeypatch):
     """A tuning child that dies before writing anything (a crash in the parallel compiles) is run again with
     --workers=1; its rows become the attention table and the tuned-launch table of results.md."""

@@ -6,11 +6,15 @@ pytest.importorskip("torch", reason="needs the torch extra")
 pytest.importorskip("transformers", reason="needs the torch extra")
 
 from scripts import benchmark_inference  # noqa: E402
+from tests.support.shared_data import shared_file  # noqa: E402
+
+pytestmark = pytest.mark.system
 
 
 def test_a_tiny_run_measures_both_tasks_with_both_sides_agreeing(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
-    rows = benchmark_inference.main(["--layers=1", "--width=32", "--max_len=64", "--lines=40", "--seq_len=64",
+    wikitext = shared_file("wikitext", "wt103-tokenized", "wiki.test.tokens")
+    rows = benchmark_inference.main([f"--wikitext={wikitext}", "--layers=1", "--width=32", "--max_len=64", "--lines=40", "--seq_len=64",
                                      "--stride=32", "--batch_size=4", "--prompts=4", "--prompt_words=8",
                                      "--max_new_tokens=4", f"--out={out}"])
     assert [row["task"] for row in rows] == ["wikitext", "generate"]

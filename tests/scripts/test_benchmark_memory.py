@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
+
+pytestmark = pytest.mark.system
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_memory.py"
 ROW = "FSDP=8, remat full"

@@ -9,14 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.shared_data import shared_file
+
+pytestmark = pytest.mark.system
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark_preprocess.py"
-SHARED = REPO / ".." / "shared" / "data"
 
 
 def test_the_plain_loop_and_ours_rows_on_a_tiny_corpus(tmp_path):
-    if not (SHARED / "gpt2-bpe").is_dir() or not (SHARED / "wikitext").is_dir():
-        pytest.skip(f"{SHARED.resolve()} is absent: the GPT-2 BPE files and WikiText live there")
+    shared_file("gpt2-bpe"), shared_file("wikitext")  # the script reads them from ../shared/data
     done = subprocess.run([sys.executable, str(SCRIPT), "--corpus_mb=0.3", "--workers=1", "--trials=1",
                            "--work_dir=work"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

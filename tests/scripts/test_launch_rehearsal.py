@@ -11,7 +11,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -20,7 +19,10 @@ import time
 import pytest
 
 from t5x_like.data import builtin
-from tests.conftest import XLA_CPU_FLAGS
+from tests.support.cli import free_port
+from tests.support.environment import XLA_CPU_FLAGS
+
+pytestmark = pytest.mark.system
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / 'scripts'
@@ -32,12 +34,6 @@ TRAIN_ARGS = ['--gin_file=quickstart.gin', '--gin.TRAIN_STEPS=3', '--gin.WARMUP_
 TIMEOUT = 240  # seconds; a run takes ~70 s on 2 busy cores, under pytest's own 300 s limit
 # The cluster a CI machine might itself run under must not leak into the rehearsal.
 CLUSTER_VARIABLES = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'JAX_COORDINATOR_PORT')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _executable(path: pathlib.Path, text: str) -> None:
@@ -142,14 +138,13 @@ echo "$3" | tr ',' '\n'
 '''
 
 
-@pytest.mark.slow
 def test_slurm_launch_trains_two_processes_on_one_node(tmp_path):
     """slurm_launch.sh --per_gpu on a 2-GPU node: two srun tasks, process 0 hosting the coordinator."""
     bin_dir = tmp_path / 'bin'
     _executable(bin_dir / 'sbatch', SBATCH.replace('@SPOOL@', str(tmp_path / 'spool')))
     _executable(bin_dir / 'srun', SRUN)
     _executable(bin_dir / 'scontrol', SCONTROL)
-    model_dir, port = tmp_path / 'run', _free_port()
+    model_dir, port = tmp_path / 'run', free_port()
     # `python` (the sbatch script's default interpreter) is this venv's, as on a cluster with it active.
     env = _clean_env(PATH=f'{bin_dir}:{pathlib.Path(sys.executable).parent}:{os.environ["PATH"]}',
                      JAX_PLATFORMS='cpu', XLA_FLAGS=XLA_FLAGS, JAX_COORDINATOR_PORT=str(port))
@@ -275,12 +270,11 @@ def _run_until_workers_exit(command: list[str], env: dict[str, str], log_path: p
     return codes, log_path.read_text()
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reaps the workers with Linux prctl')
 def test_tpu_pod_install_and_run_train_two_workers(tmp_path):
     """install ships the tree to both workers; run starts train on both in the background and streams
     their logs; both exit 0 (this process adopts them, as a worker's init would, to read their status)."""
-    workers, port = 2, _free_port()
+    workers, port = 2, free_port()
     replacements = {'@WORKERS@': str(workers), '@ROOT@': str(tmp_path), '@PORT@': str(port),
                     '@CACHE@': str(builtin.cache_dir().parent), '@XLA_FLAGS@': XLA_FLAGS}
     gcloud = GCLOUD

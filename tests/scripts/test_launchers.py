@@ -14,6 +14,8 @@ import pytest
 
 from t5x_like import distributed
 
+pytestmark = pytest.mark.system
+
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / 'scripts'
 TRAIN_ARGS = ['--gin_file=gpt2.gin', "--gin.MODEL_DIR='gs://bucket/run 1'", '--gin.TRAIN_STEPS=10']
 TPU = ['--name=pod', '--zone=us-east5-a', '--project=proj']

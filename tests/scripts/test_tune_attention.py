@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from models.kernels import flash_attention_tuning as tuning_table
 from models.kernels.flash_attention_tuning import KernelTuning, Tuning
 from scripts import tune_attention
@@ -14,6 +16,7 @@ from scripts import tune_attention
 SCRIPT = pathlib.Path(__file__).parents[2] / "scripts" / "tune_attention.py"
 
 
+@pytest.mark.system
 def test_smoke_run_writes_a_table_the_kernels_and_auto_read(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--table=table.json", "--json=rows.json"],

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
+from tests.support.shared_data import shared_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GPT2_BPE = os.path.join(os.path.dirname(REPO), "shared", "data", "gpt2-bpe")
 
 
 # ---------------------------------------------------------------- running a CLI and judging the outcome
@@ -90,11 +90,16 @@ def record(case_id: str, outcome: str, line: str, names: str) -> None:
 # ---------------------------------------------------------------- a small checkpoint, and its damaged copies
 
 
+def gpt2_bpe() -> str:
+    """GPT-2's BPE folder in ../shared/data (the test skips without it)."""
+    return str(shared_file("gpt2-bpe"))
+
+
 CONFIG = dict(vocab_size=50257, max_len=32, num_layers=1, num_heads=2, embed_dim=16, mlp_dim=32, dtype="float32",
               dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
-def write_run(model_dir: str, steps: dict[int, float], tokenizer: str = GPT2_BPE) -> None:
+def write_run(model_dir: str, steps: dict[int, float], tokenizer: str | None = None) -> None:
     """A MODEL_DIR whose checkpoints (written as train writes them, checksums included) hold random
     parameters; a NaN value for a step puts NaN into one of its parameters."""
     from models.gpt2 import GPT2Config
@@ -109,7 +114,8 @@ def write_run(model_dir: str, steps: dict[int, float], tokenizer: str = GPT2_BPE
         params = [0.1 * jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves)]
         params[-1] = params[-1].at[(0,) * params[-1].ndim].set(poison)
         ckpt.save(step, params=jax.tree.unflatten(treedef, params), train_state={"step": jnp.int32(step)},
-                  data_state={"index": step}, model={"config": dataclasses.asdict(config), "tokenizer": tokenizer})
+                  data_state={"index": step},
+                  model={"config": dataclasses.asdict(config), "tokenizer": tokenizer or gpt2_bpe()})
         ckpt.wait()
     ckpt.close()
     with open(os.path.join(model_dir, "metrics.jsonl"), "w") as f:
@@ -130,8 +136,7 @@ def flip_a_byte(step_dir: str) -> None:
 def runs(tmp_path_factory):
     """{'good', 'flipped', 'nan'}: runs with checkpoints 1 and 2 (2 damaged in the last two), a token file
     made with the checkpoint's tokenizer and one made with another, and a Hugging Face export."""
-    if not os.path.isdir(GPT2_BPE):
-        pytest.skip(f"needs the GPT-2 BPE files in {GPT2_BPE}")
+    gpt2_bpe()
     from t5x_like.convert import hf
     from t5x_like.data.token_file import TokenFileWriter
     from t5x_like.data.tokenizer import load_tokenizer
@@ -144,9 +149,9 @@ def runs(tmp_path_factory):
     write_run(paths["nan"], {1: 0.0, 2: float("nan")})
     paths["unrecorded"] = str(root / "unrecorded")  # its tokenizer's path no longer exists
     write_run(paths["unrecorded"], {1: 0.0}, tokenizer=str(root / "moved" / "tokenizer.json"))
-    tokenizer = load_tokenizer(GPT2_BPE)
+    tokenizer = load_tokenizer(gpt2_bpe())
     for name, sha in (("tokens", tokenizer.sha256), ("other_tokens", "0" * 64)):
-        made_with = {"path": GPT2_BPE if sha == tokenizer.sha256 else "other", "sha256": sha,
+        made_with = {"path": gpt2_bpe() if sha == tokenizer.sha256 else "other", "sha256": sha,
                      "vocab_size": 50257, "eod_id": tokenizer.eod_id}
         with TokenFileWriter(str(root / name), np.uint16, {"tokenizer": made_with}) as writer:
             writer.write(np.arange(200, dtype=np.uint16) % 1000, np.array([100, 100]))
@@ -397,7 +402,7 @@ def placeholders(runs: dict, tmp: str) -> dict:
         shutil.copytree(runs["good"], good_copy)
     return dict(
         tmp=tmp, good=runs["good"], tokens=runs["tokens"], other_tokens=runs["other_tokens"], hf=runs["hf"],
-        tok=GPT2_BPE, afile=write("afile", b"a file\n"), binary=write("binary.txt", bytes(range(256)) * 64),
+        tok=gpt2_bpe(), afile=write("afile", b"a file\n"), binary=write("binary.txt", bytes(range(256)) * 64),
         binary_json=write("binary.json", b"\xff\xfe\x00garbage" * 50),
         noprompt=write("prompts.jsonl", b'{"text": "no prompt field"}\n'),
         lambada_bad=write("lambada.jsonl", b'{"text": "fine"}\n{"txt": "no text field"}\n'),
@@ -406,7 +411,7 @@ def placeholders(runs: dict, tmp: str) -> dict:
         hf_list=hf_dir("hf_list", config=[1, 2]), hf_fields=hf_dir("hf_fields", config={"model_type": "gpt2"}),
         hf_truncated=hf_dir("hf_truncated", truncate=True),
         good_copy=good_copy, run=good_copy, unrecorded=runs["unrecorded"],
-        t5_spiece=os.path.join(os.path.dirname(GPT2_BPE), "t5-spiece"), swapped=swapped_bpe(tmp),
+        t5_spiece=str(shared_file("t5-spiece")), swapped=swapped_bpe(tmp),
         **gin_files(tmp),
     )
 
@@ -425,8 +430,8 @@ def swapped_bpe(tmp: str) -> str:
     """GPT-2's BPE files with the ids of two tokens swapped: as many ids, another vocabulary."""
     directory = os.path.join(tmp, "swapped_bpe")
     if not os.path.isdir(directory):
-        shutil.copytree(GPT2_BPE, directory)
-        with open(os.path.join(GPT2_BPE, "encoder.json")) as f:
+        shutil.copytree(gpt2_bpe(), directory)
+        with open(os.path.join(gpt2_bpe(), "encoder.json")) as f:
             encoder = json.load(f)
         encoder["the"], encoder["and"] = encoder["and"], encoder["the"]
         with open(os.path.join(directory, "encoder.json"), "w") as f:
@@ -479,6 +484,7 @@ def test_a_bad_input_is_one_error_line(runs, tmp_path, request, cli, args, names
 
 
 @pytest.mark.parametrize("cli", ["preprocess", "train_tokenizer"])
+@pytest.mark.system
 def test_bad_inputs_of_the_data_tools_are_one_error_line(runs, tmp_path, cli):
     """The cases of one data tool, run in one subprocess (its absl flags are its own)."""
     values = placeholders(runs, str(tmp_path))
@@ -549,7 +555,7 @@ def test_a_prompt_cut_to_the_context_is_warned(runs, tmp_path, caplog):
     from t5x_like.data.tokenizer import load_tokenizer
 
     prompt = "the quick brown fox jumps over the lazy dog " * 5
-    length = len(load_tokenizer(GPT2_BPE).encode(prompt))
+    length = len(load_tokenizer(gpt2_bpe()).encode(prompt))
     outcome, line = judge("generate", [f"--checkpoint={runs['good']}", f"--prompt={prompt}", "--prompt=short",
                                        "--max_new_tokens=4", "--temperature=0", f"--output={tmp_path}/out.jsonl"])
     assert outcome == "silent", line
@@ -563,6 +569,7 @@ def run_module(module: str, argv: list[str], cwd, timeout: int = 300) -> subproc
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
 
 
+@pytest.mark.system
 def test_preprocess_counts_nul_characters_and_drops_byte_order_marks(tmp_path):
     """A BOM opening a file (or a JSON document) is dropped as utf-8-sig readers drop it; NULs are kept and
     counted; both are reported in the summary (they went into the tokens without a word)."""
@@ -572,18 +579,19 @@ def test_preprocess_counts_nul_characters_and_drops_byte_order_marks(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello world\x00 and more\n")
     (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "\\ufeffjson doc"}\n{"text": "x\\u0000y\\u0000"}\n')
     done = run_module("t5x_like.data.preprocess", ["--input=a.txt,b.jsonl", "--output_prefix=out/tok",
-                                                   f"--tokenizer={GPT2_BPE}", "--workers=1"], tmp_path)
+                                                   f"--tokenizer={gpt2_bpe()}", "--workers=1"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-2:] == [
         "note: 3 UTF-8 byte-order marks (U+FEFF) opening files or documents were dropped, as utf-8-sig readers "
         "drop them",
         "warning: 3 NUL characters (U+0000) in 2 documents (first in a.txt) were tokenized as text; a binary or "
         "UTF-16 file among the inputs? Remove them from the corpus if unintended"]
-    tokenizer, file = load_tokenizer(GPT2_BPE), open_token_file(tmp_path / "out" / "tok")
+    tokenizer, file = load_tokenizer(gpt2_bpe()), open_token_file(tmp_path / "out" / "tok")
     texts = [tokenizer.decode(file.document(i)[:-1].tolist()) for i in range(file.num_documents)]
     assert texts == ["hello world\x00 and more\n", "json doc", "x\x00y\x00"]
 
 
+@pytest.mark.system
 def test_sentencepiece_trains_on_a_line_longer_than_its_limit(tmp_path):
     """One 1 MB line (sentencepiece skips lines over 4192 bytes, so it had no sentence left: an INTERNAL error) is
     cut at spaces into lines it takes, saying so."""
@@ -695,6 +703,7 @@ def last_line(stderr: str) -> str:
     ("checkpoints_removed", ["error: ", "{cwd}/run/checkpoints", "To go on, a folder was removed while the run wrote "
                              "into it: keep MODEL_DIR in place"]),
 ])
+@pytest.mark.system
 def test_a_storage_fault_while_training_is_one_line(tmp_path, compile_cache, fault, expected):
     """A full disk at start or mid-run, or checkpoints/ removed during an async save: one line naming the path and
     the fix (no orbax or tensorstore traceback), the last good checkpoint intact (every checksum)."""

@@ -12,7 +12,7 @@ from t5x_like.beam_search import beam_search, cache_batch_axes
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
-from tests.models.test_t5 import hf_and_ours_for  # noqa: E402
+from tests.support.hf_models import hf_and_ours_for  # noqa: E402
 
 BEAMS, STEPS = 4, 12
 

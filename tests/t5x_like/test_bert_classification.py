@@ -125,6 +125,7 @@ def test_bad_examples_are_refused(tokenizer_path, tmp_path, line, message):
         classification_examples(str(path), load_tokenizer(tokenizer_path), ["neg", "pos"], 16)
 
 
+@pytest.mark.integration
 def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_path, tmp_path, caplog):
     """... and validation during training counts every dev example once: EVAL_STEPS x BATCH_SIZE = 96 rows over
     70 questions reads them once (said once), its loss is transformers' mean over the 70."""
@@ -197,6 +198,7 @@ def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):
     return checkpoints.restore_params(str(tmp_path / name), checkpoints.stored_param_shapes(str(tmp_path / name))), info
 
 
+@pytest.mark.integration
 def test_restore_from_a_masked_lm_checkpoint_keeps_the_encoder_and_starts_the_classifier_fresh(tokenizer_path,
                                                                                                   tmp_path):
     mlm = dataclasses.replace(CONFIG, head="mlm", num_labels=2, labels=())

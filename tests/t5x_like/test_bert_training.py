@@ -145,6 +145,7 @@ def run(mesh, rules, data, config=CONFIG):
     return losses, evaluated
 
 
+@pytest.mark.integration
 def test_mlm_training_on_data_x_tensor_equals_one_device():
     stream = make_source("train", batch_size=8, feature_lengths=LENGTHS, seed=3, shard_index=0, shard_count=1,
                          objective="mlm", packing=True)

@@ -55,6 +55,7 @@ def peak_rss_growth(fn) -> int:
     return peak[0]
 
 
+@pytest.mark.integration
 def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
     """The state on device 0 is exactly state_bytes_per_device; a step's resident-memory rise, per
     device, is temp_bytes_per_device within a factor of 1.5 (measured: 1.00)."""
@@ -83,6 +84,7 @@ def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
     assert report["total_bytes_per_device"] >= report["argument_bytes_per_device"] + report["temp_bytes_per_device"]
 
 
+@pytest.mark.system
 def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path):
     quickstart("FSDP_PARALLEL=2")
     fsdp2, _ = compile_tool.compile_step(jax.devices(), None)
@@ -136,6 +138,7 @@ def test_two_tpu_slices_compile_with_a_dcn_data_axis(quickstart):
     assert report["devices"] == 8 and report["fits"]
 
 
+@pytest.mark.system
 def test_help_lists_the_gin_flags():
     done = subprocess.run([sys.executable, "-m", "t5x_like.compile", "--help"], cwd=ROOT, capture_output=True,
                           text=True)

@@ -3,12 +3,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import configs
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.system
 def test_cpm_1_print_config_shows_the_2_6b_model_and_cpm_pretrains_recipe(tmp_path):
     done = subprocess.run([sys.executable, "-m", "t5x_like.train", "--gin_file=cpm_1.gin",
                            f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.DATA_PATH='data/zh_cpm'", "--print_config"],

@@ -8,7 +8,6 @@ import inspect
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -226,17 +225,12 @@ def test_a_peer_failure_python_swallows_is_raised_again_without_a_traceback(monk
 
 # --- two real processes -------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def _start_workers(mode: str, tmp_path: pathlib.Path) -> list[tuple[subprocess.Popen, pathlib.Path]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith('SLURM_') and k not in _LAUNCH_VARS}
-    from tests.conftest import cpu_env  # here: the workers run this file as a script, without tests/
+    from tests.support.cli import free_port  # here: the workers run this file as a script, without tests/
+    from tests.support.environment import cpu_env
     env.update(JAX_PLATFORMS='cpu', XLA_FLAGS=cpu_env(4)['XLA_FLAGS'], PYTHONUNBUFFERED='1')
-    port = _free_port()
+    port = free_port()
     workers = []
     for process_id in range(2):
         log = tmp_path / f'process{process_id}.log'
@@ -265,7 +259,7 @@ def _wait_for_text(log: pathlib.Path, text: str, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_two_processes_sum_a_global_array(tmp_path):
     workers = _start_workers('sum', tmp_path)
     codes = _wait_all(workers, timeout_s=90)
@@ -276,12 +270,12 @@ def test_two_processes_sum_a_global_array(tmp_path):
     assert 'RESULT process=1 processes=2 devices=8 local=4 primary=False sum=28.0' in logs[1], logs[1]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('victim, signum, named, within_s', [
     (1, signal.SIGKILL, 'process 1 died: its connection to process 0 closed', 5),
     (0, signal.SIGKILL, 'process 0 (the coordinator, 127.0.0.1:', 5),
     (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + cluster.INTERRUPT_S + 3),
 ], ids=['worker_dies', 'coordinator_dies', 'worker_hangs'])
+@pytest.mark.system
 def test_a_dead_process_makes_the_other_exit_naming_it(tmp_path, victim, signum, named, within_s):
     """Killed mid-collective (the kernel closes its connections: noticed at once) or hung (SIGSTOP: only its
     heartbeat stops, noticed after the 5 s heartbeat timeout): the survivor's last line names it, and no C++

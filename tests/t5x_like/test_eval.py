@@ -15,10 +15,13 @@ from t5x_like.evaluation import scoring, wikitext
 from t5x_like import inference
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
+from tests.support.shared_data import shared_file
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-GPT2_BPE = DATA / "gpt2-bpe"
 SEQ_LEN, STRIDE = 32, 8
+
+
+def gpt2_bpe():
+    return shared_file("gpt2-bpe")
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -53,8 +56,7 @@ def test_windows_score_every_target_once_with_enough_context(num_tokens, seq_len
 def converted(tmp_path_factory, random_hf_gpt2):
     """(our checkpoint dir, the HF torch model it came from, a transformers GPT-2 tokenizer)."""
     transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
-    if not GPT2_BPE.exists():
-        pytest.skip(f"needs the GPT-2 BPE files in {GPT2_BPE}")
+    bpe = shared_file("gpt2-bpe")
     from t5x_like.convert import hf
 
     model = random_hf_gpt2(0.2)
@@ -62,8 +64,8 @@ def converted(tmp_path_factory, random_hf_gpt2):
     model.save_pretrained(path / "hf")
     hf.from_hf(str(path / "hf"), str(path / "ours"))
     (path / "tok").mkdir()  # transformers reads OpenAI's encoder.json / vocab.bpe under HF names
-    shutil.copyfile(GPT2_BPE / "encoder.json", path / "tok" / "vocab.json")
-    shutil.copyfile(GPT2_BPE / "vocab.bpe", path / "tok" / "merges.txt")
+    shutil.copyfile(bpe / "encoder.json", path / "tok" / "vocab.json")
+    shutil.copyfile(bpe / "vocab.bpe", path / "tok" / "merges.txt")
     tokenizer = transformers.GPT2TokenizerFast.from_pretrained(path / "tok")
     assert tokenizer("Hello world")["input_ids"] == [15496, 995]
     return path / "ours", model, tokenizer
@@ -103,7 +105,7 @@ def reference_stream_nll(model, ids, seq_len, stride):
 
 
 def wikitext_excerpt(tmp_path, name):
-    lines = (DATA / "wikitext" / name).read_text(encoding="utf-8").splitlines(keepends=True)[:14]
+    lines = (shared_file("wikitext") / name).read_text(encoding="utf-8").splitlines(keepends=True)[:14]
     path = tmp_path / "excerpt.txt"
     path.write_text("".join(lines), encoding="utf-8")
     return path
@@ -114,7 +116,7 @@ def test_wikitext_equals_independent_torch_implementation(converted, tmp_path, n
     checkpoint, model, tokenizer = converted
     data = wikitext_excerpt(tmp_path, name)
     result = evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
-                              f"--tokenizer={GPT2_BPE}", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}",
+                              f"--tokenizer={gpt2_bpe()}", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}",
                               "--batch_size=8", "--tensor_parallel=2", f"--output={tmp_path / 'out.json'}"])
     text = data.read_text(encoding="utf-8")
     ids = tokenizer(reference_detokenize(text))["input_ids"]
@@ -134,7 +136,7 @@ def test_wikitext_with_a_limit_scores_part_and_says_adjusted_ppl_is_not_availabl
     checkpoint, _, _ = converted
     data = wikitext_excerpt(tmp_path, "wt103-tokenized/wiki.test.tokens")
     result = evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
-                              f"--tokenizer={GPT2_BPE}", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}",
+                              f"--tokenizer={gpt2_bpe()}", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}",
                               "--batch_size=2", "--max_batches=1"])
     assert result["adjusted_ppl"] is None and 0 < result["num_scored_tokens"] < result["num_tokenized_tokens"]
     assert f"adjusted ppl n/a ({result['num_scored_tokens']:,} tokens scored" in evaluation.summary(result)
@@ -145,12 +147,12 @@ def test_lambada_equals_direct_computation(converted, tmp_path):
 
     checkpoint, model, tokenizer = converted
     texts = [json.loads(line)["text"] for line in
-             (DATA / "lambada" / "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()[:6]]
+             shared_file("lambada", "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()[:6]]
     data = tmp_path / "lambada.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     for last_token in (False, True):
         result = evaluation.main(["--task=lambada", f"--checkpoint={checkpoint}", f"--data={data}",
-                                  f"--tokenizer={GPT2_BPE}", "--batch_size=4"]
+                                  f"--tokenizer={gpt2_bpe()}", "--batch_size=4"]
                                  + ["--lambada_last_token"] * last_token)
         correct, nll, count = 0, 0.0, 0
         for text in texts:
@@ -217,12 +219,12 @@ def test_bad_arguments_are_refused(converted, tmp_path):
     data.write_text(" = A = \n some text here , and more text . \n" * 20)
     with pytest.raises(ValueError, match="--stride=40 must be between 1 and --seq_len=32"):
         evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
-                         f"--tokenizer={GPT2_BPE}", "--seq_len=32", "--stride=40"])
+                         f"--tokenizer={gpt2_bpe()}", "--seq_len=32", "--stride=40"])
     with pytest.raises(ValueError, match="records no tokenizer; pass --tokenizer"):
         evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}"])
     with pytest.raises(ValueError, match="--seq_len=64 exceeds the model's max_len 40"):
         evaluation.main(["--task=wikitext", f"--checkpoint={checkpoint}", f"--data={data}",
-                         f"--tokenizer={GPT2_BPE}", "--seq_len=64"])
+                         f"--tokenizer={gpt2_bpe()}", "--seq_len=64"])
 
 
 def test_token_file_limits_and_the_runs_validation_split_equal_torch(converted, tmp_path):

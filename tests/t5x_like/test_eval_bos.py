@@ -24,29 +24,30 @@ pytest.importorskip("transformers", reason="needs the torch extra (torch, transf
 
 from t5x_like import eval as evaluation  # noqa: E402
 from t5x_like.evaluation.wikitext import wikitext_detokenize  # noqa: E402
-from tests.conftest import cpu_env  # noqa: E402
-from tests.t5x_like.convert.test_llama import NEOX_TOKENIZER, bos_tokenizer, random_model  # noqa: E402
+from tests.support.environment import cpu_env  # noqa: E402
+from tests.support.hf_models import bos_tokenizer, random_model  # noqa: E402
+from tests.support.shared_data import shared_file  # noqa: E402
 
-DATA = NEOX_TOKENIZER.parents[1]
 MAX_LEN, SEQ_LEN, STRIDE = 256, 64, 32
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """(folder, transformers' tokenizer, the torch model): folder/Llama-tiny as transformers saves it, folder/ours
-    (from-hf of it), folder/wiki.txt (WikiText-103's first test lines), folder/lambada.jsonl (6 LAMBADA texts)."""
-    if not NEOX_TOKENIZER.exists():
-        pytest.skip(f"needs GPT-NeoX's tokenizer and the WikiText / LAMBADA test sets in {DATA} (../shared/data)")
+    (from-hf of it), folder/wiki.txt (WikiText-103's first test lines), folder/lambada.jsonl (6 LAMBADA texts).
+    Skips without GPT-NeoX's tokenizer or the WikiText / LAMBADA test sets in ../shared/data."""
     from t5x_like.convert import __main__ as convert
 
+    wiki = shared_file("wikitext", "wt103-tokenized", "wiki.test.tokens")
+    lambada = shared_file("lambada", "lambada_test.jsonl")
     root = tmp_path_factory.mktemp("llama_bos")
     tokenizer = bos_tokenizer(str(root / "Llama-tiny"))
     model = random_model("llama", seed=5, vocab_size=len(tokenizer), max_position_embeddings=MAX_LEN)
     model.save_pretrained(root / "Llama-tiny")
     convert.main(["from-hf", str(root / "Llama-tiny"), str(root / "ours")])
-    lines = (DATA / "wikitext" / "wt103-tokenized" / "wiki.test.tokens").read_text(encoding="utf-8").splitlines()
+    lines = wiki.read_text(encoding="utf-8").splitlines()
     (root / "wiki.txt").write_text("\n".join(lines[:12]) + "\n", encoding="utf-8")
-    texts = (DATA / "lambada" / "lambada_test.jsonl").read_text(encoding="utf-8").splitlines()[:6]
+    texts = lambada.read_text(encoding="utf-8").splitlines()[:6]
     (root / "lambada.jsonl").write_text("\n".join(texts) + "\n", encoding="utf-8")
     return root, tokenizer, model
 
@@ -78,9 +79,11 @@ def test_the_tokenizer_names_the_bos_its_post_processor_puts_first(llama):
     ours = inference.checkpoint_tokenizer(str(root / "ours"), config)
     assert ours.bos_id == tokenizer.bos_token_id == tokenizer("Hi").input_ids[0]
     assert ours.encode("Hi") == tokenizer("Hi", add_special_tokens=False).input_ids
-    assert load_tokenizer(NEOX_TOKENIZER).bos_id is None and load_tokenizer(DATA / "gpt2-bpe").bos_id is None
+    neox = shared_file("gpt-neox-20b-tokenizer", "20B_tokenizer.json")
+    assert load_tokenizer(neox).bos_id is None and load_tokenizer(shared_file("gpt2-bpe")).bos_id is None
 
 
+@pytest.mark.system
 def test_wikitext_equals_the_transformers_guide_with_bos_and_without_it(llama):
     """As a user runs it, from the folder with relative paths: the CLI's numbers and summary; then --no_bos."""
     root, tokenizer, model = llama

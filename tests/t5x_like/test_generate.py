@@ -13,9 +13,8 @@ import pytest
 from partitioning import Partitioner, make_mesh
 from t5x_like import inference
 from t5x_like import generate
+from tests.support.shared_data import shared_file, shared_file_if_present
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-GPT2_BPE = DATA / "gpt2-bpe"
 EOD = 50256
 NEW = 10
 
@@ -28,9 +27,10 @@ def converted(tmp_path_factory, random_hf_gpt2):
     model = random_hf_gpt2(0.3)  # spread the logits: no near-ties for argmax
     path = tmp_path_factory.mktemp("model")
     model.save_pretrained(path / "hf")
-    if GPT2_BPE.exists():  # a HF directory with its tokenizer, which from-hf copies and records
-        shutil.copyfile(GPT2_BPE / "encoder.json", path / "hf" / "vocab.json")
-        shutil.copyfile(GPT2_BPE / "vocab.bpe", path / "hf" / "merges.txt")
+    bpe = shared_file_if_present("gpt2-bpe")
+    if bpe is not None:  # a HF directory with its tokenizer, which from-hf copies and records
+        shutil.copyfile(bpe / "encoder.json", path / "hf" / "vocab.json")
+        shutil.copyfile(bpe / "vocab.bpe", path / "hf" / "merges.txt")
     hf.from_hf(str(path / "hf"), str(path / "ours"), scan_layers=False)
     return path / "ours", model
 
@@ -88,6 +88,7 @@ def test_sampling_is_reproducible_by_seed(loaded, greedy):
     assert first != greedy
 
 
+@pytest.mark.integration
 def test_top_p_sampling_on_the_mesh_draws_what_one_device_draws(converted, loaded):
     """Top-p alone sorts and sums the whole vocabulary, which the data x tensor mesh splits over devices (a
     running sum over the split never finished when compiled at XLA's cheapest level, the suite's)."""
@@ -116,8 +117,6 @@ def test_top_p_keeps_the_smallest_set_with_that_mass():
 
 
 def test_cli_writes_jsonl(converted, tmp_path):
-    if not GPT2_BPE.exists():
-        pytest.skip(f"needs the GPT-2 BPE files in {GPT2_BPE}")
     checkpoint, _ = converted
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "The city of"}) + "\n")
@@ -130,7 +129,7 @@ def test_cli_writes_jsonl(converted, tmp_path):
     assert [r["prompt"] for r in written] == ["hangzhou is a beautiful city", "The city of"]
     from t5x_like.data import load_tokenizer
 
-    tokenizer = load_tokenizer(GPT2_BPE)
+    tokenizer = load_tokenizer(shared_file("gpt2-bpe"))
     for record in written:
         assert record["completion"] == tokenizer.decode(record["tokens"])
         assert record["finish_reason"] == ("length" if len(record["tokens"]) == 6 else "eod")

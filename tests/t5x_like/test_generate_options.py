@@ -51,6 +51,7 @@ def test_the_interactive_loop_reads_until_stop():
     assert list(prompts.typed_prompts(io.StringIO(""), io.StringIO())) == []  # end of input
 
 
+@pytest.mark.system
 def test_help_shows_every_default():
     text = subprocess.run([sys.executable, "-m", "t5x_like.generate", "--help"], capture_output=True, text=True,
                           check=True).stdout
@@ -68,6 +69,7 @@ def test_help_shows_every_default():
     (["--num_beams=2", "--repetition_penalty=1.2"], "--num_beams=2 searches deterministically"),
     (["--repetition_penalty=0"], "--repetition_penalty=0: must be above 0"),
     (["--num_samples=0"], "--num_samples=0: must be >= 1")])
+@pytest.mark.system
 def test_contradictory_sampling_flags_are_refused(flags, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "t5x_like.generate", f"--checkpoint={tmp_path}", "--prompt=x", *flags],
                           capture_output=True, text=True)

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from t5x_like import generate
+from tests.support.shared_data import SHARED_DATA, needs_shared
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
-SPIECE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "t5-spiece" / "spiece.model"
-pytestmark = pytest.mark.skipif(not SPIECE.is_file(), reason=f"needs T5's sentencepiece model at {SPIECE}")
+SPIECE = SHARED_DATA / "t5-spiece" / "spiece.model"
+pytestmark = needs_shared("t5-spiece", "spiece.model")
 
 HF_SIZES = dict(vocab_size=32128, d_model=16, d_kv=8, d_ff=24, num_layers=2, num_decoder_layers=2, num_heads=2,
                 relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,

@@ -18,6 +18,8 @@ from t5x_like.data import make_source
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
 
+pytestmark = pytest.mark.integration
+
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 RUNS = {"gpt2": ("causal_lm", {"targets": 16}), "neox": ("causal_lm", {"targets": 16}),
         "t5": ("span_corruption", {"inputs": 16, "targets": 8}), "bert": ("mlm", {"inputs": 16}),

@@ -4,16 +4,14 @@ recorded dtype stays. Run as users run it: the CLIs in a working directory of th
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from t5x_like import inference
-from tests.conftest import cpu_env
+from tests.support.cli import run_cli
+from tests.support.shared_data import shared_file
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 NOTE = "compute dtype: float32 (checkpoint {} records float16, which CPUs only emulate"
 
 
@@ -39,26 +37,21 @@ def workdir(tmp_path_factory):
     shutil.copyfile(tokenizer, path / "hf" / "tokenizer.json")
     for dtype in ("float16", "float32"):
         hf.from_hf(str(path / "hf"), str(path / f"fp{dtype[-2:]}"), dtype=dtype)
-    lines = (DATA / "wikitext" / "wt103-tokenized" / "wiki.test.tokens").read_text(encoding="utf-8").splitlines()
+    lines = shared_file("wikitext", "wt103-tokenized", "wiki.test.tokens").read_text(encoding="utf-8").splitlines()
     (path / "wiki.txt").write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
     return path
 
 
-def run(workdir: Path, module: str, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=workdir, env=cpu_env(1), capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
+@pytest.mark.system
 def test_a_float16_checkpoint_evaluates_in_float32_on_cpu_and_says_so(workdir):
     """The same perplexity as its float32 copy within 1e-6 (relative): the same float32 weights, computed alike;
     --dtype=float16 computes in float16 (no note), which moves it by more than that (3e-5 here)."""
     results = {}
     for name, extra in (("fp16", []), ("fp32", []), ("fp16", ["--dtype=float16"])):
         output = f"{name}{''.join(extra)}.json"
-        done = run(workdir, "t5x_like.eval", "--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
-                   "--seq_len=64", "--stride=32", "--batch_size=4", f"--output={output}", *extra)
+        done = run_cli("t5x_like.eval", ["--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
+                                         "--seq_len=64", "--stride=32", "--batch_size=4", f"--output={output}", *extra],
+                       workdir, devices=1)
         notes = [line for line in done.stderr.splitlines() if line.startswith("compute dtype:")]
         assert notes == ([NOTE.format(name) + ", more slowly; --dtype=float16 keeps it)"]
                          if name == "fp16" and not extra else []), done.stderr[-2000:]
@@ -68,11 +61,12 @@ def test_a_float16_checkpoint_evaluates_in_float32_on_cpu_and_says_so(workdir):
     assert results["fp16", True] == pytest.approx(results["fp32", False], rel=1e-3)
 
 
+@pytest.mark.system
 def test_generate_says_it_too_and_decodes_as_the_float32_copy(workdir):
     out = {}
     for name in ("fp16", "fp32"):
-        done = run(workdir, "t5x_like.generate", f"--checkpoint={name}", "--prompt=The list type",
-                   "--max_new_tokens=8", "--temperature=0")
+        done = run_cli("t5x_like.generate", [f"--checkpoint={name}", "--prompt=The list type", "--max_new_tokens=8",
+                                             "--temperature=0"], workdir, devices=1)
         assert (NOTE.format(name) in done.stderr) == (name == "fp16"), done.stderr[-2000:]
         out[name] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert out["fp16"] == out["fp32"] and len(out["fp16"]) == 1

@@ -14,10 +14,12 @@ import time
 
 import pytest
 
-from tests.conftest import cpu_env
-from tests.t5x_like.test_multihost_train import ARGS, free_port, wait_for_step
+from tests.support.cli import free_port, wait_for_step
+from tests.support.environment import cpu_env
+from tests.support.multihost import ARGS
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.system
+
 HEARTBEAT_S = 10
 C_ABORT = ("Check failure stack trace", "Fatal Python error", "Traceback")
 
@@ -71,7 +73,6 @@ class Processes:
         return self.log(i).strip().splitlines()[-1]
 
 
-@pytest.mark.slow
 def test_a_configuration_error_on_one_process_stops_both_and_process_0_names_it(tmp_path):
     """A node without the data mount: process 1's DATA_PATH does not exist. It stops with its error; process 0,
     which would wait at the first collective, stops too, naming process 1 and its error; both within
@@ -87,7 +88,6 @@ def test_a_configuration_error_on_one_process_stops_both_and_process_0_names_it(
     assert not os.path.exists(tmp_path / "run" / "run.lock")
 
 
-@pytest.mark.slow
 def test_processes_given_different_train_steps_are_refused_before_step_1(tmp_path):
     job = Processes(tmp_path, [["--gin.TRAIN_STEPS=20"], ["--gin.TRAIN_STEPS=30"]])
     ended = job.wait(timeout=120)
@@ -101,7 +101,6 @@ def test_processes_given_different_train_steps_are_refused_before_step_1(tmp_pat
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 
-@pytest.mark.slow
 def test_a_process_that_never_starts_is_named_within_the_initialization_timeout(tmp_path):
     """Process 0 alone, then process 1 alone (its coordinator never starts), each with a 5 s timeout."""
     timeout = ["--gin.TRAIN_STEPS=5", "--initialization_timeout_seconds=5"]
@@ -118,7 +117,6 @@ def test_a_process_that_never_starts_is_named_within_the_initialization_timeout(
         assert not any(text in job.log(i) for text in C_ABORT), job.log(i)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("victim, named", [
     (1, "error: process 1 died: its connection to process 0 closed (killed, crashed or out of memory"),
     (0, "error: process 0 (the coordinator, 127.0.0.1:"),

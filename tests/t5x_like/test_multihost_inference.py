@@ -8,26 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cpu_env
-from tests.t5x_like.test_multihost_train import REPO, free_port
+from tests.support.cli import REPO, free_port
+from tests.support.environment import cpu_env
+from tests.support.shared_data import shared_file
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-GPT2_BPE = DATA / "gpt2-bpe"
-WIKITEXT = DATA / "wikitext" / "wt103-tokenized" / "wiki.test.tokens"
+pytestmark = pytest.mark.system
+
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, random_hf_gpt2):
-    if not (GPT2_BPE.exists() and WIKITEXT.exists()):
-        pytest.skip(f"needs the GPT-2 BPE files and WikiText-103 in {DATA}")
+    bpe, wikitext = shared_file("gpt2-bpe"), shared_file("wikitext", "wt103-tokenized", "wiki.test.tokens")
     from t5x_like.convert import hf
 
     path = tmp_path_factory.mktemp("model")
     random_hf_gpt2(0.3).save_pretrained(path / "hf")
-    shutil.copyfile(GPT2_BPE / "encoder.json", path / "hf" / "vocab.json")
-    shutil.copyfile(GPT2_BPE / "vocab.bpe", path / "hf" / "merges.txt")
+    shutil.copyfile(bpe / "encoder.json", path / "hf" / "vocab.json")
+    shutil.copyfile(bpe / "vocab.bpe", path / "hf" / "merges.txt")
     hf.from_hf(str(path / "hf"), str(path / "ours"), scan_layers=False)
-    lines = WIKITEXT.read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+    lines = wikitext.read_text(encoding="utf-8").splitlines(keepends=True)[:10]
     (path / "excerpt.txt").write_text("".join(lines), encoding="utf-8")
     return path
 
@@ -54,7 +53,6 @@ def run_cli(module: str, args: list[str], out: Path, processes: int) -> list[str
             for stdout, _ in results]
 
 
-@pytest.mark.slow
 def test_wikitext_eval_on_two_processes_equals_one(checkpoint, tmp_path):
     args = ["--task=wikitext", f"--checkpoint={checkpoint / 'ours'}", f"--data={checkpoint / 'excerpt.txt'}",
             "--seq_len=32", "--stride=16", "--batch_size=4"]
@@ -66,7 +64,6 @@ def test_wikitext_eval_on_two_processes_equals_one(checkpoint, tmp_path):
     assert "ppl" in two[0] and two[1] == "" and "ppl" in one[0]  # process 1 prints nothing
 
 
-@pytest.mark.slow
 def test_generate_on_two_processes_equals_one(checkpoint, tmp_path):
     args = [f"--checkpoint={checkpoint / 'ours'}", "--prompt=The city of", "--prompt=In 1990 the band",
             "--max_new_tokens=8", "--temperature=0", "--batch_size=2"]

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,12 @@ import time
 import pytest
 
 from t5x_like import checkpoint_integrity, checkpoints
-from tests.conftest import cpu_env
+from tests.support.cli import REPO, free_port, wait_for_step
+from tests.support.environment import cpu_env
+from tests.support.multihost import ARGS
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# A constant learning rate after one warmup step: a run's first steps do not depend on TRAIN_STEPS,
-# so one long reference run serves every shorter one. The quickstart's model 64 wide: a step's time is its
-# optimizer update, so the steps of a narrow model cost a fraction.
-ARGS = ["--gin_file=quickstart.gin", "--gin.WARMUP_STEPS=1", "--gin.BATCH_SIZE=8", "--gin.SEQ_LEN=32",
-        "--gin.EVAL_EVERY=0", "--gin.CHECKPOINT_EVERY=1000", "--gin.train.log_every=1",
-        "--gin.optim.make_optimizer.decay='constant'",
-        "--gin.model_config.overrides={'num_layers': 2, 'embed_dim': 64, 'mlp_dim': 256, 'dropout_rate': 0.0, "
-        "'attention_dropout_rate': 0.0}"]
+pytestmark = pytest.mark.system
+
 REFERENCE_STEPS = 20
 LAYOUTS = {  # name: (processes, devices per process, mesh macros)
     "tensor": (2, 1, ["--gin.DATA_PARALLEL=1", "--gin.TENSOR_PARALLEL=2"]),
@@ -37,12 +31,6 @@ LAYOUTS = {  # name: (processes, devices per process, mesh macros)
     "four_processes_dcn": (4, 1, ["--gin.DATA_PARALLEL=2", "--gin.TENSOR_PARALLEL=2", "--gin.DCN_DATA_PARALLEL=2",
                                   "--gin.DCN_TENSOR_PARALLEL=2"]),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:
@@ -97,7 +85,6 @@ def reference(tmp_path_factory) -> dict[int, dict]:
     return rows(model_dir)
 
 
-@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """Data parallelism over 2 processes x 4 devices against 1 x 8, with validation and checkpoints."""
     extra = ["--gin.TRAIN_STEPS=4", "--gin.EVAL_EVERY=2", "--gin.EVAL_STEPS=1", "--gin.CHECKPOINT_EVERY=2"]
@@ -122,7 +109,6 @@ def test_two_processes_equal_one_process(tmp_path):
         assert checkpoints.verify_manifest(str(step_dir))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_model_parallel_axes_across_processes_train_the_numbers_of_one_process(tmp_path, reference, layout):
     """Processes whose devices hold the same batch rows (tensor, stage) read the same rows."""
@@ -133,14 +119,6 @@ def test_model_parallel_axes_across_processes_train_the_numbers_of_one_process(t
     assert_same_steps(got, reference, range(1, 5))
 
 
-def wait_for_step(log: str, step: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while f"step {step}/" not in open(log).read():
-        assert time.monotonic() < deadline, open(log).read()[-3000:]
-        time.sleep(0.2)
-
-
-@pytest.mark.slow
 def test_a_staggered_sigterm_stops_every_process_at_one_step_and_resumes_exactly(tmp_path, reference):
     """SIGTERM to process 0, a second later to process 1: both save one checkpoint at one step and exit
     143 within 60 s; the checkpoint resumes on 2 processes bit for bit (the uninterrupted reference run has

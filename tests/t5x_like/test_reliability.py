@@ -24,7 +24,7 @@ from t5x_like.data.token_file import TokenFileError, TokenFileWriter, open_token
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=1, num_heads=2, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
@@ -329,6 +329,7 @@ def write_lock(model_dir, host, pid, age_s=0.0):
     os.utime(path, (os.path.getmtime(path) - age_s,) * 2)
 
 
+@pytest.mark.system
 def test_stale_locks_are_replaced_and_live_ones_kept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -378,6 +379,7 @@ def test_resume_drops_metrics_rows_past_the_resumed_step(tmp_path):
     assert [r["step"] for r in metrics.read_rows(str(tmp_path))] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.system
 def test_preprocess_removes_temporaries_of_dead_writers(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -434,6 +436,7 @@ def test_misleading_inputs_get_messages_that_name_the_fix(synthetic_source, tmp_
         hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "out"))
 
 
+@pytest.mark.system
 def test_cli_user_errors_are_one_line_without_a_traceback(tmp_path):
     cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{tmp_path}'",
            "--gin.BATCH_SIZE='eight'"]
@@ -446,6 +449,7 @@ def test_cli_user_errors_are_one_line_without_a_traceback(tmp_path):
 
 # --- SIGKILL ------------------------------------------------------------------------------------------
 
+@pytest.mark.system
 def test_sigkill_during_a_checkpoint_write_resumes_bitwise(tmp_path):
     """One trial of scripts/fault_injection.py (run it with --trials=N for many)."""
     spec = importlib.util.spec_from_file_location("fault_injection", os.path.join(REPO, "scripts",

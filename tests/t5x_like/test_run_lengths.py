@@ -13,7 +13,7 @@ import pytest
 from t5x_like import checkpoints, gin_cli, metrics, run_config, training  # noqa: F401 (gin configurables)
 from t5x_like.data import make_source
 from t5x_like.errors import UserError
-from tests.t5x_like.test_train import run
+from tests.support.training import run
 
 
 def saved_steps(model_dir) -> list[int]:

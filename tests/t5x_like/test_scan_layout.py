@@ -16,13 +16,15 @@ from partitioning import Partitioner, make_mesh
 from t5x_like import checkpoints, inference, optim
 from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
-from tests.t5x_like import test_t5_training, test_train
+from tests.support import t5_training, training
+
+pytestmark = pytest.mark.integration
 
 GPT2 = GPT2Config(vocab_size=256, max_len=16, num_layers=3, num_heads=4, embed_dim=32, mlp_dim=64,
                   dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
 # encoder and decoder of different depths: each stack converts on its own
-T5 = dataclasses.replace(test_t5_training.CONFIG, num_decoder_layers=3)
-FAMILIES = {"gpt2": (GPT2, {"targets": 16}), "t5": (T5, test_t5_training.LENGTHS)}
+T5 = dataclasses.replace(t5_training.CONFIG, num_decoder_layers=3)
+FAMILIES = {"gpt2": (GPT2, {"targets": 16}), "t5": (T5, t5_training.LENGTHS)}
 
 
 def scan(config, scan_layers: bool):
@@ -106,7 +108,7 @@ def run(model_dir, source, config, optimizer: str, scan_layers: bool, **kwargs) 
     """train() on a 2-device fsdp mesh (the layers' parameters and moments split: conversions keep
     the shardings), at a learning rate that moves the parameters."""
     mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])
-    test_train.run(model_dir, source, mesh=mesh, settings={
+    training.run(model_dir, source, mesh=mesh, settings={
         "model": scan(config, scan_layers), "rules": "fsdp", "feature_lengths": FAMILIES[config.family][1],
         "optimizer": optim.make_optimizer(learning_rate=1e-2, warmup_steps=2, total_steps=20, name=optimizer)},
         **kwargs)
@@ -120,7 +122,7 @@ def test_a_run_resumes_across_scan_layers_with_the_same_losses(tmp_path, synthet
     resume(tmp_path / "straight", scan_layers=first, steps=4)
     resume(tmp_path / "switched", scan_layers=first, steps=2)
     resume(tmp_path / "switched", scan_layers=then, steps=4)
-    straight, switched = test_train.losses(tmp_path / "straight"), test_train.losses(tmp_path / "switched")
+    straight, switched = training.losses(tmp_path / "straight"), training.losses(tmp_path / "switched")
     np.testing.assert_allclose([switched[s] for s in (3, 4)], [straight[s] for s in (3, 4)], rtol=1e-5)
 
 
@@ -131,9 +133,9 @@ def test_adafactor_from_one_checkpoint_trains_alike_scanned_and_unrolled(tmp_pat
     pretrained = str(tmp_path / "pretrained")
     checkpoints.save_params(pretrained, 0, init_params(scan(config, True), lengths),
                             {"config": dataclasses.asdict(config)})
-    source = synthetic_source if family == "gpt2" else test_t5_training.span_corruption
+    source = synthetic_source if family == "gpt2" else t5_training.span_corruption
     for scan_layers in (True, False):
         run(tmp_path / str(scan_layers), source, config, "adafactor", scan_layers, steps=5, restore_from=pretrained)
-    scanned, unrolled = test_train.losses(tmp_path / "True"), test_train.losses(tmp_path / "False")
+    scanned, unrolled = training.losses(tmp_path / "True"), training.losses(tmp_path / "False")
     assert sorted(scanned) == [1, 2, 3, 4, 5]
     np.testing.assert_allclose([unrolled[s] for s in scanned], list(scanned.values()), rtol=1e-5)

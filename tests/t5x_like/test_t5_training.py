@@ -13,21 +13,16 @@ import jax
 import numpy as np
 import pytest
 
-from models.t5 import T5Config
 from partitioning import make_mesh
 from t5x_like.lm import make_lm
 from t5x_like.data import make_source
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
                                ENCODER_INPUT_TOKENS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS)
-from tests.t5x_like import test_train
-from tests.t5x_like.test_trainer import CompileLog, run
-from tests.conftest import cpu_env
-
-LENGTHS = {"inputs": 32, "targets": 8}
-# the builtin corpus's 8192 ids + 100 sentinels; 4 heads and a vocabulary padded to 8320 divide every mesh
-CONFIG = T5Config(vocab_size=8292, num_layers=2, num_decoder_layers=2, num_heads=4, embed_dim=32, d_kv=8, mlp_dim=64,
-                  feed_forward="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0, dtype="float32")
-span_corruption = functools.partial(make_source, objective="span_corruption")
+from tests.support import training
+from tests.support.cli import REPO
+from tests.support.environment import cpu_env
+from tests.support.t5_training import CONFIG, LENGTHS, span_corruption
+from tests.support.trainer import CompileLog, run
 
 
 def batches(count, lengths=LENGTHS, packing=True, batch_size=8):
@@ -40,6 +35,7 @@ def t5_run(sizes, rules, data, **kwargs):
     return run(make_mesh(**sizes), rules, data, config=CONFIG, feature_lengths=LENGTHS, **kwargs)
 
 
+@pytest.mark.integration
 def test_same_losses_on_every_mesh():
     data = batches(10)
     want = [m["loss"] for m in t5_run(dict(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)[0]]
@@ -93,18 +89,20 @@ def test_nothing_recompiles_after_the_first_step():
     assert handler.messages == []
 
 
+@pytest.mark.integration
 def test_resume_continues_exactly(tmp_path):
     """6 steps straight equal 3, a restart, then 3 (data position, optimizer state and all)."""
     settings = {"model": CONFIG, "feature_lengths": LENGTHS}
-    go = functools.partial(test_train.run, source=span_corruption, checkpoint_every=3, settings=settings)
+    go = functools.partial(training.run, source=span_corruption, checkpoint_every=3, settings=settings)
     go(tmp_path / "straight", steps=6)
     go(tmp_path / "resumed", steps=3)
     go(tmp_path / "resumed", steps=6)
-    assert test_train.losses(tmp_path / "resumed") == test_train.losses(tmp_path / "straight")
-    jax.tree.map(np.testing.assert_array_equal, test_train.params_at(tmp_path / "resumed")[1],
-                 test_train.params_at(tmp_path / "straight")[1])
+    assert training.losses(tmp_path / "resumed") == training.losses(tmp_path / "straight")
+    jax.tree.map(np.testing.assert_array_equal, training.params_at(tmp_path / "resumed")[1],
+                 training.params_at(tmp_path / "straight")[1])
 
 
+@pytest.mark.system
 def test_cli_quickstart_t5_learns(tmp_path):
     model_dir = tmp_path / "qs"
     cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart_t5.gin", f"--gin.MODEL_DIR='{model_dir}'",
@@ -112,7 +110,7 @@ def test_cli_quickstart_t5_learns(tmp_path):
            "--gin.FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "--gin.EVAL_EVERY=30", "--gin.EVAL_STEPS=1",
            "--gin.CHECKPOINT_EVERY=30", "--gin.train.log_every=5"]
     env = cpu_env(2, optimized=True)
-    done = subprocess.run(cmd, cwd=test_train.REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in open(model_dir / "metrics.jsonl")]
     loss = [r["loss"] for r in rows if "loss" in r]
@@ -146,9 +144,9 @@ def test_fine_tuning_from_a_transformers_t5_starts_at_its_loss(tmp_path):
                                 shard_count=1).tokenizer_path
     seq2seq = functools.partial(make_source, objective="seq2seq", data_path={"train": str(tmp_path / "pairs.jsonl")},
                                 tokenizer=tokenizer)
-    test_train.run(tmp_path / "finetune", seq2seq, steps=2, restore_from=pretrained,
+    training.run(tmp_path / "finetune", seq2seq, steps=2, restore_from=pretrained,
                    settings={"model": CONFIG, "feature_lengths": LENGTHS})
-    first = test_train.losses(tmp_path / "finetune")[1]
+    first = training.losses(tmp_path / "finetune")[1]
 
     batch = next(seq2seq("train", batch_size=8, feature_lengths=LENGTHS, seed=0, shard_index=0, shard_count=1))
     labels = np.where(batch[DECODER_LOSS_WEIGHTS] > 0, batch["decoder_target_tokens"], -100)

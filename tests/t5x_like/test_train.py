@@ -1,5 +1,4 @@
 """train(): resume, restore onto another mesh, params-only restore, signals, bad configs, the CLI."""
-import functools
 import json
 import os
 import shutil
@@ -12,43 +11,14 @@ import jax
 import numpy as np
 import pytest
 
-from models.gpt2 import GPT2Config
 from models.neox import NeoXConfig
 from partitioning import make_mesh
-from t5x_like import checkpoints, gin_cli, optim, run_config, training  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like import checkpoints, gin_cli, run_config, training  # noqa: F401 (run_config, training: gin's configurables)
 from t5x_like.errors import UserError
-from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
-from tests.conftest import cpu_env
-
-CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
-                    dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def experiment(mesh=None, total_steps=20, **settings):
-    """The run's assembly (build_experiment's arguments); train() calls it with the restored config."""
-    settings = dict(dict(model=CONFIG, mesh=mesh or make_mesh(data=2, fsdp=2, tensor=2), batch_size=8,
-                         optimizer=optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=total_steps),
-                         feature_lengths={"targets": 16}), **settings)
-    return functools.partial(build_experiment, **settings)
-
-
-def run(model_dir, source, *, steps, mesh=None, total_steps=20, settings=None, **kwargs):
-    kwargs = dict(dict(checkpoint_every=10, eval_every=0, log_every=1), **kwargs)
-    return training.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
-                       experiment=experiment(mesh, total_steps, **(settings or {})), **kwargs)
-
-
-def losses(model_dir):
-    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-        return {row["step"]: row["loss"] for row in map(json.loads, f) if "loss" in row}
-
-
-def params_at(model_dir):
-    _, step = checkpoints.locate(str(model_dir))
-    return step, jax.device_get(checkpoints.restore_params(str(model_dir), None))
-
+from tests.support.cli import REPO
+from tests.support.environment import cpu_env
+from tests.support.training import experiment, losses, params_at, run
 
 @pytest.fixture(scope="module")
 def straight_and_half(tmp_path_factory, synthetic_source):
@@ -59,6 +29,7 @@ def straight_and_half(tmp_path_factory, synthetic_source):
     return root
 
 
+@pytest.mark.integration
 def test_resume_continues_exactly(straight_and_half, synthetic_source, tmp_path):
     resumed = tmp_path / "resumed"
     shutil.copytree(straight_and_half / "half", resumed)
@@ -72,6 +43,7 @@ def test_resume_continues_exactly(straight_and_half, synthetic_source, tmp_path)
 
 
 
+@pytest.mark.integration
 def test_neox_resume_continues_exactly(synthetic_source, tmp_path):
     """GPT-NeoX (rotary, parallel residual, untied head): 6 steps straight equal 3, a restart, then 3."""
     neox = {"model": NeoXConfig(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
@@ -83,6 +55,7 @@ def test_neox_resume_continues_exactly(synthetic_source, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, params_at(tmp_path / "resumed")[1],
                  params_at(tmp_path / "straight")[1])
 
+@pytest.mark.integration
 def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(straight_and_half / "half", moved)
@@ -92,6 +65,7 @@ def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path)
     np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-5)
 
 
+@pytest.mark.integration
 def test_resume_with_the_optimizer_state_offloaded_to_host(straight_and_half, synthetic_source, tmp_path):
     moved = tmp_path / "offloaded"
     shutil.copytree(straight_and_half / "half", moved)
@@ -110,6 +84,7 @@ def test_restore_from_takes_parameters_only(straight_and_half, synthetic_source,
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
+@pytest.mark.integration
 def test_sigterm_saves_a_restorable_checkpoint(synthetic_source, tmp_path):
     class TerminatedAtFifthBatch(synthetic_source):
         def __next__(self):
@@ -166,6 +141,7 @@ def test_bad_mesh_product_names_the_macros(clean_gin):
         gin.query_parameter("build_experiment.mesh").scoped_configurable_fn()
 
 
+@pytest.mark.system
 def test_cli_quickstart_writes_metrics_tensorboard_config_and_checkpoints(tmp_path):
     model_dir = tmp_path / "qs"
     cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{model_dir}'",

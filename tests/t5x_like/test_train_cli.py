@@ -14,7 +14,7 @@ from models.gpt2 import GPT2Config
 from t5x_like import describe, experiment, gin_cli, run_config, run_dir, training  # noqa: F401 (run_config, training: gin's configurables)
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = cpu_env(2)
@@ -32,6 +32,7 @@ def clean_gin():
     gin.clear_config()
 
 
+@pytest.mark.system
 def test_print_config_shows_defaults_and_the_model_and_leaves_model_dir_untouched(tmp_path):
     model_dir = tmp_path / "run"
     done = cli("--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
@@ -49,6 +50,7 @@ def test_print_config_shows_defaults_and_the_model_and_leaves_model_dir_untouche
     assert not model_dir.exists()
 
 
+@pytest.mark.system
 def test_help_lists_the_macros_with_defaults_and_comments():
     done = cli("--help", timeout=120)
     assert "--[no]print_config" in done.stdout
@@ -57,6 +59,7 @@ def test_help_lists_the_macros_with_defaults_and_comments():
     assert re.search(r"^\s*MODEL_DIR\s+required", done.stdout, re.M)
 
 
+@pytest.mark.system
 def test_an_unquoted_string_is_one_line_naming_the_quoting(tmp_path):
     done = cli("--gin_file=quickstart.gin", f"--gin.MODEL_DIR='{tmp_path}'", "--gin.RULES=fsdp", "--print_config")
     assert done.returncode == 1

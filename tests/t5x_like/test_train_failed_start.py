@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
+
+pytestmark = pytest.mark.system
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ERRORS = {"mesh": ("--gin.DATA_PARALLEL=16", "has 16 devices but 2 are available"),

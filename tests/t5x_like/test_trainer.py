@@ -9,52 +9,15 @@ import numpy as np
 import optax
 import pytest
 
-from models.gpt2 import GPT2Config
 from models.neox import NeoXConfig
 from partitioning import make_mesh
 from t5x_like import optim, trainer
 from t5x_like.experiment import build_experiment
-from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS
+from t5x_like.features import DECODER_LOSS_WEIGHTS
+from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, CompileLog, batches, experiment, run
 
-SEQ_LEN = 16
-# 8 heads and a vocabulary padded to 1024 so every mesh below divides the same parameters.
-CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
-                    dropout_rate=0.0, attention_dropout_rate=0.0, vocab_pad_multiple=1024, dtype="float32")
 NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
                          vocab_pad_multiple=1024, dtype="float32")
-
-
-def batches(source_cls, count, batch_size=8):
-    source = source_cls("train", batch_size=batch_size, feature_lengths={"targets": SEQ_LEN}, seed=3, shard_index=0,
-                        shard_count=1)
-    return [next(source) for _ in range(count)]
-
-
-TOTAL_STEPS = 20
-"""The schedule's length for every run of 20 batches or fewer (test_train.py's too): runs of different lengths
-on one mesh compile the same train step, which the suite's compilation cache shares between tests."""
-
-
-def experiment(mesh, rules, data, *, config=CONFIG, feature_lengths=None, **settings):
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=max(len(data), TOTAL_STEPS))
-    return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=len(
-        data[0][DECODER_INPUT_TOKENS]), feature_lengths=feature_lengths or {"targets": SEQ_LEN}, **settings)
-
-
-def run(mesh, rules, data, *, config=CONFIG, steps_between=None, **settings):
-    """Train on `data` batches; returns per-step metrics and the final state."""
-    exp = experiment(mesh, rules, data, config=config, **settings)
-    state = exp.init_state()
-    history = []
-    with exp.partitioner.activate():
-        for i, batch in enumerate(data):
-            if steps_between:
-                steps_between(i)
-            state, metrics = exp.train_step(state, exp.global_batch(batch))
-            history.append({k: float(v) if np.ndim(v) == 0 else np.asarray(v)
-                            for k, v in jax.device_get(metrics).items()})
-    return history, state
-
 
 MESHES = {
     "data=8": (dict(data=8), "fsdp_tensor", {}),
@@ -68,6 +31,7 @@ MESHES = {
 
 
 @pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=lambda c: c.family)
+@pytest.mark.integration
 def test_same_losses_on_every_mesh(synthetic_source, config):
     data = batches(synthetic_source, 10)
     reference, _ = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, config=config)
@@ -80,6 +44,7 @@ def test_same_losses_on_every_mesh(synthetic_source, config):
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.integration
 def test_gradient_accumulation_equals_one_big_batch(synthetic_source):
     data = batches(synthetic_source, 3)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
@@ -93,6 +58,7 @@ def test_gradient_accumulation_equals_one_big_batch(synthetic_source):
                  state_acc.params, state_whole.params)
 
 
+@pytest.mark.integration
 def test_evaluation_in_microbatches_equals_one_batch_and_the_training_loss(synthetic_source):
     """The eval step splits the batch as GRAD_ACCUM_STEPS does (so it never holds more activations
     than a training microbatch), with sums equal to one pass and Σ nll / Σ w equal to the train step's loss."""
@@ -116,6 +82,7 @@ def test_evaluation_in_microbatches_equals_one_batch_and_the_training_loss(synth
     assert temp_bytes[4] < 0.5 * temp_bytes[1], temp_bytes  # a quarter of the rows at a time
 
 
+@pytest.mark.integration
 def test_bfloat16_compute_tracks_float32(synthetic_source):
     """bf16 compute with fp32 params and loss stays within 2% of fp32 over 6 steps."""
     data = batches(synthetic_source, 6)
@@ -216,16 +183,6 @@ def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(sy
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state.params), before)
 
 
-class CompileLog(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        if "Compiling" in record.getMessage():
-            self.messages.append(record.getMessage())
-
-
 @pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=["gpt2", "neox"])
 def test_nothing_recompiles_after_the_first_step(synthetic_source, config):
     handler = CompileLog()
@@ -245,6 +202,7 @@ def test_nothing_recompiles_after_the_first_step(synthetic_source, config):
     assert handler.messages == []
 
 
+@pytest.mark.integration
 def test_offloaded_optimizer_state_lives_in_host_memory_and_trains_the_same(synthetic_source):
     data = batches(synthetic_source, 3)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)

@@ -12,7 +12,9 @@ import sys
 import pytest
 
 from t5x_like.data import load_tokenizer
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
+
+pytestmark = pytest.mark.system
 
 TINY = ("--gin.BATCH_SIZE=8", "--gin.SEQ_LEN=32", "--gin.WARMUP_STEPS=0", "--gin.EVAL_EVERY=0",
         "--gin.model_config.vocab_from_tokenizer=True",

@@ -71,6 +71,7 @@ def test_pallas_attention_and_chunked_loss_match_the_plain_model(boxed_params, p
     assert_same(got, plain)
 
 
+@pytest.mark.integration
 def test_sharded_over_data_fsdp_tensor_matches_the_plain_model(boxed_params, plain):
     mesh = jax.make_mesh((2, 1, 2, 2), ("data", "stage", "fsdp", "tensor"),
                          axis_types=(AxisType.Auto,) * 4)

@@ -24,8 +24,8 @@ from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import gpt2, hf, mapping  # noqa: E402
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
+from tests.support.shared_data import shared_file
 
-DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 HF_SIZES = dict(vocab_size=50257, n_positions=40, n_embd=36, n_layer=3, n_head=4, n_inner=52,
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 LOGITS_ATOL = 1e-4  # fp32, logits of magnitude ~10
@@ -130,14 +130,12 @@ def test_to_hf_and_to_torch_logits_equal_ours(tmp_path, tokens):
 
 
 def test_to_hf_writes_the_recorded_gpt2_tokenizer(tmp_path):
-    if not (DATA / "gpt2-bpe" / "encoder.json").exists():
-        pytest.skip(f"needs the GPT-2 BPE files in {DATA / 'gpt2-bpe'}")
-    our_random_checkpoint(tmp_path / "ours", tokenizer=str(DATA / "gpt2-bpe"))
+    our_random_checkpoint(tmp_path / "ours", tokenizer=str(shared_file("gpt2-bpe")))
     hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "hf"))
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     from t5x_like.data import load_tokenizer
 
-    ours = load_tokenizer(DATA / "gpt2-bpe")
+    ours = load_tokenizer(shared_file("gpt2-bpe"))
     text = "Hangzhou is a beautiful city, isn't it?  Yes — 2,000 years old."
     assert theirs(text)["input_ids"] == ours.encode(text)
     assert theirs.eos_token_id == ours.eod_id == 50256
@@ -229,13 +227,12 @@ def test_checkpoint_without_model_config_is_refused(tmp_path):
 
 
 def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
-    if not (DATA / "gpt2-bpe" / "encoder.json").exists():
-        pytest.skip(f"needs the GPT-2 BPE files in {DATA / 'gpt2-bpe'}")
     small = GPT2Config(vocab_size=300, max_len=16, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=8)
     with pytest.raises(ValueError, match=r"gpt2-bpe has 50257 ids but the model's vocab_size is 300"):
-        inference.open_tokenizer(str(DATA / "gpt2-bpe"), small)
+        inference.open_tokenizer(str(shared_file("gpt2-bpe")), small)
 
 
+@pytest.mark.integration
 def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_source):
     """RESTORE_FROM a from-hf checkpoint: the first step's loss is the converted model's loss."""
     from partitioning import make_mesh

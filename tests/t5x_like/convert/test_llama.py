@@ -6,7 +6,6 @@ longer than its window); the presets' parameter counts equal transformers' for t
 
 Tolerances: logits in fp32 within 1e-4 (magnitude ~10); the round trip is exact."""
 import json
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -22,35 +21,12 @@ from t5x_like import generate, inference  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, llama  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
+from tests.support.hf_models import VARIANTS, VOCAB, bos_tokenizer, random_model  # noqa: E402
+from tests.support.shared_data import needs_shared  # noqa: E402
 
-VOCAB = 1000
-NEOX_TOKENIZER = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "gpt-neox-20b-tokenizer" / \
-    "20B_tokenizer.json"
 LOGITS_ATOL = 1e-4
-SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, attention_dropout=0.0)
-VARIANTS = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rope_theta=10000.0)),
-    "llama3.1": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rope_scaling=dict(
-        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=32))),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True,
-                                                                             rope_theta=1e6)),
-    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=8)),
-}
 EXPECTED = {"llama": {}, "llama3.1": dict(rope_scaling_factor=8.0, rope_original_max_len=32),
             "qwen2": dict(qkv_bias=True, tie_word_embeddings=True), "mistral": dict(sliding_window=8)}
-
-
-def random_model(variant: str, scale: float = 0.3, seed: int = 0, **shape):
-    """A transformers model of `variant` with every tensor perturbed by `scale` (spread logits: no near-ties)."""
-    config_class, model_class, options = VARIANTS[variant]
-    torch.manual_seed(seed)
-    model = model_class(config_class(**{**SHAPE, **shape}, **options)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return model
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -114,27 +90,11 @@ def test_greedy_decoding_on_a_mesh_equals_transformers_generate(converted):
     assert len(set(map(tuple, ours_out))) == len(prompts)
 
 
-def bos_tokenizer(folder):
-    """GPT-NeoX's 20B tokenizer with a beginning-of-text token its post-processor puts first, as Llama's
-    tokenizer.json does, saved into `folder` as transformers saves a tokenizer; returns it (transformers')."""
-    import tokenizers
-
-    tokenizer = tokenizers.Tokenizer.from_file(str(NEOX_TOKENIZER))
-    tokenizer.add_special_tokens(["<s>"])
-    tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>",
-                                                eos_token="<|endoftext|>")
-    fast.save_pretrained(folder)
-    return fast
-
-
+@needs_shared("gpt-neox-20b-tokenizer", "20B_tokenizer.json")
 def test_a_folder_with_sharded_weights_and_its_tokenizer_generates_what_transformers_does(tmp_path, monkeypatch):
     """As a user runs it, from a working directory of their own: a folder as transformers saves it (weights in
     shards with their index, the tokenizer's files), from-hf, then `generate` with a text prompt: the prompt is
     encoded as the folder's tokenizer encodes it (its BOS first) and the 32 greedy tokens are transformers'."""
-    if not NEOX_TOKENIZER.exists():
-        pytest.skip(f"needs GPT-NeoX's tokenizer in {NEOX_TOKENIZER}")
     from t5x_like import generate as generate_cli
 
     monkeypatch.chdir(tmp_path)

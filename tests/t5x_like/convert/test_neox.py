@@ -25,9 +25,8 @@ from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
+from tests.support.shared_data import shared_file, shared_file_if_present
 
-DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
-TOKENIZER = DATA / "gpt-neox-20b-tokenizer" / "20B_tokenizer.json"
 VOCAB = 50277
 LOGITS_ATOL = 1e-4  # fp32, logits of magnitude ~10
 TP, NEOX_PADDED_VOCAB = 2, 50432  # NeoX pads to a multiple of 128 x its tensor-parallel size
@@ -154,7 +153,8 @@ def test_from_neox_tensor_parallel_shards_give_transformers_logits(random_hf_neo
     model = random_hf_neox(0.2, parallel=parallel, seed=4, vocab_size=VOCAB)
     neox_checkpoint(model, tmp_path / "global_step10", parallel)
     config = neox.config_from_hf(model.config.to_dict(), "test")
-    tokenizer = str(TOKENIZER) if TOKENIZER.exists() else None
+    tokenizer = shared_file_if_present("gpt-neox-20b-tokenizer", "20B_tokenizer.json")
+    tokenizer = tokenizer and str(tokenizer)
     path = neox.from_neox(str(tmp_path / "global_step10"), str(tmp_path / "ours"), config, tokenizer=tokenizer,
                           step=10)
     assert path.endswith("checkpoints/10")
@@ -164,17 +164,16 @@ def test_from_neox_tensor_parallel_shards_give_transformers_logits(random_hf_neo
 
 
 def test_to_hf_writes_the_recorded_20b_tokenizer(random_hf_neox, tmp_path):
-    if not TOKENIZER.exists():
-        pytest.skip(f"needs the 20B tokenizer at {TOKENIZER}")
+    tokenizer = shared_file("gpt-neox-20b-tokenizer", "20B_tokenizer.json")
     model = random_hf_neox(0.2, seed=4, vocab_size=VOCAB)
     neox_checkpoint(model, tmp_path / "global_step1", parallel=True)
     config = neox.config_from_hf(model.config.to_dict(), "test")
-    neox.from_neox(str(tmp_path / "global_step1"), str(tmp_path / "ours"), config, tokenizer=str(TOKENIZER))
+    neox.from_neox(str(tmp_path / "global_step1"), str(tmp_path / "ours"), config, tokenizer=str(tokenizer))
     hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "hf"))
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     from t5x_like.data import load_tokenizer
 
-    ours = load_tokenizer(TOKENIZER)
+    ours = load_tokenizer(tokenizer)
     text = "Hangzhou is a beautiful city, isn't it?  Yes — 2,000 years old."
     assert theirs(text)["input_ids"] == ours.encode(text)
     assert theirs.eos_token_id == ours.eod_id == 0

@@ -16,9 +16,9 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 from t5x_like import inference  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf  # noqa: E402
+from tests.support.shared_data import SHARED_DATA, needs_shared, shared_file
 
-DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
-SPIECE = DATA / "t5-spiece" / "spiece.model"
+SPIECE = SHARED_DATA / "t5-spiece" / "spiece.model"
 HF_SIZES = dict(d_model=16, d_kv=5, d_ff=24, num_layers=2, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
                 relative_attention_num_buckets=8, relative_attention_max_distance=16)
 VERSIONS = {"v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
@@ -81,8 +81,7 @@ def test_to_torch_state_dict_loads_strictly(tmp_path, version):
         np.testing.assert_array_equal(state(fresh)[name], want, err_msg=name)
 
 
-needs_spiece = pytest.mark.skipif(not SPIECE.is_file(),
-                                  reason=f"needs T5's sentencepiece model at {SPIECE} (../shared/data)")
+needs_spiece = needs_shared("t5-spiece", "spiece.model")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +90,7 @@ def spiece_round_trip(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("spiece")
     model = random_hf_model("v1.1", vocab_size=32128, seed=3)
     model.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "spiece.model").write_bytes(SPIECE.read_bytes())
+    (tmp_path / "hf" / "spiece.model").write_bytes(shared_file("t5-spiece", "spiece.model").read_bytes())
     hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"))
     return model, tmp_path

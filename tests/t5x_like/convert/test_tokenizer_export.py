@@ -22,8 +22,8 @@ from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.data import train_tokenizer  # noqa: E402
 from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
 from t5x_like.data.tokenizer_files import tokenizer_record  # noqa: E402
+from tests.support.shared_data import shared_file
 
-DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 TEXT = ("Hello world!  It's 2026:\n\tthe  café — naïve résumé, ü and 東京.  Trailing   spaces   \n"
         "def f(x):\n    return x ** 2  # ok\n你好，世界。中文的句子在这里。😀 ☃ <|endoftext|> done")
 CHINESE = ["你好，世界。中文的句子在这里。东京很大。", "今天天气不错 我们去公园散步吧。"] * 40
@@ -53,40 +53,34 @@ def trained(tmp_path_factory, builtin_texts):
     return root
 
 
-def shared(name):
-    if not (DATA / name).exists():
-        pytest.skip(f"needs {DATA / name} (../shared/data)")
-    return DATA / name
-
-
 def megatron_names(tmp_path):
     """GPT-2's files under the names Megatron's tutorial gives them."""
     folder = tmp_path / "megatron"
     folder.mkdir()
-    shutil.copy(shared("gpt2-bpe") / "encoder.json", folder / "gpt2-vocab.json")
-    shutil.copy(shared("gpt2-bpe") / "vocab.bpe", folder / "gpt2-merges.txt")
+    shutil.copy(shared_file("gpt2-bpe") / "encoder.json", folder / "gpt2-vocab.json")
+    shutil.copy(shared_file("gpt2-bpe") / "vocab.bpe", folder / "gpt2-merges.txt")
     return folder
 
 
 def hf_names(tmp_path):
     folder = tmp_path / "hf_names"
     folder.mkdir()
-    shutil.copy(shared("gpt2-bpe") / "encoder.json", folder / "vocab.json")
-    shutil.copy(shared("gpt2-bpe") / "vocab.bpe", folder / "merges.txt")
+    shutil.copy(shared_file("gpt2-bpe") / "encoder.json", folder / "vocab.json")
+    shutil.copy(shared_file("gpt2-bpe") / "vocab.bpe", folder / "merges.txt")
     return folder
 
 
 FORMS = {
-    "openai-bpe-folder": lambda tmp, trained: shared("gpt2-bpe"),
+    "openai-bpe-folder": lambda tmp, trained: shared_file("gpt2-bpe"),
     "megatron-folder": lambda tmp, trained: megatron_names(tmp),
     "megatron-vocab-file": lambda tmp, trained: megatron_names(tmp) / "gpt2-vocab.json",
     "megatron-merges-file": lambda tmp, trained: megatron_names(tmp) / "gpt2-merges.txt",
     "hf-bpe-files": lambda tmp, trained: hf_names(tmp),
-    "tokenizer-json-file": lambda tmp, trained: shared("gpt-neox-20b-tokenizer") / "20B_tokenizer.json",
+    "tokenizer-json-file": lambda tmp, trained: shared_file("gpt-neox-20b-tokenizer") / "20B_tokenizer.json",
     "trained-bpe": lambda tmp, trained: trained / "bpe" / "tokenizer.json",
     "wordpiece-vocab-txt": lambda tmp, trained: trained / "wp" / "vocab.txt",
     "char-vocab-folder": lambda tmp, trained: trained / "char",
-    "t5-spiece": lambda tmp, trained: shared("t5-spiece") / "spiece.model",
+    "t5-spiece": lambda tmp, trained: shared_file("t5-spiece") / "spiece.model",
     "byte-fallback-sentencepiece": lambda tmp, trained: trained / "sp" / "sp.model",
 }
 

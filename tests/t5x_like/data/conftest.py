@@ -6,15 +6,13 @@ import pytest
 
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
+from tests.support.shared_data import shared_file
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """<repo>/../shared/data (real GPT-2 / NeoX / T5 tokenizers and WikiText); skips when absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA.resolve()} is absent: the real tokenizer files and WikiText live there")
-    return SHARED_DATA.resolve()
+    return shared_file()
 
 
 def _write_token_file(prefix, documents, vocab_size=1000, tokenizer=None):

@@ -96,6 +96,7 @@ def test_only_a_wordpiece_vocabulary_takes_the_layout(vocab, tmp_path):
         layouts.with_layout(load_tokenizer(vocab), "gpt3", "vocab.txt")
 
 
+@pytest.mark.system
 def test_a_token_file_made_with_the_prefix_keeps_the_layout(vocab, tmp_path):
     """`preprocess --tokenizer=gpt2_chinese:vocab.txt` writes GPT2-Chinese's ids, and the tokenizer the token
     file records (unpacked wherever it is read) is again that layout."""

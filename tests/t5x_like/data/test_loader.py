@@ -269,6 +269,7 @@ def test_megatron_ids_beyond_the_tokenizer_are_named(tmp_path, numbered_file, sh
         source(str(tmp_path / "megatron"), tokenizer=str(shared_data / "gpt2-bpe"))
 
 
+@pytest.mark.system
 def test_worker_processes_give_the_same_batches_and_resume(numbered_file):
     expected = take(source(numbered_file, packing=True), 6)
     src = source(numbered_file, packing=True, worker_count=2)

@@ -37,6 +37,7 @@ def corpus(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.system
 def test_token_file_holds_each_document_with_eod_in_input_order(tmp_path, corpus, tokenizer_path, workers):
     summary = preprocess(corpus, str(tmp_path / "out" / "p"), tokenizer_path, workers=workers)
     tokenizer = load_tokenizer(tokenizer_path)
@@ -51,11 +52,13 @@ def test_token_file_holds_each_document_with_eod_in_input_order(tmp_path, corpus
     assert tokens.tokens.dtype == np.uint16
 
 
+@pytest.mark.system
 def test_without_eod(tmp_path, corpus, tokenizer_path):
     preprocess(corpus[:1], str(tmp_path / "p"), tokenizer_path, append_eod=False)
     assert open_token_file(tmp_path / "p").document(0).tolist() == load_tokenizer(tokenizer_path).encode(TEXTS[0])
 
 
+@pytest.mark.system
 def test_bad_input_midway_leaves_nothing(tmp_path, corpus, tokenizer_path):
     (tmp_path / "z.jsonl").write_text('{"text": "fine"}\n{"text": 3\n')
     with pytest.raises(InputError, match=r"z\.jsonl:2: invalid JSON"):
@@ -63,6 +66,7 @@ def test_bad_input_midway_leaves_nothing(tmp_path, corpus, tokenizer_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.system
 def test_make_source_reads_the_preprocessed_file_with_its_tokenizer(tmp_path, corpus, tokenizer_path):
     preprocess(corpus, str(tmp_path / "p"), tokenizer_path)
     src = make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
@@ -76,6 +80,7 @@ def run_cli(module, *args):
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.system
 def test_command_lines_train_a_tokenizer_then_preprocess(tmp_path, corpus):
     trained = run_cli("t5x_like.data.train_tokenizer", f"--input={','.join(corpus)}",
                       f"--output={tmp_path}/tok/tokenizer.json", "--vocab_size=300")

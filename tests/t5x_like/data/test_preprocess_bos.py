@@ -23,10 +23,10 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
 from t5x_like.data import loader, open_token_file  # noqa: E402
-from tests.t5x_like.convert.test_llama import NEOX_TOKENIZER, bos_tokenizer  # noqa: E402
+from tests.support.hf_models import bos_tokenizer  # noqa: E402
+from tests.support.shared_data import shared_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
-GPT2_BPE = NEOX_TOKENIZER.parents[1] / "gpt2-bpe"
 MEGATRON = os.environ.get("MEGATRON_LM")
 TEXTS = ["Hello world.", "The quick brown fox\n\njumps over the lazy dog.", " a leading space and a trailing one ",
          "Ünïcödé — 中文 text", "a literal <s> and <|endoftext|> inside", "x"]
@@ -34,9 +34,8 @@ TEXTS = ["Hello world.", "The quick brown fox\n\njumps over the lazy dog.", " a 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """A folder of its own holding tok/ (the BOS tokenizer as transformers saves it) and corpus.jsonl."""
-    if not NEOX_TOKENIZER.exists():
-        pytest.skip(f"needs GPT-NeoX's tokenizer at {NEOX_TOKENIZER} (../shared/data), the base of the BOS tokenizer")
+    """A folder of its own holding tok/ (the BOS tokenizer as transformers saves it) and corpus.jsonl; skips
+    without GPT-NeoX's tokenizer in ../shared/data, the base of the BOS tokenizer."""
     root = tmp_path_factory.mktemp("preprocess_bos")
     bos_tokenizer(str(root / "tok"))
     (root / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
@@ -64,6 +63,7 @@ def bos_files(work):
             for name, flags in {"bos": (), "no_bos": ("--no_bos",), "bos_no_eod": ("--noappend_eod",)}.items()}
 
 
+@pytest.mark.system
 def test_each_document_starts_with_bos_as_transformers_encodes_it(work, bos_files):
     hf = transformers.AutoTokenizer.from_pretrained(work / "tok")
     bos, eod = hf.bos_token_id, hf.eos_token_id  # Megatron's HuggingFaceTokenizer: eod is the eos_token's id
@@ -86,12 +86,12 @@ def test_no_bos_writes_the_documents_without_it(work, bos_files):
     assert open_token_file(work / "out" / "no_bos").metadata["add_bos"] is False
 
 
+@pytest.mark.system
 def test_gpt2_bpe_has_no_bos_and_is_written_as_before(work):
-    if not GPT2_BPE.is_dir():
-        pytest.skip(f"needs GPT-2's BPE files in {GPT2_BPE} (../shared/data)")
+    gpt2_bpe = shared_file("gpt2-bpe")
     (work / "gpt2").mkdir()  # OpenAI's encoder.json / vocab.bpe under the names transformers reads
-    shutil.copyfile(GPT2_BPE / "encoder.json", work / "gpt2" / "vocab.json")
-    shutil.copyfile(GPT2_BPE / "vocab.bpe", work / "gpt2" / "merges.txt")
+    shutil.copyfile(gpt2_bpe / "encoder.json", work / "gpt2" / "vocab.json")
+    shutil.copyfile(gpt2_bpe / "vocab.bpe", work / "gpt2" / "merges.txt")
     lines = preprocess(work, "out/gpt2", "gpt2")
     hf = transformers.GPT2TokenizerFast.from_pretrained(work / "gpt2")
     assert documents(work / "out" / "gpt2") == [hf(text)["input_ids"] + [50256] for text in TEXTS]

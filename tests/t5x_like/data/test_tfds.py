@@ -95,6 +95,7 @@ def test_tfds_splits_map_a_split_to_a_slice(prepared):
     assert seen == expected and len(expected) == 10
 
 
+@pytest.mark.system
 def test_worker_processes_tokenize_with_the_same_result(prepared):
     expected = [next(s) for s in [tfds_source(prepared, packing=True)] for _ in range(3)]
     src = tfds_source(prepared, packing=True, worker_count=2)

@@ -122,6 +122,7 @@ except TokenFileError as e:
 """
 
 
+@pytest.mark.system
 def test_a_truncation_between_the_size_check_and_the_read_is_named_not_sigbus(tmp_path, write_token_file):
     """grain's prefetch threads read while the main thread runs: a file cut short after a reader checked its size
     and before it read must still be an error naming the file. A memory map read there is SIGBUS (exit -7), which

@@ -17,6 +17,7 @@ from t5x_like.data import formats, load_tokenizer
 from t5x_like.data.tokenizer import bert_wordpiece
 from t5x_like.data.train_tokenizer import character_vocabulary, train_wordpiece, write_vocab_txt
 from t5x_like.errors import UserError
+from tests.support.cli import train_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 jieba = pytest.importorskip("jieba", reason="the CPM tokenizer needs the chinese extra (pip install jieba)")
@@ -60,11 +61,6 @@ def _corpus(tmp_path_factory, documents, name="corpus"):
     directory = tmp_path_factory.mktemp(name)
     (directory / "train.json").write_text(json.dumps(documents, ensure_ascii=False), encoding="utf-8")
     return directory / "train.json"
-
-
-def train_tokenizer(*args):
-    return subprocess.run([sys.executable, "-m", "t5x_like.data.train_tokenizer", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
 
 
 # --- BERT vocab.txt --------------------------------------------------------------------------------------------
@@ -130,6 +126,7 @@ def test_a_vocab_txt_without_bert_specials_is_one_line_naming_the_file(tmp_path)
     assert "train_tokenizer --type=wordpiece" in message
 
 
+@pytest.mark.system
 def test_train_tokenizer_wordpiece_writes_a_vocab_txt_that_transformers_reads(tmp_path_factory, tmp_path):
     corpus = _corpus(tmp_path_factory, CHINESE + ENGLISH_EDGE_CASES * 5)
     done = train_tokenizer(f"--input={corpus}", "--type=wordpiece", f"--output={tmp_path / 'vocab.txt'}",
@@ -142,6 +139,7 @@ def test_train_tokenizer_wordpiece_writes_a_vocab_txt_that_transformers_reads(tm
     assert ours.encode_batch(CHINESE) == [reference.encode(d, add_special_tokens=False) for d in CHINESE]
 
 
+@pytest.mark.system
 def test_character_vocabulary_is_gpt2_chinese_make_vocab(tmp_path_factory, tmp_path):
     corpus = _corpus(tmp_path_factory, CHINESE)
     done = train_tokenizer(f"--input={corpus}", "--type=char", f"--output={tmp_path / 'vocab.txt'}",
@@ -184,6 +182,7 @@ def cpm_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.system
 def test_cpm_ids_and_decoding_equal_cpm_generate(cpm_folder):
     ours, reference = load_tokenizer(cpm_folder), CpmGenerateTokenizer(cpm_folder / "spiece.model")
     assert type(ours).__name__ == "CpmTokenizer" and ours.eod_id == reference.sp.piece_to_id("<eod>")
@@ -230,6 +229,7 @@ def test_missing_jieba_is_one_line_naming_the_extra(cpm_folder, monkeypatch):
     assert "\n" not in str(error.value) and "t5x_like[chinese]" in str(error.value)
 
 
+@pytest.mark.system
 def test_train_tokenizer_cpm_names_the_smallest_size(tmp_path_factory, tmp_path):
     corpus = _corpus(tmp_path_factory, CHINESE)
     done = train_tokenizer(f"--input={corpus}", "--type=cpm", f"--output={tmp_path / 'spiece.model'}",
@@ -283,13 +283,14 @@ def test_from_hf_and_to_hf_keep_a_vocab_txt(random_hf_gpt2, tmp_path):
     assert imported.encode_batch(CHINESE) == [reference.encode(d, add_special_tokens=False) for d in CHINESE]
 
 
+@pytest.mark.system
 def test_a_cpm_folder_converts_and_decodes_greedily_like_gpt2lmheadmodel(random_hf_gpt2, cpm_folder, tmp_path):
     """A CPM-Generate-layout folder: from-hf, then `generate --temperature=0` equals transformers' greedy
     GPT2LMHeadModel fed with CPM-Generate's ids of the prompt, and the completion is their decoding."""
     import torch
 
     from t5x_like.convert import hf
-    from tests.conftest import cpu_env
+    from tests.support.environment import cpu_env
 
     tokenizer = load_tokenizer(cpm_folder)
     folder = _hf_folder(random_hf_gpt2, tmp_path, tokenizer.vocab_size, tokenizer.eod_id, scale=0.5)

@@ -1,13 +1,12 @@
 """train_tokenizer on a corpus too small for the asked size: a clear message, not a crash or silence."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support.cli import train_tokenizer
+
+pytestmark = pytest.mark.system
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +18,6 @@ def small_corpus(tmp_path_factory):
     directory = tmp_path_factory.mktemp("corpus")
     (directory / "part0.txt").write_text("\n".join(lines) + "\n")
     return directory
-
-
-def train_tokenizer(*args):
-    return subprocess.run([sys.executable, "-m", "t5x_like.data.train_tokenizer", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_sentencepiece_too_large_names_the_largest_size(small_corpus, tmp_path):

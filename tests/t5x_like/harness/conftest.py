@@ -4,11 +4,11 @@ is imported with `convert from-hf`, and the Hugging Face folder lm-eval's own ba
 ours with `convert to-hf`, as a user would."""
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-TASKS = Path(__file__).resolve().parents[2] / "data" / "lm_eval"
+from tests.support.harness import TASKS
+
 MAX_LEN = 128
 
 

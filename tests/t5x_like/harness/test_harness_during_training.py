@@ -25,6 +25,7 @@ def evaluator_and_params(causal_checkpoint):
     return evaluator, params
 
 
+@pytest.mark.system
 def test_each_call_evaluates_the_parameters_it_is_given(evaluator_and_params):
     """Called from another working directory than the tasks' data_files are relative to: loaded once."""
     from lm_eval.api.instance import Instance
@@ -55,7 +56,7 @@ def test_bad_settings_are_one_line_in_gin_names(settings, message):
         LmEvalDuringTraining(**settings).check()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_train_runs_the_tasks_every_n_steps_and_logs_them(tmp_path):
     """`python -m t5x_like.train` with lm_eval_during_training bound on the command line, from the folder of the
     user's tasks: the tasks' metrics in metrics.jsonl at every `every` steps and at the last step."""
@@ -64,9 +65,9 @@ def test_train_runs_the_tasks_every_n_steps_and_logs_them(tmp_path):
     import sys
 
     from t5x_like import metrics
-    from tests.conftest import cpu_env
-    from tests.t5x_like.harness.conftest import TASKS
-    from tests.t5x_like.test_multihost_train import REPO
+    from tests.support.cli import REPO
+    from tests.support.environment import cpu_env
+    from tests.support.harness import TASKS
 
     shutil.copytree(TASKS, tmp_path / "lm_eval_tasks")
     done = subprocess.run(

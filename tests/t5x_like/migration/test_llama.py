@@ -8,8 +8,6 @@ import dataclasses
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +19,11 @@ import models
 from configs import llama as llama_presets
 from t5x_like.errors import UserError
 from t5x_like.migration import translate, upstream
-from tests.conftest import cpu_env
-from tests.t5x_like.migration.test_upstream_configs import printed_config
+from tests.support.cli import run_cli
+from tests.support.migration import printed_config
+from tests.support.shared_data import shared_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "data" / "megatron_llama"
-SPIECE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "t5-spiece" / "spiece.model"
 RUN = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-4", "--train-iters", "10"]
 
 
@@ -175,14 +173,6 @@ def test_megatron_lms_own_llama3_example_migrates(tmp_path, monkeypatch):
     assert out.value("model_config.matmul_dtype") == "fp8"  # its DTYPE="fp8" branch: --fp8-format hybrid
 
 
-def run_cli(module: str, args: list[str], cwd: Path, devices: int = 8, timeout: int = 300
-            ) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cpu_env(devices), capture_output=True,
-                          text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 def stand_in_tokenizer(folder: Path, vocab_size: int) -> None:
     """A tokenizer.json of `vocab_size` ids where the script's tokenizer folder is (the architecture's vocabulary
     is the tokenizer's size; the real ones are not downloaded here)."""
@@ -208,6 +198,7 @@ SCRIPT_CASES = {
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPT_CASES))
+@pytest.mark.system
 def test_a_megatron_llama_script_gives_the_presets_architecture(tmp_path, script):
     case = SCRIPT_CASES[script]
     shutil.copy(SCRIPTS / script, tmp_path / script)
@@ -237,11 +228,12 @@ def megatron_token_file(prefix: Path, tokenizer_path: Path) -> None:
     Path(f"{prefix}.json").unlink()
 
 
-@pytest.mark.skipif(not SPIECE.exists(), reason=f"needs {SPIECE} (Llama 2's tokenizer stands in as a sentencepiece "
-                                                "model)")
+@pytest.mark.system
 def test_a_tiny_llama_script_trains_as_migrated(tmp_path):
+    """T5's sentencepiece model stands in for Llama 2's tokenizer (the test skips without it)."""
+    spiece = shared_file("t5-spiece", "spiece.model")
     shutil.copy(SCRIPTS / "pretrain_llama_tiny.sh", tmp_path)
-    shutil.copy(SPIECE, tmp_path / "tokenizer.model")
+    shutil.copy(spiece, tmp_path / "tokenizer.model")
     megatron_token_file(tmp_path / "data" / "tiny_text_document", tmp_path / "tokenizer.model")
     run_cli("t5x_like.migrate", ["pretrain_llama_tiny.sh", "--output=tiny.gin"], tmp_path)
     assert "# ---- not migrated" not in (tmp_path / "tiny.gin").read_text()
@@ -280,6 +272,7 @@ FP8 = ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-c
        "--fp8-param-gather"]
 
 
+@pytest.mark.system
 def test_megatrons_fp8_recipe_turns_on_the_fp8_matmuls(tmp_path):
     """Transformer Engine's recipe as Megatron-LM's examples set it (hybrid, delayed scaling over a 1024-step amax
     history, its max) is the recipe of `matmul_dtype='fp8'` here: the gin file sets it, says where it came from,

@@ -161,6 +161,7 @@ def bash_arguments(script: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to compare with")
 @pytest.mark.parametrize("name", ["arrays.sh", "train_llama3_8b_h100_fp8.sh"])
+@pytest.mark.system
 def test_arrays_and_defaults_are_read_as_bash_runs_them(tmp_path, name):
     """Bash arrays (`A=( ... )`, `A+=( ... )`, `${A[@]}` split, `"${A[@]}"` a word per element), `${X:-default}`,
     `${X-default}`, `+=`, `&&` / `||` between tests, and Megatron-LM's own Llama 3 example script."""

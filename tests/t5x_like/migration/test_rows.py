@@ -19,6 +19,7 @@ PAGE = REPO / "docs" / "migrating.md"
 BEGIN, END = "<!-- begin settings tables -->\n", "<!-- end settings tables -->"
 
 
+@pytest.mark.system
 def test_the_page_holds_the_tables_the_migration_renders():
     printed = subprocess.run([sys.executable, "-m", "t5x_like.migrate", "--settings_table"], capture_output=True,
                              text=True, check=True).stdout
@@ -50,6 +51,7 @@ def configurable_parameter(name: str) -> bool:
     return parameter in inspect.signature(fn.__init__ if inspect.isclass(fn) else fn).parameters
 
 
+@pytest.mark.system
 def test_every_setting_of_ours_a_row_names_exists():
     import t5x_like.train  # noqa: F401 (registers the gin configurables)
 

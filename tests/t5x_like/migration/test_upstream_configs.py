@@ -3,7 +3,6 @@ then `python -m t5x_like.train --print_config` on the gin file it writes, as a u
 upstream files set is the value the run here uses, and every upstream setting is either checked here or listed
 in the gin file as not migrated. The expected values are read off the upstream files by hand (below), not
 computed by the migration's code."""
-import ast
 import re
 import shutil
 import subprocess
@@ -13,10 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import cpu_env
+from tests.support.environment import cpu_env
+from tests.support.migration import printed_config
+from tests.support.shared_data import shared_file
+
+pytestmark = pytest.mark.system
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "data" / "upstream"
-SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 # upstream name -> {what --print_config shows: expected value}; {} = read, consistent with the others checked
 CPM_COMMON = {
@@ -234,10 +236,8 @@ def tokenizer_stand_in(path: Path, kind: str) -> None:
         vocab = {f"w{i}": i for i in range(300)} | {"<unk>": 300, "<|endoftext|>": 301}
         Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(path))
         return
-    source = {"gpt2": SHARED / "gpt2-bpe", "neox": SHARED / "gpt-neox-20b-tokenizer" / "20B_tokenizer.json",
-              "spiece": SHARED / "t5-spiece" / "spiece.model"}[kind]
-    if not source.exists():
-        pytest.skip(f"needs {source}")
+    source = shared_file(*{"gpt2": ("gpt2-bpe",), "neox": ("gpt-neox-20b-tokenizer", "20B_tokenizer.json"),
+                           "spiece": ("t5-spiece", "spiece.model")}[kind])
     if kind == "gpt2":
         shutil.copy(source / "encoder.json", path)
         shutil.copy(source / "vocab.bpe", path.parent / "gpt2-merges.txt")
@@ -246,27 +246,6 @@ def tokenizer_stand_in(path: Path, kind: str) -> None:
         shutil.copy(source, path / "spiece.model")
     else:
         shutil.copy(source, path)
-
-
-def printed_config(text: str) -> dict:
-    """--print_config's values: macros, `configurable.parameter`s (macro references resolved) and the resolved
-    model config's fields as `model.<field>`."""
-    values = {}
-    for line in text.splitlines():
-        model = re.match(r"^#     (\w+) = (.*)$", line)
-        binding = re.match(r"^([\w.]+) = (.*)$", line)
-        if model:
-            values[f"model.{model[1]}"] = model[2]
-        elif binding:
-            values[binding[1]] = binding[2]
-    resolved = {}
-    for name, raw in values.items():
-        raw = values.get(raw[1:], raw) if raw.startswith("%") else raw
-        try:
-            resolved[name] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            resolved[name] = raw
-    return resolved
 
 
 def not_migrated(gin_text: str) -> set[str]:

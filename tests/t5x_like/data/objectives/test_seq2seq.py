@@ -117,6 +117,7 @@ def test_seq2seq_configuration_errors(tmp_path, tokenizer_path, pairs):
         pair_source(str(tmp_path / "pairs.json"), tokenizer=tokenizer_path)
 
 
+@pytest.mark.system
 def test_worker_processes_give_the_same_batches(corpus):
     prefix, _ = corpus
     expected = take(span_source(prefix, packing=True), 3)

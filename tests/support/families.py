@@ -1,0 +1,94 @@
+"""One tiny configuration per registered family (models.FAMILIES), the lengths its kind reads, and batches for it.
+
+Tests that check something every family must do (train, shard, save, convert) take the family's model from here,
+so the suite compiles one model per family where it used to compile dozens of near-identical ones, and a new
+family joins those tests by adding its line (tests/support/test_families.py fails until it does).
+Sizes: 2 layers, 32 wide, 4 heads of 8 (2 key/value heads for Llama), MLP 64, a 256-id vocabulary padded to a
+multiple of 128 (so tensor=1..4 all divide it), float32, no dropout.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+import models
+from models.bert import BertConfig, RobertaConfig
+from models.gpt2 import GPT2Config
+from models.llama import LlamaConfig
+from models.neox import NeoXConfig
+from models.t5 import T5Config
+
+VOCAB = 256
+SIZES = dict(vocab_size=VOCAB, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64, dropout_rate=0.0,
+             vocab_pad_multiple=128, dtype="float32")
+DECODER = dict(SIZES, max_len=16, attention_dropout_rate=0.0)
+ENCODER = dict(SIZES, max_len=32, attention_dropout_rate=0.0)
+
+TINY: dict[str, models.FamilyConfig] = {
+    "gpt2": GPT2Config(**DECODER),
+    "neox": NeoXConfig(**DECODER),
+    "llama": LlamaConfig(**DECODER, num_key_value_heads=2),
+    "t5": T5Config(**SIZES, num_decoder_layers=2, d_kv=8, feed_forward="gated-gelu", tie_word_embeddings=False),
+    "bert": BertConfig(**ENCODER),
+    "roberta": RobertaConfig(**{**ENCODER, "max_len": 34}),
+}
+"""family -> its tiny config."""
+
+LENGTHS = {"decoder_only": {"targets": 16}, "encoder_decoder": {"inputs": 16, "targets": 8},
+           "encoder_only": {"inputs": 16}}
+"""kind -> the feature lengths a tiny model of that kind trains on."""
+
+
+def tiny(family: str, **changes) -> models.FamilyConfig:
+    """The family's tiny config, with `changes` (dataclasses.replace)."""
+    return dataclasses.replace(TINY[family], **changes)
+
+
+def lengths_of(config: models.FamilyConfig) -> dict[str, int]:
+    return dict(LENGTHS[models.family_of(config).kind])
+
+
+def batches(lm, lengths: dict[str, int], batch_size: int, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """`count` batches of a learnable pattern for any kind of model: each row counts up from a random start by a
+    random stride (1-3) through the ids 1..vocab-1, and a target is the id after its input; every row is scored."""
+    rng = np.random.default_rng(seed)
+    spec = lm.batch_spec(lengths, batch_size)
+    return [{name: _feature(name, s.shape, s.dtype, *rows) for name, s in spec.items()}
+            for rows in ((rng.integers(1, lm.config.vocab_size, (batch_size, 1)), rng.integers(1, 4, (batch_size, 1)),
+                          lm.config.vocab_size) for _ in range(count))]
+
+
+def _feature(name: str, shape, dtype, start: np.ndarray, stride: np.ndarray, vocab: int) -> np.ndarray:
+    if np.dtype(dtype) == np.float32:  # loss weights
+        return np.ones(shape, np.float32)
+    if "segment_ids" in name:  # unpacked: every position a real token of segment 1
+        return np.ones(shape, np.int32)
+    if "token_types" in name:
+        return np.zeros(shape, np.int32)
+    offset = 1 if "target" in name else 0
+    return (1 + (start - 1 + stride * (np.arange(shape[1]) + offset)) % (vocab - 1)).astype(np.int32)
+
+
+def train(config: models.FamilyConfig, mesh, rules: str, data: list[dict[str, np.ndarray]], **settings):
+    """Train `config` on `data` (one batch a step) on `mesh`: (per-step metrics as floats, the final state).
+    The schedule is TOTAL_STEPS long whatever the run's length, so runs on one mesh share one compiled step."""
+    import jax
+
+    from t5x_like import optim
+    from t5x_like.experiment import build_experiment
+
+    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=0, total_steps=TOTAL_STEPS)
+    batch_size = len(next(iter(data[0].values())))
+    exp = build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=batch_size,
+                           feature_lengths=lengths_of(config), **settings)
+    state = exp.init_state()
+    history = []
+    with exp.partitioner.activate():
+        for batch in data:
+            state, metrics = exp.train_step(state, exp.global_batch(batch))
+            history.append({k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0})
+    return history, state
+
+
+TOTAL_STEPS = 20

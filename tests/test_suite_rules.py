@@ -1,0 +1,108 @@
+"""The suite's own rules (docs/testing.md): tiers, no test module imported by another, ../shared reached only
+through its guard, and a process started or shared data read past the guard fails the test that did it."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import shared_data, tiers
+
+TESTS = Path(__file__).resolve().parent
+CONFTEST_ROOT = TESTS.parent
+
+
+def python_files():
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/support (or a conftest); a test module imports no `test_*` module."""
+    offenders = {str(p.relative_to(CONFTEST_ROOT)): sorted(n for n in imported_modules(p)
+                                                           if re.search(r"(^|\.)test_\w+$", n))
+                 for p in python_files()}
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_only_the_shared_data_module_builds_paths_into_shared():
+    """A path into ../shared/data built by hand bypasses the skip a fresh clone needs."""
+    pattern = re.compile(r"""["']shared["']\s*(/|,)\s*["']data["']""")
+    found = [str(p.relative_to(CONFTEST_ROOT)) for p in python_files()
+             if p.name != "shared_data.py" and p != Path(__file__) and pattern.search(p.read_text(encoding="utf-8"))]
+    assert found == []
+
+
+@pytest.mark.parametrize("marks, tier", [(set(), "unit"), ({"integration"}, "integration"),
+                                         ({"system", "slow_io"}, "system"), ({"pulse", "integration"}, "integration")])
+def test_a_test_has_the_tier_its_marks_give(marks, tier):
+    assert tiers.tier_of(marks) == tier
+
+
+def test_two_tiers_on_one_test_are_refused():
+    with pytest.raises(ValueError, match=r"two tiers \['integration', 'system'\]"):
+        tiers.tier_of({"integration", "system"})
+
+
+def test_a_read_under_shared_data_is_seen():
+    """The watch sees a file opened under ../shared/data (this one through its guard, so the test passes)."""
+    tiers.reset()
+    path = shared_file_or_skip()
+    path.read_bytes()
+    assert tiers.shared_files_opened() == [str(path)] and shared_data.reached_by_helper()
+
+
+def shared_file_or_skip() -> Path:
+    return shared_data.shared_file("gpt2-bpe", "vocab.bpe")
+
+
+def test_paths_outside_shared_data_are_not_taken_for_it(tmp_path):
+    assert not shared_data.is_shared(str(tmp_path / "shared" / "data" / "x"))
+    assert shared_data.is_shared(str(shared_data.SHARED_DATA / "x")) and not shared_data.is_shared(3)
+
+
+@pytest.mark.system
+def test_a_process_a_test_starts_is_seen():
+    tiers.reset()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert any(sys.executable in line for line in tiers.processes_started())
+
+
+RULE_BREAKERS = '''
+import subprocess, sys
+from tests.support.shared_data import SHARED_DATA
+
+def test_starts_a_process_unmarked():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_reads_shared_data_unguarded():
+    next(p for p in SHARED_DATA.rglob("*") if p.is_file()).read_bytes()
+'''
+
+
+@pytest.mark.system
+def test_breaking_a_rule_fails_the_test_that_did_it(pytester):
+    """Run as their own session (in this process): an unmarked test that starts a process, and one that reads
+    ../shared/data without the guard, both fail at teardown, each naming what it did."""
+    shared_data.shared_file()  # the second case needs the data to exist
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(CONFTEST_ROOT)!r})\nfrom tests.conftest import *\n")
+    pytester.makepyfile(test_breakers=RULE_BREAKERS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+    tiers.reset()  # what the inner session saw is not this test's doing
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.re_match_lines([r".*test_starts_a_process_unmarked starts a process \(subprocess.Popen .*\) but is "
+                                  r"not marked @pytest.mark.system.*"], consecutive=False)
+    result.stdout.re_match_lines([r".*test_reads_shared_data_unguarded reads .*shared/data.* without "
+                                  r"tests.support.shared_data.shared_file.*"], consecutive=False)
