@@ -8,62 +8,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
-from tests.support import shared_data, tiers  # noqa: E402
 
-tiers.start_watching()
-pytest_plugins = ["pytester"]  # tests/test_suite_rules.py runs rule-breaking tests in a session of their own
-_FIXTURES_READING_SHARED: set[str] = set()
-
-
-def pytest_collection_modifyitems(config, items):
-    """Every test gets its tier: unit unless marked integration or system (`pytest -m unit` selects it)."""
-    for item in items:
-        try:
-            tier = tiers.tier_of({mark.name for mark in item.iter_markers()})
-        except ValueError as error:
-            raise pytest.UsageError(f"{item.nodeid}: {error}") from None
-        if tier == "unit":
-            item.add_marker(pytest.mark.unit)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    tiers.reset()
-    mark = item.get_closest_marker("shared_data")
-    if mark is not None:
-        shared_data.skip_unless_present(*mark.args)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    """Remembers the fixtures that took a path from shared_data.shared_file: the tests using them may read it."""
-    reached_before = shared_data.reached_by_helper()
-    shared_data.start_test()
-    try:
-        return (yield)
-    finally:
-        if shared_data.reached_by_helper():
-            _FIXTURES_READING_SHARED.add(fixturedef.argname)
-        if reached_before or shared_data.reached_by_helper():
-            shared_data.mark_reached()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    """A test that started a process without the system mark, or read ../shared/data past its guard, fails."""
-    result = yield
-    started = tiers.processes_started()
-    if started and item.get_closest_marker("system") is None:
-        raise pytest.fail.Exception(f"{item.nodeid} starts a process ({started[0]}) but is not marked "
-                                    "@pytest.mark.system (tests/support/tiers.py)", pytrace=False)
-    opened = tiers.shared_files_opened()
-    guarded = (shared_data.reached_by_helper() or item.get_closest_marker("shared_data") is not None
-               or _FIXTURES_READING_SHARED.intersection(getattr(item, "fixturenames", ())))
-    if opened and not guarded:
-        raise pytest.fail.Exception(f"{item.nodeid} reads {opened[0]} without tests.support.shared_data.shared_file "
-                                    "(or its needs_shared mark), so a clone without ../shared fails instead of "
-                                    "skipping", pytrace=False)
-    return result
+# The tiers and the rules every test keeps, as a plugin (so its fixture hook also sees session-scoped fixtures,
+# which a conftest's hooks below the root directory do not); pytester runs tests/test_suite_rules.py's breakers.
+pytest_plugins = ["pytester", "tests.support.rules"]
 
 
 class SyntheticSource:

@@ -82,7 +82,21 @@ def test_a_process_a_test_starts_is_seen():
 
 RULE_BREAKERS = '''
 import subprocess, sys
-from tests.support.shared_data import SHARED_DATA
+
+import pytest
+
+from tests.support.shared_data import SHARED_DATA, shared_file
+
+
+@pytest.fixture(scope="session")
+def bpe():
+    return shared_file("gpt2-bpe")
+
+def test_reads_through_a_session_fixture(bpe):
+    (bpe / "vocab.bpe").read_bytes()
+
+def test_reads_through_it_again(bpe):
+    (bpe / "encoder.json").read_bytes()
 
 def test_starts_a_process_unmarked():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
@@ -95,13 +109,17 @@ def test_reads_shared_data_unguarded():
 @pytest.mark.system
 def test_breaking_a_rule_fails_the_test_that_did_it(pytester):
     """Run as their own session (in this process): an unmarked test that starts a process, and one that reads
-    ../shared/data without the guard, both fail at teardown, each naming what it did."""
+    ../shared/data without the guard, both fail at teardown, each naming what it did; tests reading it through a
+    session-scoped fixture that took it from the guard pass (the second one sets nothing up)."""
     shared_data.shared_file()  # the second case needs the data to exist
-    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(CONFTEST_ROOT)!r})\nfrom tests.conftest import *\n")
-    pytester.makepyfile(test_breakers=RULE_BREAKERS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+    pytester.makeini("[pytest]\n")  # the root directory is above tests/, as in this checkout
+    inner = pytester.mkdir("tests")
+    (inner / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(CONFTEST_ROOT)!r})\n"
+                                       "from tests.conftest import *\n")
+    (inner / "test_breakers.py").write_text(RULE_BREAKERS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "tests")
     tiers.reset()  # what the inner session saw is not this test's doing
-    result.assert_outcomes(passed=2, errors=2)
+    result.assert_outcomes(passed=4, errors=2)
     result.stdout.re_match_lines([r".*test_starts_a_process_unmarked starts a process \(subprocess.Popen .*\) but is "
                                   r"not marked @pytest.mark.system.*"], consecutive=False)
     result.stdout.re_match_lines([r".*test_reads_shared_data_unguarded reads .*shared/data.* without "

@@ -1,0 +1,61 @@
+"""The pytest side of the suite's tiers and rules (tests/support/tiers.py): every test gets its tier, a test marked
+`shared_data` skips without ../shared/data, and one that starts a process unmarked, or reads ../shared/data past its
+guard, fails at teardown. Registered by tests/conftest.py as a plugin: a conftest below the root directory would not
+see session-scoped fixtures being set up."""
+import pytest
+
+from tests.support import shared_data, tiers
+
+tiers.start_watching()
+_FIXTURES_READING_SHARED: set[str] = set()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test gets its tier: unit unless marked integration or system (`pytest -m unit` selects it)."""
+    for item in items:
+        try:
+            tier = tiers.tier_of({mark.name for mark in item.iter_markers()})
+        except ValueError as error:
+            raise pytest.UsageError(f"{item.nodeid}: {error}") from None
+        if tier == "unit":
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    tiers.reset()
+    mark = item.get_closest_marker("shared_data")
+    if mark is not None:
+        shared_data.skip_unless_present(*mark.args)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Remembers the fixtures that took a path from shared_data.shared_file: the tests using them may read it."""
+    reached_before = shared_data.reached_by_helper()
+    shared_data.start_test()
+    try:
+        return (yield)
+    finally:
+        if shared_data.reached_by_helper():
+            _FIXTURES_READING_SHARED.add(fixturedef.argname)
+        if reached_before or shared_data.reached_by_helper():
+            shared_data.mark_reached()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test that started a process without the system mark, or read ../shared/data past its guard, fails."""
+    result = yield
+    started = tiers.processes_started()
+    if started and item.get_closest_marker("system") is None:
+        raise pytest.fail.Exception(f"{item.nodeid} starts a process ({started[0]}) but is not marked "
+                                    "@pytest.mark.system (tests/support/tiers.py)", pytrace=False)
+    opened = tiers.shared_files_opened()
+    guarded = (shared_data.reached_by_helper() or item.get_closest_marker("shared_data") is not None
+               or _FIXTURES_READING_SHARED.intersection(getattr(item, "fixturenames", ())))
+    if opened and not guarded:
+        raise pytest.fail.Exception(f"{item.nodeid} reads {opened[0]} without tests.support.shared_data.shared_file "
+                                    "(or its needs_shared mark), so a clone without ../shared fails instead of "
+                                    "skipping", pytrace=False)
+    return result
