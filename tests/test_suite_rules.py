@@ -1,6 +1,7 @@
 """The suite's own rules (docs/testing.md): tiers, no test module imported by another, ../shared reached only
 through its guard, and a process started or shared data read past the guard fails the test that did it."""
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import shared_data, tiers
+from tests.support import environment, shared_data, tiers
 
 TESTS = Path(__file__).resolve().parent
 CONFTEST_ROOT = TESTS.parent
@@ -124,3 +125,17 @@ def test_breaking_a_rule_fails_the_test_that_did_it(pytester):
                                   r"not marked @pytest.mark.system.*"], consecutive=False)
     result.stdout.re_match_lines([r".*test_reads_shared_data_unguarded reads .*shared/data.* without "
                                   r"tests.support.shared_data.shared_file.*"], consecutive=False)
+
+
+def test_the_compilation_cache_is_pruned_oldest_first_past_its_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "CACHE_MAX_BYTES", 250)
+    monkeypatch.setattr(environment, "CACHE_KEPT_BYTES", 150)
+    for age in range(4):  # entry0 is the newest
+        path = tmp_path / f"entry{age}"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1000 - age, 1000 - age))
+    environment.prune_cache(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry0"]
+    environment.prune_cache(str(tmp_path))  # under the cap: nothing goes
+    environment.prune_cache(str(tmp_path / "absent"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry0"]

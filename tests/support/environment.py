@@ -1,5 +1,6 @@
 """The XLA environment of the suite's workers and of the processes its tests start (imported by tests/conftest.py
 before jax is, and by tests that start processes)."""
+import contextlib
 import os
 
 # Single-threaded Eigen inside each XLA:CPU op: the suite already runs one worker per core, and the
@@ -23,11 +24,13 @@ XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
 # environment): the same small models are compiled by many tests, and a hit loads the executable instead. Every
 # program is kept, however quick to compile (test_eval + test_generate + test_lm 178 -> 167 s, one process, from an
 # empty cache). It lives in the user's cache directory and is kept between runs: JAX keys each entry by the program,
-# jax/jaxlib versions, the XLA flags and the devices, so a changed tree or another flag never loads a stale one; its
-# size is capped (least recently used entries go first). A fresh machine (CI's, a newcomer's) starts it empty.
+# jax/jaxlib versions, the XLA flags and the devices, so a changed tree or another flag never loads a stale one. A
+# fresh machine (CI's, a newcomer's) starts it empty. A whole run adds about 110 MB; past CACHE_MAX_BYTES the oldest
+# entries go when a run starts (prune_cache). Not JAX's own cap (JAX_COMPILATION_CACHE_MAX_SIZE): it lists and reads
+# the whole directory on every write, which cost the suite 224 s of system time (462 s against 238 s).
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
                          "t5x_like", "jax-test-cache")
-CACHE_MAX_BYTES = 4 << 30
+CACHE_MAX_BYTES, CACHE_KEPT_BYTES = 2 << 30, 1 << 30
 
 
 def configure_this_process() -> None:
@@ -36,8 +39,24 @@ def configure_this_process() -> None:
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CHEAP_FLAGS}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def prune_cache(directory: str) -> None:
+    """Past CACHE_MAX_BYTES, delete the oldest entries (by when they were written) down to CACHE_KEPT_BYTES."""
+    try:
+        entries = sorted((e.stat().st_mtime, e.stat().st_size, e.path) for e in os.scandir(directory) if e.is_file())
+    except FileNotFoundError:
+        return
+    total = sum(size for _, size, _ in entries)
+    if total <= CACHE_MAX_BYTES:
+        return
+    for _, size, path in entries:  # oldest first
+        if total <= CACHE_KEPT_BYTES:
+            break
+        with contextlib.suppress(FileNotFoundError):  # another run pruned it
+            os.remove(path)
+        total -= size
 
 
 def cpu_env(devices: int, *, optimized: bool = False, **extra: str) -> dict[str, str]:

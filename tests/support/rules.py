@@ -2,12 +2,19 @@
 `shared_data` skips without ../shared/data, and one that starts a process unmarked, or reads ../shared/data past its
 guard, fails at teardown. Registered by tests/conftest.py as a plugin: a conftest below the root directory would not
 see session-scoped fixtures being set up."""
+import os
+
 import pytest
 
-from tests.support import shared_data, tiers
+from tests.support import environment, shared_data, tiers
 
 tiers.start_watching()
 _FIXTURES_READING_SHARED: set[str] = set()
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # once a run, in the controller
+        environment.prune_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
 def pytest_collection_modifyitems(config, items):
