@@ -99,6 +99,18 @@ def test_reads_through_a_session_fixture(bpe):
 def test_reads_through_it_again(bpe):
     (bpe / "encoder.json").read_bytes()
 
+
+@pytest.fixture(scope="module")
+def made_by_a_process():
+    return subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout
+
+@pytest.mark.system
+def test_sets_the_fixture_up(made_by_a_process):
+    assert made_by_a_process.strip() == "1"
+
+def test_uses_it_unmarked(made_by_a_process):
+    assert made_by_a_process.strip() == "1"
+
 def test_starts_a_process_unmarked():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
 
@@ -110,7 +122,8 @@ def test_reads_shared_data_unguarded():
 @pytest.mark.system
 def test_breaking_a_rule_fails_the_test_that_did_it(pytester):
     """Run as their own session (in this process): an unmarked test that starts a process, and one that reads
-    ../shared/data without the guard, both fail at teardown, each naming what it did; tests reading it through a
+    ../shared/data without the guard, both fail at teardown, each naming what it did, and so does an unmarked test
+    using a fixture that started a process when another test set it up; tests reading ../shared/data through a
     session-scoped fixture that took it from the guard pass (the second one sets nothing up)."""
     shared_data.shared_file()  # the second case needs the data to exist
     pytester.makeini("[pytest]\n")  # the root directory is above tests/, as in this checkout
@@ -120,9 +133,11 @@ def test_breaking_a_rule_fails_the_test_that_did_it(pytester):
     (inner / "test_breakers.py").write_text(RULE_BREAKERS)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "tests")
     tiers.reset()  # what the inner session saw is not this test's doing
-    result.assert_outcomes(passed=4, errors=2)
+    result.assert_outcomes(passed=6, errors=3)
     result.stdout.re_match_lines([r".*test_starts_a_process_unmarked starts a process \(subprocess.Popen .*\) but is "
                                   r"not marked @pytest.mark.system.*"], consecutive=False)
+    result.stdout.re_match_lines([r".*test_uses_it_unmarked starts a process through its fixture 'made_by_a_process' "
+                                  r"but is not marked @pytest.mark.system.*"], consecutive=False)
     result.stdout.re_match_lines([r".*test_reads_shared_data_unguarded reads .*shared/data.* without "
                                   r"tests.support.shared_data.shared_file.*"], consecutive=False)
 

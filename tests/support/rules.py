@@ -10,6 +10,7 @@ from tests.support import environment, shared_data, tiers
 
 tiers.start_watching()
 _FIXTURES_READING_SHARED: set[str] = set()
+_FIXTURES_STARTING_PROCESSES: set[str] = set()
 
 
 def pytest_configure(config):
@@ -38,12 +39,16 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
-    """Remembers the fixtures that took a path from shared_data.shared_file: the tests using them may read it."""
+    """Remembers the fixtures that took a path from shared_data.shared_file (the tests using them may read it) and
+    those that started a process (the tests using them are system tests, whichever set the fixture up)."""
     reached_before = shared_data.reached_by_helper()
     shared_data.start_test()
+    processes_before = len(tiers.processes_started())
     try:
         return (yield)
     finally:
+        if len(tiers.processes_started()) > processes_before:
+            _FIXTURES_STARTING_PROCESSES.add(fixturedef.argname)
         if shared_data.reached_by_helper():
             _FIXTURES_READING_SHARED.add(fixturedef.argname)
         if reached_before or shared_data.reached_by_helper():
@@ -55,9 +60,11 @@ def pytest_runtest_teardown(item, nextitem):
     """A test that started a process without the system mark, or read ../shared/data past its guard, fails."""
     result = yield
     started = tiers.processes_started()
-    if started and item.get_closest_marker("system") is None:
-        raise pytest.fail.Exception(f"{item.nodeid} starts a process ({started[0]}) but is not marked "
-                                    "@pytest.mark.system (tests/support/tiers.py)", pytrace=False)
+    by_fixture = sorted(_FIXTURES_STARTING_PROCESSES.intersection(getattr(item, "fixturenames", ())))
+    if (started or by_fixture) and item.get_closest_marker("system") is None:
+        what = f"a process ({started[0]})" if started else f"a process through its fixture {by_fixture[0]!r}"
+        raise pytest.fail.Exception(f"{item.nodeid} starts {what} but is not marked @pytest.mark.system "
+                                    "(tests/support/tiers.py)", pytrace=False)
     opened = tiers.shared_files_opened()
     guarded = (shared_data.reached_by_helper() or item.get_closest_marker("shared_data") is not None
                or _FIXTURES_READING_SHARED.intersection(getattr(item, "fixturenames", ())))

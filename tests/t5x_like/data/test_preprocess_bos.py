@@ -77,6 +77,7 @@ def test_each_document_starts_with_bos_as_transformers_encodes_it(work, bos_file
     assert open_token_file(work / "out" / "bos").metadata["add_bos"] is True
 
 
+@pytest.mark.system
 def test_no_bos_writes_the_documents_without_it(work, bos_files):
     hf = transformers.AutoTokenizer.from_pretrained(work / "tok")
     expected = [hf(text, add_special_tokens=False)["input_ids"] + [hf.eos_token_id] for text in TEXTS]
@@ -100,6 +101,7 @@ def test_gpt2_bpe_has_no_bos_and_is_written_as_before(work):
     assert open_token_file(work / "out" / "gpt2").metadata["add_bos"] is False
 
 
+@pytest.mark.system
 def test_packing_treats_bos_as_an_ordinary_first_token(work, bos_files):
     """Packed rows: each document's segment opens with its BOS at position 0; BOS -> first text token counts in
     the loss, a BOS is never a counted target (it starts its segment); segment ids number the documents."""
@@ -122,6 +124,7 @@ def test_packing_treats_bos_as_an_ordinary_first_token(work, bos_files):
 @pytest.mark.skipif(not MEGATRON, reason="set MEGATRON_LM to a Megatron-LM checkout to compare with its own "
                                          "tools/preprocess_data.py byte for byte")
 @pytest.mark.parametrize("ours, theirs", [("bos", ()), ("no_bos", ("--tokenizer-hf-no-include-special-tokens",))])
+@pytest.mark.system
 def test_megatron_preprocess_data_writes_the_same_bytes(work, bos_files, ours, theirs):
     (work / "megatron").mkdir(exist_ok=True)
     done = subprocess.run([sys.executable, os.path.join(MEGATRON, "tools", "preprocess_data.py"),

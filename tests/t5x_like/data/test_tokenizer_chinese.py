@@ -194,6 +194,7 @@ def test_cpm_ids_and_decoding_equal_cpm_generate(cpm_folder):
         assert ours.decode(ours.encode(text)) == text
 
 
+@pytest.mark.system
 def test_cpm_added_tokens_are_ids_and_eod_ends_documents(tmp_path, cpm_folder):
     shutil.copy(cpm_folder / "spiece.model", tmp_path / "spiece.model")
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spiece.model")).get_piece_size()
@@ -210,6 +211,7 @@ def test_cpm_added_tokens_are_ids_and_eod_ends_documents(tmp_path, cpm_folder):
     assert documents[lengths[0] - 1] == documents[-1] == ours.eod_id
 
 
+@pytest.mark.system
 def test_cpm_prefix_picks_the_cpm_tokenizer_for_a_bare_model(cpm_folder, tmp_path):
     shutil.copy(cpm_folder / "spiece.model", tmp_path / "spiece.model")
     plain = load_tokenizer(tmp_path / "spiece.model")
@@ -222,6 +224,7 @@ def test_cpm_prefix_picks_the_cpm_tokenizer_for_a_bare_model(cpm_folder, tmp_pat
         load_tokenizer(f"cpm:{tmp_path / 'missing'}")
 
 
+@pytest.mark.system
 def test_missing_jieba_is_one_line_naming_the_extra(cpm_folder, monkeypatch):
     monkeypatch.setitem(sys.modules, "jieba", None)
     with pytest.raises(UserError) as error:
@@ -248,6 +251,7 @@ def _hf_folder(random_hf_gpt2, tmp_path, vocab_size, eod_id=0, scale=0.01):
     return tmp_path / "hf"
 
 
+@pytest.mark.system
 def test_from_hf_and_to_hf_keep_a_cpm_tokenizer(random_hf_gpt2, cpm_folder, tmp_path):
     from t5x_like.convert import hf
 

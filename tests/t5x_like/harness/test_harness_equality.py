@@ -95,6 +95,7 @@ def test_the_tasks_exercise_what_they_are_for(hf_results, hf_lm):
     assert any(len(hf_lm.tok_encode(g)) < 12 for g in generations)  # stopped at '\n' or '.' before max_gen_toks
 
 
+@pytest.mark.system
 def test_a_greedy_continuation_is_scored_as_greedy_alike(hf_results, hf_lm, one_device_lm):
     """The model's own greedy generations as continuations (the tasks' answers are rarely its argmax)."""
     from lm_eval.api.instance import Instance
