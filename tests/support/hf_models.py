@@ -21,13 +21,13 @@ VERSIONS = {"v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
             "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
 
 
-def random_hf_model(version: str, seed: int = 0):
+def random_hf_model(version: str, seed: int = 0, sizes: dict = HF_SIZES):
     """A T5ForConditionalGeneration whose every tensor (norms and relative biases too) is random;
-    v1.1 gets its own lm_head."""
+    v1.1 gets its own lm_head. `sizes`: the T5Config's sizes (HF_SIZES unless given)."""
     import torch
 
     torch.manual_seed(seed)
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_SIZES, **VERSIONS[version]))
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**sizes, **VERSIONS[version]))
     if not VERSIONS[version]["tie_word_embeddings"]:
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
     with torch.no_grad():

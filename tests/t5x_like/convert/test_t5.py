@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 from t5x_like import inference  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf  # noqa: E402
-from tests.support.shared_data import SHARED_DATA, needs_shared, shared_file
+from tests.support import hf_models  # noqa: E402
+from tests.support.shared_data import SHARED_DATA, needs_shared, shared_file  # noqa: E402
 
 SPIECE = SHARED_DATA / "t5-spiece" / "spiece.model"
 HF_SIZES = dict(d_model=16, d_kv=5, d_ff=24, num_layers=2, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
@@ -27,15 +28,7 @@ LOGITS_ATOL = 1e-4
 
 
 def random_hf_model(version: str, vocab_size: int, seed: int = 0):
-    torch.manual_seed(seed)
-    model = transformers.T5ForConditionalGeneration(
-        transformers.T5Config(vocab_size=vocab_size, **HF_SIZES, **VERSIONS[version]))
-    if not VERSIONS[version]["tie_word_embeddings"]:
-        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
-    return model.eval()
+    return hf_models.random_hf_model(version, seed, sizes=dict(HF_SIZES, vocab_size=vocab_size))
 
 
 def logits(model, inputs, targets):
