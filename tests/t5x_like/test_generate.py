@@ -117,6 +117,7 @@ def test_top_p_keeps_the_smallest_set_with_that_mass():
 
 
 def test_cli_writes_jsonl(converted, tmp_path):
+    bpe = shared_file("gpt2-bpe")  # the converted checkpoint records it only when it is there
     checkpoint, _ = converted
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "The city of"}) + "\n")
@@ -129,7 +130,7 @@ def test_cli_writes_jsonl(converted, tmp_path):
     assert [r["prompt"] for r in written] == ["hangzhou is a beautiful city", "The city of"]
     from t5x_like.data import load_tokenizer
 
-    tokenizer = load_tokenizer(shared_file("gpt2-bpe"))
+    tokenizer = load_tokenizer(bpe)
     for record in written:
         assert record["completion"] == tokenizer.decode(record["tokens"])
         assert record["finish_reason"] == ("length" if len(record["tokens"]) == 6 else "eod")
