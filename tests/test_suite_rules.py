@@ -60,13 +60,9 @@ def test_two_tiers_on_one_test_are_refused():
 def test_a_read_under_shared_data_is_seen():
     """The watch sees a file opened under ../shared/data (this one through its guard, so the test passes)."""
     tiers.reset()
-    path = shared_file_or_skip()
+    path = shared_data.shared_file("gpt2-bpe", "vocab.bpe")
     path.read_bytes()
     assert tiers.shared_files_opened() == [str(path)] and shared_data.reached_by_helper()
-
-
-def shared_file_or_skip() -> Path:
-    return shared_data.shared_file("gpt2-bpe", "vocab.bpe")
 
 
 def test_paths_outside_shared_data_are_not_taken_for_it(tmp_path):

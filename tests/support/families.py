@@ -2,14 +2,13 @@
 
 Tests that check something every family must do (train, shard, save, convert) take the family's model from here,
 so the suite compiles one model per family where it used to compile dozens of near-identical ones, and a new
-family joins those tests by adding its line (tests/support/test_families.py fails until it does).
+family joins those tests by adding its line (tests/t5x_like/test_every_family.py fails until it does).
 Sizes: 2 layers; the decoder-only families 64 wide with 8 heads of 8 (Llama: 4 key/value heads) and an MLP of 128,
 so tensor=8 splits them; T5 and BERT 32 wide with 4 heads of 8 and an MLP of 64. A 256-id vocabulary padded to a
 multiple of 128, float32, no dropout.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -39,11 +38,8 @@ TINY: dict[str, models.FamilyConfig] = {
 LENGTHS = {"decoder_only": {"targets": 16}, "encoder_decoder": {"inputs": 16, "targets": 8},
            "encoder_only": {"inputs": 16}}
 """kind -> the feature lengths a tiny model of that kind trains on."""
-
-
-def tiny(family: str, **changes) -> models.FamilyConfig:
-    """The family's tiny config, with `changes` (dataclasses.replace)."""
-    return dataclasses.replace(TINY[family], **changes)
+TOTAL_STEPS = 20
+"""The schedule's length for every run (whatever its number of steps), so runs on one mesh share a compiled step."""
 
 
 def lengths_of(config: models.FamilyConfig) -> dict[str, int]:
@@ -84,8 +80,7 @@ def _feature(name: str, shape, dtype, starts: np.ndarray, strides: np.ndarray, v
 
 
 def train(config: models.FamilyConfig, mesh, rules: str, data: list[dict[str, np.ndarray]], **settings):
-    """Train `config` on `data` (one batch a step) on `mesh`: (per-step metrics as floats, the final state).
-    The schedule is TOTAL_STEPS long whatever the run's length, so runs on one mesh share one compiled step."""
+    """Train `config` on `data` (one batch a step) on `mesh`: (per-step metrics as floats, the final state)."""
     import jax
 
     from t5x_like import optim
@@ -103,5 +98,3 @@ def train(config: models.FamilyConfig, mesh, rules: str, data: list[dict[str, np
             history.append({k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0})
     return history, state
 
-
-TOTAL_STEPS = 20

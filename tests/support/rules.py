@@ -34,7 +34,7 @@ def pytest_runtest_setup(item):
     tiers.reset()
     mark = item.get_closest_marker("shared_data")
     if mark is not None:
-        shared_data.skip_unless_present(*mark.args)
+        shared_data.shared_file(*mark.args)
 
 
 @pytest.hookimpl(wrapper=True)

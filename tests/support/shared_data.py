@@ -38,11 +38,6 @@ def needs_shared(*parts: str) -> pytest.MarkDecorator:
     return pytest.mark.shared_data(*parts)
 
 
-def skip_unless_present(*parts: str) -> None:
-    """Skip the running test when `../shared/data/<parts>` is absent (what the `shared_data` mark asks)."""
-    shared_file(*parts)
-
-
 def start_test() -> None:
     _reached["by_helper"] = False
 
@@ -56,7 +51,7 @@ def reached_by_helper() -> bool:
 
 
 def is_shared(path: str | bytes | int) -> bool:
-    """Whether an opened path lies under ../shared/data (cheap: a string prefix, no file-system call)."""
+    """Whether an opened path lies under ../shared/data (resolved only when it names "shared" at all)."""
     if isinstance(path, int):
         return False
     text = path.decode(errors="replace") if isinstance(path, bytes) else str(path)

@@ -22,6 +22,7 @@ from tests.support import shared_data
 TIERS = ("unit", "integration", "system")
 PROCESS_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.system", "os.exec"}
 _seen: dict[str, list[str]] = {"processes": [], "shared": []}
+_watching: list[bool] = []  # the audit hook, once installed (a hook cannot be removed)
 
 
 def tier_of(markers: set[str]) -> str:
@@ -47,9 +48,9 @@ def _describe(args: tuple) -> str:
 
 def start_watching() -> None:
     """Installs the audit hook once per process (a hook cannot be removed, so never twice)."""
-    if not _seen.get("watching"):
+    if not _watching:
         sys.addaudithook(_audit)
-        _seen["watching"] = ["yes"]
+        _watching.append(True)
 
 
 def reset() -> None:
