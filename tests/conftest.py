@@ -1,6 +1,6 @@
 """Test-wide setup: 8 simulated CPU devices (set before jax is imported anywhere), the tiers and the rules every
 test keeps (tests/support/tiers.py), and fixtures many files share."""
-from tests.support.environment import configure_this_process
+from tests.support.environment import configure_this_process, release_compiled
 
 configure_this_process()
 
@@ -12,6 +12,13 @@ from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODE
 # The tiers and the rules every test keeps, as a plugin (so its fixture hook also sees session-scoped fixtures,
 # which a conftest's hooks below the root directory do not); pytester runs tests/test_suite_rules.py's breakers.
 pytest_plugins = ["pytester", "tests.support.rules"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a file this worker runs: its compiled programs go (environment.release_compiled)."""
+    if nextitem is None or nextitem.path != item.path:
+        release_compiled()
 
 
 class SyntheticSource:

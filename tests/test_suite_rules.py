@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# jax is imported here, outside the pytester sessions below: each of those forgets the modules it imported, and
+# jaxlib imported a second time aborts the process (absl's logging set up twice)
+import jax  # noqa: F401
 import pytest
 
 from tests.support import environment, shared_data, tiers
@@ -136,6 +139,32 @@ def test_breaking_a_rule_fails_the_test_that_did_it(pytester):
                                   r"but is not marked @pytest.mark.system.*"], consecutive=False)
     result.stdout.re_match_lines([r".*test_reads_shared_data_unguarded reads .*shared/data.* without "
                                   r"tests.support.shared_data.shared_file.*"], consecutive=False)
+
+
+COMPILED_ACROSS_FILES = {
+    "conftest.py": "import jax, pytest\n"
+                   "@pytest.fixture(scope='session')\n"
+                   "def add_one():\n"
+                   "    return jax.jit(lambda x: x + 1)\n",
+    "test_first.py": "def test_compiles(add_one):\n"
+                     "    add_one(1.0)\n"
+                     "def test_keeps_it_within_the_file(add_one):\n"
+                     "    assert add_one._cache_size() == 1\n",
+    "test_second.py": "def test_finds_it_dropped(add_one):\n"
+                      "    assert add_one._cache_size() == 0\n",
+}
+
+
+def test_a_worker_drops_its_compiled_programs_after_each_file(pytester):
+    """tests/conftest.py's teardown hook: a program compiled in one file is still compiled for that file's next
+    test, and gone (environment.release_compiled) when the next file starts."""
+    pytester.makeini("[pytest]\n")
+    inner = pytester.mkdir("tests")
+    conftest = f"import sys\nsys.path.insert(0, {str(CONFTEST_ROOT)!r})\nfrom tests.conftest import *\n"
+    for name, text in COMPILED_ACROSS_FILES.items():
+        (inner / name).write_text(conftest + text if name == "conftest.py" else text)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "tests")
+    result.assert_outcomes(passed=3)
 
 
 def test_the_compilation_cache_is_pruned_oldest_first_past_its_size(tmp_path, monkeypatch):

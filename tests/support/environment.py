@@ -1,23 +1,23 @@
 """The XLA environment of the suite's workers and of the processes its tests start (imported by tests/conftest.py
 before jax is, and by tests that start processes)."""
 import contextlib
+import gc
 import os
 
-# Single-threaded Eigen inside each XLA:CPU op: the suite already runs one worker per core, and the
-# multi-threaded pool has wedged a restore on a 2-core CI machine (a known XLA:CPU hazard; no slower here).
-# XLA's cheapest CPU code generation: the suite's small programs spend their time compiling, not running
-# (a tiny T5's train step: 15.6 s -> 6.9 s). Sampling once never finished with it: a running sum over a
-# vocabulary split across devices, which generate.sample no longer computes (tests/t5x_like/test_generate.py).
+# The XLA:CPU flags of the suite's workers and of the processes its tests start (CLIs, multi-process runs, the
+# documented commands), chosen because the suite's small programs spend their time compiling, not running:
+# - single-threaded Eigen inside each op: the suite already runs one worker per core, and the multi-threaded pool
+#   has wedged a restore on a 2-core CI machine (a known XLA:CPU hazard; no slower here);
+# - XLA's cheapest code generation (optimisation level 0, no expensive LLVM passes): a tiny T5's train step
+#   15.6 -> 6.9 s;
+# - the classic fusion emitters instead of the MLIR ones: the workers' compile time 1850 -> about 500 s over the
+#   whole suite (docs/testing.md), capped at AVX2 so that the code run is the code verified here whatever CI's CPU is
+#   (XLA generates code for the CPU it runs on). Two CI runs with them in long-lived workers lost a worker late in
+#   the run (an abort hundreds of tests into one process) while every short-lived process passed; a worker's
+#   compiled programs then piled up (23,000 memory mappings and 6.2 GB resident after 640 tests), so every worker
+#   now drops them after each test file (release_compiled).
 CHEAP_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
               "--xla_llvm_disable_expensive_passes=true"
-# The processes tests start (CLIs, multi-process runs, the documented commands) also use XLA's classic fusion
-# emitters instead of its MLIR ones: compiling about halves (a tiny GPT-2's train step 9.6 -> 4.7 CPU s), and
-# --xla_cpu_max_isa=AVX2 keeps them to the instructions the runs here use whatever CI's CPU is (XLA generates code
-# for the CPU it runs on; this machine has no AVX-512). The pytest workers themselves keep the MLIR emitters: the
-# two CI runs with the classic ones in the workers (8d3496c, c7eb6e3) each lost a worker to a fatal signal in native
-# code late in the run (at about 89 % and 84 %, hundreds of tests into one process), which no whole run here
-# reproduced, while every subprocess test that ran before the second crash there passed. A worker that dies ends
-# `make test` at once, naming its test (Makefile).
 ISA = "--xla_cpu_max_isa=AVX2"
 XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
 # One JAX compilation cache for the suite, its workers and the processes its tests start (they inherit the
@@ -36,10 +36,21 @@ CACHE_MAX_BYTES, CACHE_KEPT_BYTES = 2 << 30, 1 << 30
 def configure_this_process() -> None:
     """8 simulated CPU devices with the workers' flags and the shared compilation cache (before jax is imported);
     what the environment already sets wins (`JAX_COMPILATION_CACHE_DIR=$(mktemp -d) make test` runs cold)."""
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CHEAP_FLAGS}")
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_CPU_FLAGS}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def release_compiled() -> None:
+    """Drop this process's compiled programs (jax's in-memory caches) and what only they kept alive; the
+    persistent compilation cache still holds them, so a later test file that needs one loads it instead of
+    compiling. Without this a worker's programs pile up over the run (see XLA_CPU_FLAGS); with it its memory
+    mappings stay under about 5,500 and its resident memory under 2.6 GB (the whole suite, measured)."""
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
 
 
 def prune_cache(directory: str) -> None:
