@@ -34,13 +34,15 @@ def describe_run() -> str:
     except PartitioningError as e:
         mesh, mesh_note = None, str(e)
     if mesh is not None:
-        exp = build_experiment(mesh=mesh, restored=restored, adopt_architecture=not resuming)
+        exp = build_experiment(mesh=mesh, restored=restored, resuming=resuming,
+                               adopt_architecture=experiment.takes_checkpoint_architecture(resuming, restore_from))
         config, num_params = exp.config, exp.num_params
         mesh_line = f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}"
     else:
         model = copy.deepcopy(gin.get_bindings("build_experiment", resolve_references=False)["model"])
-        config = experiment.resolve_model_config(model, max(mesh_sizes.get("tensor", 1), 1), restored,
-                                                 adopt_architecture=not resuming)
+        config = experiment.resolve_model_config(
+            model, max(mesh_sizes.get("tensor", 1), 1), restored, resuming=resuming,
+            adopt_architecture=experiment.takes_checkpoint_architecture(resuming, restore_from))
         num_params = make_lm(config).num_params()
         mesh_line = (f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "
                      "`python -m t5x_like.compile --topology=...` checks it for the target")

@@ -117,7 +117,7 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
             for k, v in arrays.items()}
 
 
-@gin.configurable(denylist=["restored", "adopt_architecture"])
+@gin.configurable(denylist=["restored", "adopt_architecture", "resuming"])
 def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = gin.REQUIRED,
                      rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
@@ -126,10 +126,10 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
                      pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None,
-                     adopt_architecture: bool = False) -> Experiment:
-    """Assemble a run. `restored`: the model config of the checkpoint the run resumes or restores
-    from; the model must have its architecture (or, with `adopt_architecture`, takes it: RESTORE_FROM),
-    and keeps its vocabulary padding where it divides."""
+                     adopt_architecture: bool = False, resuming: bool = False) -> Experiment:
+    """Assemble a run. `restored`: the model config of the checkpoint the run resumes (`resuming`) or restores
+    from; the model must have its architecture (or, with `adopt_architecture`, takes it: a RESTORE_FROM run,
+    started or resumed), and keeps its vocabulary padding where it divides."""
     if on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
     validate.positive_int("BATCH_SIZE", batch_size)
@@ -139,7 +139,8 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
-    config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture)
+    config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture,
+                                  resuming=resuming)
     with as_user_error():
         config.check_lengths(lengths)
     step_config = trainer.StepConfig(
@@ -204,13 +205,13 @@ def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> No
 
 
 def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: models.FamilyConfig | None, *,
-                         adopt_architecture: bool = False) -> models.FamilyConfig:
+                         adopt_architecture: bool = False, resuming: bool = False) -> models.FamilyConfig:
     """Pad the vocabulary to a multiple of 128 x tensor (the config's own multiple when it is one),
     unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis).
-    A restored checkpoint must hold the same architecture; `adopt_architecture` (RESTORE_FROM: a new run
-    from a checkpoint's parameters) takes the checkpoint's instead, keeping the run's own choices
+    A restored checkpoint must hold the same architecture; `adopt_architecture` (RESTORE_FROM: a run from a
+    checkpoint's parameters, and its resumes) takes the checkpoint's instead, keeping the run's own choices
     (dtype, dropout, attention, remat, scan) and its head (HEAD_FIELDS: a classifier on a masked-LM
-    encoder)."""
+    encoder). A resumed checkpoint's (`resuming`) FP8 state needs the run's matmul dtype to be its own."""
     if config.vocab_pad_multiple % (128 * tensor):
         config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
     if restored is None:
@@ -220,7 +221,7 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
                         f"run's model_config builds a {config.family!r} one; use a run file of the checkpoint's "
                         f"family (model_config.preset of family {restored.family!r}), or another checkpoint / "
                         "MODEL_DIR.")
-    if not adopt_architecture and restored.matmul_dtype != config.matmul_dtype:
+    if resuming and restored.matmul_dtype != config.matmul_dtype:
         raise UserError(f"MODEL_DIR's checkpoint was trained with model_config.matmul_dtype={restored.matmul_dtype!r} "
                         f"but the run sets {config.matmul_dtype!r}: the FP8 state does not carry over a resume; keep "
                         f"{restored.matmul_dtype!r}, or start a new MODEL_DIR from its parameters with RESTORE_FROM.")
@@ -240,6 +241,13 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
     if restored.padded_vocab_size % tensor == 0:
         config = dataclasses.replace(config, vocab_pad_multiple=restored.vocab_pad_multiple)
     return config
+
+
+def takes_checkpoint_architecture(resuming: bool, restore_from: str | None) -> bool:
+    """Whether the run's model takes its checkpoint's architecture: a new run from RESTORE_FROM's parameters, and
+    every resume of such a run (MODEL_DIR's checkpoint records the architecture the first run took), so an
+    interrupted or extended RESTORE_FROM run resumes with the command that started it."""
+    return not resuming or restore_from is not None
 
 
 def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, repeats: int, rows: int,

@@ -29,19 +29,35 @@ class NonfiniteLossError(UserError, FloatingPointError):
 
 class NonfiniteCheck:
     """What a step with a non-finite loss, gradients or update leads to (the step itself never applied
-    it): a warning ('skip', or a float16 loss scale that backs off), or a NonfiniteLossError naming the step,
-    what was not finite and likely causes: at once ('stop'), or after `in_a_row` steps in a row whose loss or
-    gradients were not finite (the state itself is bad: skipping cannot get past it). Every process reads the
-    same replicated metrics, so every process stops at the same step."""
+    it): a warning ('skip'), or a NonfiniteLossError naming the step, what was not finite and likely causes: at
+    once ('stop'), or after `in_a_row` steps in a row whose loss or gradients were not finite (the state itself is
+    bad: skipping cannot get past it). Every process reads the same replicated metrics, so every process stops at
+    the same step.
 
-    def __init__(self, params, on_nonfinite: str, in_a_row: int = 5):
+    A float16 run's dynamic loss scale (`loss_scale`, not static) overflows by design: a step whose loss is
+    finite but whose scaled gradients are not is the scaler's to handle (the update skipped, the scale backing
+    off, as DeepSpeed and Megatron do: Megatron's scale starts at 2**32), logged, not counted as a bad state,
+    until the scale is at its minimum and cannot back off further."""
+
+    def __init__(self, params, on_nonfinite: str, in_a_row: int = 5, loss_scale=None):
         self.leaf_names = [jax.tree_util.keystr(path, simple=True, separator="/")
                            for path, _ in jax.tree_util.tree_leaves_with_path(params)]
         self.on_nonfinite, self.in_a_row = on_nonfinite, in_a_row
+        self.dynamic_scale = loss_scale is not None and not loss_scale.static_scale
+        self.min_scale = loss_scale.min_scale if self.dynamic_scale else None
         self.bad_since: int | None = None  # the first step of the current run of non-finite losses / gradients
+
+    def scaler_overflow(self, values: dict, bad: list[str]) -> bool:
+        """Only the scaled gradients overflowed, and the dynamic loss scale can still back off."""
+        return (self.dynamic_scale and bool(bad) and math.isfinite(values["loss"])
+                and values["loss_scale"] > self.min_scale)
 
     def __call__(self, step: int, values: dict, grad_finite: np.ndarray) -> None:
         bad = [name for name, finite in zip(self.leaf_names, grad_finite) if not finite]
+        if values["skipped"] and self.scaler_overflow(values, bad):
+            logging.info("step %d: the gradients overflowed at loss scale %g; update skipped, the scale backs off",
+                         step, values["loss_scale"])
+            return
         state_bad = values["skipped"] and (bad or not math.isfinite(values["loss"]))
         self.bad_since = (self.bad_since or step) if state_bad else None
         if not values["skipped"]:

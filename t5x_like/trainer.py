@@ -31,8 +31,8 @@ class LossScaleConfig:
     (initial_scale_power, loss_scale_window, hysteresis, min_loss_scale) behaves as it does there.
 
     The scale starts at 2**initial_scale_power. A step whose gradients are not finite is
-    skipped; after `hysteresis` such steps in a row the scale halves (not below min_scale).
-    After `window` finite steps since the last overflow it doubles. `static_scale` > 0 is DeepSpeed's
+    skipped; the first `hysteresis` - 1 such steps keep the scale, every later one halves it (not below
+    min_scale), until `window` finite steps in a row double it and restore the hysteresis. `static_scale` > 0 is DeepSpeed's
     fixed `loss_scale` (Megatron's --loss-scale): the scale is that and never changes (a step whose
     gradients are not finite is still skipped); 0 = dynamic.
     """
@@ -61,21 +61,24 @@ class LossScale:
                    jnp.zeros((), jnp.int32), jnp.asarray(config.hysteresis, jnp.int32))
 
     def update(self, finite: jax.Array, config: LossScaleConfig) -> "LossScale":
-        """The next scale after a step whose gradients were (not) finite (a static scale stays)."""
+        """The next scale after a step whose gradients were (not) finite (a static scale stays), as Megatron's
+        DynamicGradScaler and DeepSpeed's DynamicLossScaler count: each overflow uses up one of `hysteresis`, and
+        once they are used up every overflow halves the scale; they come back only when the scale grows (after
+        `window` finite steps in a row), so Megatron's 2**32 start backs off one halving per step."""
         if config.static_scale:
             return self
         backoff = self.hysteresis_left <= 1
         on_overflow = LossScale(
             scale=jnp.where(backoff, jnp.maximum(self.scale / 2, config.min_scale), self.scale),
             good_steps=jnp.zeros_like(self.good_steps),
-            hysteresis_left=jnp.where(backoff, config.hysteresis, self.hysteresis_left - 1),
+            hysteresis_left=jnp.maximum(self.hysteresis_left - 1, 0),
         )
         good = self.good_steps + 1
         grow = good >= config.window
         on_finite = LossScale(
             scale=jnp.where(grow, self.scale * 2, self.scale),
             good_steps=jnp.where(grow, 0, good),
-            hysteresis_left=jnp.asarray(config.hysteresis, jnp.int32),
+            hysteresis_left=jnp.where(grow, config.hysteresis, self.hysteresis_left),
         )
         return jax.tree.map(lambda a, b: jnp.where(finite, a, b), on_finite, on_overflow)
 

@@ -20,7 +20,7 @@ from t5x_like import (checkpoints, distributed, metrics, nonfinite, resume, run_
                       validate, validation)
 from t5x_like.errors import UserError
 from t5x_like.harness import during_training
-from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.experiment import Experiment, build_experiment, takes_checkpoint_architecture
 from t5x_like.data import load_tokenizer
 from t5x_like.run_config import make_source
 
@@ -64,7 +64,8 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
             return finished_run(ckpt, latest, train_steps, model_dir)
         stored = resume.stored_model_info(ckpt, latest, restore_from)
         exp = experiment(restored=models.config_from_dict(stored["config"]) if stored else None,
-                         adopt_architecture=latest is None)
+                         adopt_architecture=takes_checkpoint_architecture(latest is not None, restore_from),
+                         resuming=latest is not None)
         source = open_source(run, data_source, "train", exp)
         validating = open_validation(run, data_source, exp, eval_steps) if eval_every else None
         run_config.agree_on_settings(latest)  # before the first collective: a process that failed or differs stops all
@@ -101,7 +102,8 @@ class Loop:
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         self.stop = stopping.StopSignal()
         run.callback(self.stop.restore)
-        self.check = nonfinite.NonfiniteCheck(state.params, exp.on_nonfinite, nonfinite_in_a_row)
+        self.check = nonfinite.NonfiniteCheck(state.params, exp.on_nonfinite, nonfinite_in_a_row,
+                                              exp.step_config.loss_scale)
         run.push(nonfinite.set_aside_bad_states(ckpt))
         run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
 

@@ -99,6 +99,7 @@ def test_fp8_with_a_pipeline_is_refused():
 def test_resuming_with_another_matmul_dtype_is_refused_and_restore_from_takes_the_runs():
     plain, with_fp8 = GPT2, dataclasses.replace(GPT2, matmul_dtype="fp8")
     for run, checkpoint in ((with_fp8, plain), (plain, with_fp8)):
-        with pytest.raises(UserError, match="the FP8 state does not carry over a resume"):
-            resolve_model_config(run, 1, checkpoint)
+        for adopt_architecture in (False, True):  # a resume, of a RESTORE_FROM run too
+            with pytest.raises(UserError, match="the FP8 state does not carry over a resume"):
+                resolve_model_config(run, 1, checkpoint, resuming=True, adopt_architecture=adopt_architecture)
     assert resolve_model_config(with_fp8, 1, plain, adopt_architecture=True).matmul_dtype == "fp8"

@@ -179,6 +179,15 @@ def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path,
     got = jax.device_get(checkpoints.restore_params(str(tmp_path / "finetune"), None))
     want = jax.device_get(checkpoints.restore_params(str(tmp_path / "imported"), None))
     jax.tree.map(np.testing.assert_array_equal, got, want)
+    # extended with the same command and more steps: MODEL_DIR's checkpoint wins, with the model it records
+    gin.clear_config()
+    gin_cli.parse_gin(["quickstart.gin"], [
+        f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=2",
+        "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
+    described = describe.describe_run()
+    assert "#     embed_dim = 36" in described and f"#   resumes from {tmp_path / 'finetune'}" in described
+    assert training.train().step == 2
+    assert checkpoints.read_model_info(str(tmp_path / "finetune"))["config"] == saved
 
 
 def test_the_extra_gin_file_of_the_environment_has_the_last_word(clean_gin, tmp_path, monkeypatch):

@@ -69,19 +69,60 @@ def test_bfloat16_compute_tracks_float32(synthetic_source):
     np.testing.assert_allclose([m["loss"] for m in bf16], [m["loss"] for m in fp32], rtol=2e-2)
 
 
+class MegatronGradScaler:
+    """Megatron-LM's DynamicGradScaler.update (megatron/core/optimizer/grad_scaler.py), as plain Python:
+    DeepSpeed's DynamicLossScaler (consecutive_hysteresis off, its default) moves its scale the same way."""
+
+    def __init__(self, initial_scale, min_scale, growth_interval, hysteresis):
+        self.scale, self.min_scale, self.growth_interval, self.hysteresis = (
+            initial_scale, min_scale, growth_interval, hysteresis)
+        self.growth_tracker, self.hysteresis_tracker = 0, hysteresis
+
+    def update(self, found_inf):
+        if found_inf:
+            self.growth_tracker = 0
+            self.hysteresis_tracker -= 1
+            if self.hysteresis_tracker <= 0:
+                self.scale = max(self.scale * 0.5, self.min_scale)
+        else:
+            self.growth_tracker += 1
+            if self.growth_tracker == self.growth_interval:
+                self.growth_tracker = 0
+                self.hysteresis_tracker = self.hysteresis
+                self.scale = self.scale * 2.0
+
+
 def test_loss_scale_update_rules():
     config = trainer.LossScaleConfig(initial_scale_power=4, window=2, hysteresis=2, min_scale=4.0)
     scale = trainer.LossScale.create(config)
     scale = scale.update(np.bool_(False), config)  # first overflow: hysteresis absorbs it
     assert float(scale.scale) == 16.0 and int(scale.hysteresis_left) == 1
-    scale = scale.update(np.bool_(False), config)  # second in a row: halve
-    assert float(scale.scale) == 8.0 and int(scale.hysteresis_left) == 2
+    scale = scale.update(np.bool_(False), config)  # second: halve
+    assert float(scale.scale) == 8.0
+    scale = scale.update(np.bool_(True), config)  # a finite step does not restore the hysteresis
+    scale = scale.update(np.bool_(False), config)  # so the next overflow halves at once
+    assert float(scale.scale) == 4.0
     for _ in range(3):
         scale = scale.update(np.bool_(False), config)
     assert float(scale.scale) == 4.0  # never below min_scale
     scale = scale.update(np.bool_(True), config)
     scale = scale.update(np.bool_(True), config)  # window of finite steps: double
-    assert float(scale.scale) == 8.0 and int(scale.good_steps) == 0
+    assert float(scale.scale) == 8.0 and int(scale.good_steps) == 0 and int(scale.hysteresis_left) == 2
+
+
+@pytest.mark.parametrize("hysteresis, window", [(1, 3), (2, 4), (3, 2)])
+def test_the_loss_scale_moves_as_megatrons_grad_scaler(hysteresis, window):
+    """Megatron's --initial-loss-scale 2**32 start, then a random run of overflows and finite steps."""
+    config = trainer.LossScaleConfig(initial_scale_power=32, window=window, hysteresis=hysteresis, min_scale=1.0)
+    ours, megatron = trainer.LossScale.create(config), MegatronGradScaler(2.0 ** 32, 1.0, window, hysteresis)
+    overflows = [True] * 20 + list(np.random.default_rng(hysteresis).random(200) < 0.3)
+    scales = []
+    for overflow in overflows:
+        ours = ours.update(np.bool_(not overflow), config)
+        megatron.update(overflow)
+        scales.append((float(ours.scale), megatron.scale))
+    assert [a for a, _ in scales] == [b for _, b in scales]
+    assert scales[19][0] == 2.0 ** (32 - 20 + hysteresis - 1)  # one halving per overflow once the hysteresis is used
 
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):

@@ -20,7 +20,7 @@ from configs import llama as llama_presets
 from t5x_like.errors import UserError
 from t5x_like.migration import translate, upstream
 from tests.support.cli import run_cli
-from tests.support.migration import printed_config
+from tests.support.migration import megatron_token_file, printed_config
 from tests.support.shared_data import shared_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "data" / "megatron_llama"
@@ -213,19 +213,6 @@ def test_a_megatron_llama_script_gives_the_presets_architecture(tmp_path, script
     assert {k: values.get(f"model.{k}", "(not shown)") for k in architecture} == architecture
     for key, value in case["expected"].items():
         assert values.get(key, "(not shown)") == (pytest.approx(value) if isinstance(value, float) else value), key
-
-
-def megatron_token_file(prefix: Path, tokenizer_path: Path) -> None:
-    """Documents (Python's help topics) tokenized as Megatron's tools/preprocess_data.py leaves them: .bin and .idx,
-    each document ending with the tokenizer's end-of-document id, no metadata beside them."""
-    from t5x_like.data.token_file import TokenFileWriter, token_dtype
-    from t5x_like.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(tokenizer_path)
-    documents = [tokenizer.encode(text) + [tokenizer.eod_id] for text in list(pydoc_data.topics.topics.values())[:60]]
-    with TokenFileWriter(prefix, token_dtype(tokenizer.vocab_size), {}) as writer:
-        writer.write(np.concatenate(documents), np.asarray([len(d) for d in documents]))
-    Path(f"{prefix}.json").unlink()
 
 
 @pytest.mark.system

@@ -1,0 +1,40 @@
+"""A Megatron-LM GPT script with `--fp16`, migrated and trained as its user would (tests/data/megatron_gpt): the
+dynamic loss scale starts at Megatron's 2**32, the first steps overflow as designed and are skipped while the scale
+backs off, then the run trains to its last step with the loss falling."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.cli import run_cli
+from tests.support.migration import megatron_token_file
+from tests.support.shared_data import shared_file
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "data" / "megatron_gpt"
+
+
+@pytest.mark.system
+def test_a_megatron_fp16_script_trains_through_its_loss_scale_overflows(tmp_path):
+    shutil.copy(SCRIPTS / "pretrain_gpt_tiny_fp16.sh", tmp_path)
+    shutil.copy(shared_file("gpt2-bpe", "encoder.json"), tmp_path / "gpt2-vocab.json")
+    shutil.copy(shared_file("gpt2-bpe", "vocab.bpe"), tmp_path / "gpt2-merges.txt")
+    megatron_token_file(tmp_path / "data" / "tiny_text_document", tmp_path / "gpt2-vocab.json")
+    run_cli("t5x_like.migrate", ["pretrain_gpt_tiny_fp16.sh", "--output=tiny.gin"], tmp_path)
+    gin_text = (tmp_path / "tiny.gin").read_text()
+    assert "DTYPE = 'float16'" in gin_text and "initial_scale_power = 32" in gin_text, gin_text
+    done = run_cli("t5x_like.train", ["--gin_file=tiny.gin"], tmp_path, devices=2, timeout=600)
+    rows = [json.loads(line) for line in (tmp_path / "checkpoints" / "gpt_tiny_fp16" / "metrics.jsonl").read_text()
+            .splitlines()]
+    steps = [row for row in rows if "loss_scale" in row]
+    assert [row["step"] for row in steps] == list(range(1, 41)), done.stderr[-2000:]
+    skipped = [row["step"] for row in steps if row["skipped"]]
+    scales = [row["loss_scale"] for row in steps]
+    # Megatron's scaler: the first overflow uses up the hysteresis, every later one halves the scale
+    assert scales[0] == 2.0 ** 32 and skipped == list(range(1, len(skipped) + 1)) and len(skipped) >= 3
+    assert scales[:len(skipped) + 1] == [2.0 ** 32] * 2 + [2.0 ** (32 - i) for i in range(1, len(skipped))]
+    trained = [row["loss"] for row in steps if not row["skipped"]]
+    assert np.mean(trained[-5:]) < 0.8 * np.mean(trained[:5]), trained
+    assert "Traceback" not in done.stderr and "error" not in done.stderr.lower(), done.stderr[-2000:]
+    assert (tmp_path / "checkpoints" / "gpt_tiny_fp16" / "checkpoints" / "40").is_dir()
