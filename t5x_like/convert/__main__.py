@@ -31,6 +31,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_hf.add_argument("--tokenizer", default=None,
                        help="the tokenizer to write (default: the one the checkpoint records), in any form training "
                             "takes: a directory or tokenizer.json, GPT-2 BPE files, vocab.txt, a sentencepiece .model")
+    to_hf.add_argument("--overwrite", action="store_true",
+                       help="DST may hold an earlier export: its model and tokenizer files are replaced (files of "
+                            "other kinds are left alone)")
     to_torch = commands.add_parser("to-torch", help="checkpoint -> torch state_dict file")
     to_torch.add_argument("src", help="MODEL_DIR (latest step) or a step directory")
     to_torch.add_argument("file", help="output .pt file")
@@ -60,6 +63,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad values and unwritable outputs before converting anything."""
     if args.command == "to-hf":
         validate.output_dir("DST", args.dst, new_folder_for="the Hugging Face files")
+        refuse_a_folder_in_use(args.dst, args.overwrite)
     elif args.command == "to-torch":
         validate.output_file("FILE", args.file)
     else:
@@ -67,6 +71,18 @@ def check_arguments(args: argparse.Namespace) -> None:
         validate.positive_int("--vocab_pad_multiple", args.vocab_pad_multiple)
         validate.output_dir("DST", args.dst)
         refuse_existing_checkpoints(args.dst)
+
+
+def refuse_a_folder_in_use(dst: str, overwrite: bool) -> None:
+    """to-hf writes into an empty or new folder; one holding files (another model's export, anything else) only
+    with --overwrite, and then the earlier export's files go first (hf.remove_export)."""
+    held = sorted(os.listdir(dst)) if os.path.isdir(dst) else []
+    if held and not overwrite:
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise UserError(f"DST={dst} already holds files ({shown}); to-hf writes into a new or empty folder: give "
+                        "another DST, or add --overwrite to replace the model there.")
+    if held:
+        hf.remove_export(dst)
 
 
 def refuse_existing_checkpoints(dst: str) -> None:

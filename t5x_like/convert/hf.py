@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import json
 import os
+from pathlib import Path
 from typing import Iterator
 
 import jax
@@ -77,6 +78,22 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:
         save_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))
+
+
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+                "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "tokenizer.model", "chat_template.jinja")
+"""What a Hugging Face model folder holds (transformers' save_pretrained, a tokenizer's save): an earlier export's
+files that `to-hf --overwrite` removes, so none of them stays beside the new model's."""
+
+
+def remove_export(dst: str) -> list[str]:
+    """Remove the model and tokenizer files (EXPORT_FILES) in `dst`; returns their names."""
+    removed = sorted({path.name for pattern in EXPORT_FILES for path in Path(dst).glob(pattern) if path.is_file()})
+    for name in removed:
+        os.remove(os.path.join(dst, name))
+    return removed
 
 
 def to_torch(src: str, file: str) -> None:

@@ -31,7 +31,7 @@ from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtyp
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.data.tokenizer_files import tokenizer_record
 from t5x_like import validate
-from t5x_like.errors import exit_on_user_error, run_absl_app
+from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 
 FLAGS = flags.FLAGS
 CHUNK_CHARS = 1 << 20  # characters of text per task sent to a worker
@@ -93,6 +93,19 @@ class VocabularyCheckedWriter(TokenFileWriter):
         super()._finish()
 
 
+OUTPUT_SUFFIXES = (".bin", ".idx", ".json")
+
+
+def refuse_writing_over_inputs(output_prefix: str, paths: Sequence[str]) -> None:
+    """Refuse an --output_prefix whose files would replace one of the files being read (`--input=arr.json
+    --output_prefix=arr` would write the metadata over its own input)."""
+    inputs = {os.path.realpath(p): p for p in paths}
+    for suffix in OUTPUT_SUFFIXES:
+        if (read := inputs.get(os.path.realpath(output_prefix + suffix))) is not None:
+            raise UserError(f"--output_prefix={output_prefix} would write {output_prefix}{suffix} over the input "
+                            f"{read}; choose another prefix, e.g. --output_prefix={output_prefix}_tokens")
+
+
 def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *, fmt: str = "auto",
                json_keys: Sequence[str] = ("text",), append_eod: bool = True, bos: bool = True,
                workers: int = 1, decode_errors: str = "strict", progress: bool = False) -> dict:
@@ -101,6 +114,7 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
     validate.positive_int("--workers", workers)
     validate.output_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
     paths = formats.expand_inputs(inputs)
+    refuse_writing_over_inputs(output_prefix, paths)
     tokenizer = validate.tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
     add_bos = bos and tokenizer.bos_id is not None

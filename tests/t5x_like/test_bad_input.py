@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -336,6 +337,8 @@ CASES = [
          "--tokenizer={binary_json}", writes=["{tmp}/out.bin"]),
     case("preprocess", ["--input={text}", "--output_prefix={tmp}/out", "--tokenizer={tok}", "--workers=0"],
          "--workers=0", writes=["{tmp}/out.bin"]),
+    case("preprocess", ["--input={arr}", "--output_prefix={tmp}/arr", "--tokenizer={tok}", "--workers=1"],
+         "would write {tmp}/arr.json over the input {arr}", writes=["{tmp}/arr.bin"]),
     case("train_tokenizer", ["--input={text}", "--output={tmp}/t.json", "--vocab_size=0"], "--vocab_size=0",
          writes=["{tmp}/t.json"]),
     case("train_tokenizer", ["--input={text}", "--output={tmp}/t.model", "--type=sentencepiece", "--vocab_size=-5"],
@@ -408,6 +411,7 @@ def placeholders(runs: dict, tmp: str) -> dict:
         lambada_bad=write("lambada.jsonl", b'{"text": "fine"}\n{"txt": "no text field"}\n'),
         pairs=write("pairs.jsonl", b'{"inputs": "a", "targets": "b"}\n'),
         text=write("corpus.txt", b"some text to tokenize\n" * 20),
+        arr=write("arr.json", b'[{"text": "a JSON array of documents"}, {"text": "read by preprocess"}]\n'),
         hf_list=hf_dir("hf_list", config=[1, 2]), hf_fields=hf_dir("hf_fields", config={"model_type": "gpt2"}),
         hf_truncated=hf_dir("hf_truncated", truncate=True),
         good_copy=good_copy, run=good_copy, unrecorded=runs["unrecorded"],
@@ -515,6 +519,28 @@ def test_a_refused_output_leaves_the_checkpoint_as_it_was(runs, tmp_path):
         assert judge("convert", argv)[0] == "clear"
     assert checkpoints.verify_manifest(step)
     assert judge("convert", ["to-torch", values["run"], str(tmp_path / "state.pt")])[0] == "silent"
+
+
+def test_to_hf_replaces_the_model_in_a_folder_only_when_asked(runs, tmp_path):
+    """`convert to-hf CKPT DIR` with another model's export in DIR: refused, DIR as it was; with --overwrite the
+    earlier export's files go (its generation_config.json no longer sits beside the new model) and other files
+    stay."""
+    dst = tmp_path / "hf"
+    shutil.copytree(runs["hf"], dst)
+    (dst / "generation_config.json").write_text('{"bos_token_id": 7}')
+    (dst / "config.json").write_text('{"model_type": "another model"}')
+    (dst / "notes.txt").write_text("the user's own")
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    outcome, line = judge("convert", ["to-hf", runs["good"], str(dst)])
+    assert (outcome, line) == ("clear", f"error: DST={dst} already holds files (config.json, "
+                                        "generation_config.json, model.safetensors, notes.txt, ...); to-hf writes "
+                                        "into a new or empty folder: give another DST, or add --overwrite to replace "
+                                        "the model there.")
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
+    assert judge("convert", ["to-hf", runs["good"], str(dst), "--overwrite"])[0] == "silent"
+    assert not (dst / "generation_config.json").exists() and (dst / "notes.txt").read_text() == "the user's own"
+    assert json.loads((dst / "config.json").read_text())["model_type"] == "gpt2"
+    assert (dst / "model.safetensors").read_bytes() == (Path(runs["hf"]) / "model.safetensors").read_bytes()
 
 
 def test_outputs_go_into_new_folders_made_before_the_work(runs, tmp_path):
