@@ -75,6 +75,9 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
     save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     del tensors
     hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
+    bos = tokenizer.configured_token_id("bos_token") if tokenizer is not None else None
+    if bos is not None and "bos_token_id" in hf_config:  # the tokenizer's own beginning-of-text token
+        hf_config["bos_token_id"] = bos
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:
         save_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))

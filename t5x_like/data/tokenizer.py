@@ -54,12 +54,21 @@ NUM_SENTINELS = 100
 SENTINEL = re.compile(r"<extra_id_(\d+)>")
 
 
+KEPT_CONFIG = ("tokenizer_class", "bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
+               "mask_token", "additional_special_tokens", "add_bos_token", "add_eos_token", "chat_template")
+"""The entries of a tokenizer folder's tokenizer_config.json that a tokenizer.json loaded from it keeps, and writes
+again wherever it is saved (a checkpoint's record, `convert to-hf`): its class, its special tokens and how they
+are added, so an import followed by an export keeps every special token (Llama's `<s>`, `</s>`, `<unk>`)."""
+
+
 class HuggingFaceTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer` (byte-level BPE for GPT-2 and GPT-NeoX)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, path: str, eos_token: str | None = None):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, path: str, eos_token: str | None = None,
+                 folder_config: dict | None = None):
         self._tokenizer = tokenizer
         self.path = path
+        self._kept_config = {k: v for k, v in (folder_config or {}).items() if k in KEPT_CONFIG}
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         specials = frozenset(t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special)
         self.eod_id = find_eod(path, tokenizer.token_to_id, eos_token, specials)
@@ -89,7 +98,7 @@ class HuggingFaceTokenizer(Tokenizer):
         return {"tokenizer.json": self._tokenizer.to_str().encode()}
 
     def hf_tokenizer_config(self) -> dict:
-        return {"tokenizer_class": "PreTrainedTokenizerFast"}
+        return {"tokenizer_class": "PreTrainedTokenizerFast", **self._kept_config}
 
 
 def leading_special_id(tokenizer: tokenizers.Tokenizer) -> int | None:
@@ -273,7 +282,8 @@ def huggingface_tokenizer(json_file: str, path: str) -> HuggingFaceTokenizer:
                         "pass a tokenizer.json, or GPT-2's vocab.json with its merges.txt beside it") from None
     if isinstance(tokenizer.model, models.WordPiece):
         return WordPieceTokenizer(tokenizer, path)
-    return HuggingFaceTokenizer(tokenizer, path, configured_eos_token(Path(json_file).parent))
+    folder = Path(json_file).parent
+    return HuggingFaceTokenizer(tokenizer, path, configured_eos_token(folder), tokenizer_config(folder))
 
 
 def configured_eos_token(directory: Path) -> str | None:

@@ -61,6 +61,12 @@ class Tokenizer:
         """The tokenizer_config.json entries that go with `hf_files` (the tokenizer class, its own specials)."""
         raise NotImplementedError
 
+    def configured_token_id(self, name: str) -> int | None:
+        """The id of the token its tokenizer_config.json entries name as `name` ('bos_token', ...); None without."""
+        token = self.hf_tokenizer_config().get(name)
+        token = token.get("content") if isinstance(token, dict) else token
+        return self.token_to_id(token) if isinstance(token, str) else None
+
     def encode_documents(self, texts: Sequence[str], append_eod: bool,
                          add_bos: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The documents' ids back to back (`bos_id` before each when `add_bos`, which needs one; EOD after each

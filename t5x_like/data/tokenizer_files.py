@@ -4,6 +4,7 @@ files inside it, unpacked into a cache when read), so a run or a corpus keeps it
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -70,15 +71,17 @@ def _absolute(path: str) -> str:
 
 def recorded_tokenizer_path(record: dict | str | None) -> str | None:
     """A path `load_tokenizer` opens for a recorded tokenizer: its files unpacked once into the cache
-    (`cache_root()/tokenizers/<sha256>`), or, for records older than the files, the path it recorded."""
+    (`cache_root()/tokenizers/<hash of the files>`), or, for records older than the files, the path it recorded."""
     if record is None or isinstance(record, str):
         return record
     if "files" not in record:
         return record["path"]
-    directory = cache_root() / "tokenizers" / record["sha256"]
+    # keyed by the files themselves: one vocabulary (one sha256) may come with other tokenizer_config.json entries
+    key = hashlib.sha256(json.dumps(record["files"], sort_keys=True).encode()).hexdigest()
+    directory = cache_root() / "tokenizers" / key
     if not directory.is_dir():
         directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{record['sha256'][:12]}-", dir=directory.parent)
+        tmp = tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=directory.parent)
         for name, contents in record["files"].items():
             Path(tmp, name).write_bytes(base64.b64decode(contents))
         try:

@@ -140,3 +140,35 @@ def test_unsupported_hf_options_are_named(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
     with pytest.raises(UserError, match=r"config.json: mlp_bias=True is not supported by our llama"):
         hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+
+
+def llama_2_tokenizer(folder, corpus_dir):
+    """A Llama 2-style tokenizer (a byte-fallback BPE sentencepiece model with Llama's `<unk>`, `<s>`, `</s>` at
+    ids 0, 1, 2), trained on Python's help topics and loaded and saved as transformers does a Llama 2 folder's."""
+    import pydoc_data.topics
+    import sentencepiece
+
+    corpus = corpus_dir / "corpus.txt"
+    corpus.write_text("\n".join(list(pydoc_data.topics.topics.values())[:80]))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(corpus_dir / "tokenizer"), vocab_size=VOCAB, model_type="bpe",
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, character_coverage=1.0, minloglevel=2)
+    tokenizer = transformers.LlamaTokenizer.from_pretrained(corpus_dir)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def test_an_imported_llama_2_folder_exports_with_its_special_tokens(tmp_path):
+    """from-hf then to-hf of a Llama 2-style folder: the export's tokenizer has the same class, special tokens and
+    encodings, and config.json the same bos / eos ids (they became `</s>` and 2 before)."""
+    original = llama_2_tokenizer(tmp_path / "hf", tmp_path)
+    random_model("llama", vocab_size=len(original), bos_token_id=1, eos_token_id=2).save_pretrained(tmp_path / "hf")
+    cli.main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")])
+    cli.main(["to-hf", str(tmp_path / "ours"), str(tmp_path / "back")])
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    specials = lambda t: (type(t).__name__, t.bos_token, t.eos_token, t.unk_token, t.all_special_ids)  # noqa: E731
+    assert specials(exported) == specials(original) == ("LlamaTokenizer", "<s>", "</s>", "<unk>", [1, 2, 0])
+    text = "Hello world: the <s> quick\n brown fox </s> ünïcödé 0123"
+    assert exported(text).input_ids == original(text).input_ids
+    configs_json = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("hf", "back")]
+    assert [(c["bos_token_id"], c["eos_token_id"]) for c in configs_json] == [(1, 2), (1, 2)]
