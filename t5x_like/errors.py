@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -20,7 +21,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class UserError(ValueError):
     """A mistake the user can fix; the message says what and how. A ValueError, so callers that
-    validate with `except ValueError` keep working."""
+    validate with `except ValueError` keep working. `ends_the_process`: once said, the process ends at once,
+    whatever threads are still running (a failed orbax save leaves threads that wait forever)."""
+
+    ends_the_process = False
 
 
 USER_ERRORS = (UserError, PartitioningError, PresetError)
@@ -37,6 +41,9 @@ def exit_on_user_error(main: F) -> F:
             return main(*args, **kwargs)
         except USER_ERRORS as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
+            if getattr(e, "ends_the_process", False):
+                sys.stdout.flush()
+                os._exit(1)
             sys.exit(1)
 
     return wrapped  # type: ignore[return-value]

@@ -255,7 +255,9 @@ def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
-            raise UserError(GIN_CALL_CONTEXT.sub("", str(e))) from None
+            plain = UserError(GIN_CALL_CONTEXT.sub("", str(e)))
+            plain.ends_the_process = getattr(e, "ends_the_process", False)
+            raise plain from None
 
     return wrapped
 

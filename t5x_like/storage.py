@@ -37,7 +37,11 @@ _STEP_TMP = re.compile(r"^(.*)/(\d+)\.orbax-checkpoint-tmp[^/]*")
 
 
 class StorageError(UserError):
-    """MODEL_DIR's storage failed (full, not writable, removed); the message names the path and the fix."""
+    """MODEL_DIR's storage failed (full, not writable, removed); the message names the path and the fix. The
+    process ends right after it: orbax's threads of a save that failed early (a read-only checkpoints/) wait
+    forever for its signals, and the interpreter would wait for them."""
+
+    ends_the_process = True
 
 
 @contextlib.contextmanager

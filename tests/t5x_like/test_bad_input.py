@@ -747,6 +747,30 @@ def test_a_storage_fault_while_training_is_one_line(tmp_path, compile_cache, fau
         assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.system
+def test_a_read_only_checkpoints_folder_ends_the_run_after_its_line(tmp_path, compile_cache):
+    """checkpoints/ not writable from the start: orbax's save fails in its threads, which then wait forever for
+    the save's signals; the process printed its line and never exited. Now it ends at once after the line. As
+    root, the run drops the capability that lets root write anywhere (CAP_DAC_OVERRIDE), as a user's run has
+    none."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    os.chmod(tmp_path / "run" / "checkpoints", 0o555)
+    as_a_user = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root, and without setpriv (util-linux) to drop root's write-anywhere capability")
+        as_a_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+                     "--inh-caps=-dac_override,-dac_read_search"]
+    done = subprocess.run([*as_a_user, sys.executable, "-m", "t5x_like.train", *TINY], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240, env={**cpu_env(1), **compile_cache})
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert last_line(done.stderr) == (
+        f"error: the checkpoint of step 2 could not be written in {tmp_path}/run/checkpoints: Permission denied; "
+        f"{tmp_path}/run/checkpoints holds no intact checkpoint. To go on, make it writable, then run the same "
+        "command again: it starts the run from step 0."), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "run" / "run.lock").exists()
+
+
 def test_storage_faults_are_read_from_what_orbax_and_tensorstore_raise(runs, tmp_path):
     """The errors a full disk, a removed folder and a read-only folder raised in real runs (tensorstore's status
     text, a Python OSError) give the path and the fix; a damaged newest step is passed over."""
