@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from absl import logging
 from orbax.checkpoint._src.metadata import array_metadata_store  # the store orbax's own jax.Array handler keeps
+from orbax.checkpoint._src.serialization import type_handler_registry
 
 from t5x_like import distributed, validate
 from t5x_like.checkpoint_integrity import (MANIFEST, CorruptCheckpointError, nonfinite_paths, verify_manifest,
@@ -44,9 +45,11 @@ REPLICA_PARALLEL_MIN_BYTES = 1 << 20
 device: one compiled program per array shape at a process's first save. Only slices of at least this many bytes
 are cut; smaller arrays are written whole by one replica (a quickstart-sized model's first save compiled 80
 slices, 3-6 s of a 2-step run, timed once by hand on a busy machine: docs/outputs.md)."""
-ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+# Registered on the registry itself: the public register_type_handler warns of the replaced handler before every
+# command's output ("Type handler registry type ... overriding jax.Array"), and a one-line error read as two.
+type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, ocp.type_handlers.ArrayHandler(
     array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES),
-    override=True)
+    override=True, ignore_warnings=True)
 
 
 def _manager(directory: str, *, keep: int | None = None, preserve: Sequence[int] = (), async_save: bool = True,

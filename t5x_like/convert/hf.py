@@ -73,6 +73,7 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
         tensors.update((name, tensors[same_as].copy()) for name, same_as in converter.copied(config).items())
     os.makedirs(dst, exist_ok=True)
     save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    readable_as_the_others(os.path.join(dst, "model.safetensors"))
     del tensors
     hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
     bos = tokenizer.configured_token_id("bos_token") if tokenizer is not None else None
@@ -81,6 +82,14 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:
         save_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))
+
+
+def readable_as_the_others(path: str) -> None:
+    """Give `path` the mode a file the user creates gets (0666 less the umask): safetensors writes through a
+    temporary file and leaves it readable by its owner only (0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",

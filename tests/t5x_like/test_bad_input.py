@@ -541,6 +541,20 @@ def test_to_hf_replaces_the_model_in_a_folder_only_when_asked(runs, tmp_path):
     assert not (dst / "generation_config.json").exists() and (dst / "notes.txt").read_text() == "the user's own"
     assert json.loads((dst / "config.json").read_text())["model_type"] == "gpt2"
     assert (dst / "model.safetensors").read_bytes() == (Path(runs["hf"]) / "model.safetensors").read_bytes()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in dst.iterdir() if p.name != "notes.txt"} == {
+        p.name: oct(0o666 & ~umask) for p in dst.iterdir() if p.name != "notes.txt"}  # safetensors' file was 0600
+
+
+@pytest.mark.system
+def test_a_bad_input_in_a_new_process_is_exactly_one_line(tmp_path):
+    """As a user's shell shows it: nothing before the error line (orbax warned about its own type handler first)."""
+    done = subprocess.run([sys.executable, "-m", "t5x_like.convert", "to-hf", "nothere", "hf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=cpu_env(1))
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (1, "", [
+        f"error: no checkpoint at {tmp_path}/nothere: expected a MODEL_DIR containing 'checkpoints/<step>/' or a step "
+        "directory such as MODEL_DIR/checkpoints/1000."])
 
 
 def test_outputs_go_into_new_folders_made_before_the_work(runs, tmp_path):
