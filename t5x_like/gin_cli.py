@@ -255,6 +255,8 @@ def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
+            # gin re-raises a proxy of the error whose text carries the call context; a new error carries on what
+            # the original asks of the process (a StorageError ends it)
             plain = UserError(GIN_CALL_CONTEXT.sub("", str(e)))
             plain.ends_the_process = getattr(e, "ends_the_process", False)
             raise plain from None

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from t5x_like import checkpoints
+from t5x_like import checkpoints, trainer
 from t5x_like.errors import UserError
 
 
@@ -39,7 +39,8 @@ class NonfiniteCheck:
     off, as DeepSpeed and Megatron do: Megatron's scale starts at 2**32), logged, not counted as a bad state,
     until the scale is at its minimum and cannot back off further."""
 
-    def __init__(self, params, on_nonfinite: str, in_a_row: int = 5, loss_scale=None):
+    def __init__(self, params, on_nonfinite: str, in_a_row: int = 5,
+                 loss_scale: trainer.LossScaleConfig | None = None):
         self.leaf_names = [jax.tree_util.keystr(path, simple=True, separator="/")
                            for path, _ in jax.tree_util.tree_leaves_with_path(params)]
         self.on_nonfinite, self.in_a_row = on_nonfinite, in_a_row

@@ -32,8 +32,8 @@ class LossScaleConfig:
 
     The scale starts at 2**initial_scale_power. A step whose gradients are not finite is
     skipped; the first `hysteresis` - 1 such steps keep the scale, every later one halves it (not below
-    min_scale), until `window` finite steps in a row double it and restore the hysteresis. `static_scale` > 0 is DeepSpeed's
-    fixed `loss_scale` (Megatron's --loss-scale): the scale is that and never changes (a step whose
+    min_scale), until `window` finite steps in a row double it and restore the hysteresis. `static_scale` > 0 is
+    DeepSpeed's fixed `loss_scale` (Megatron's --loss-scale): the scale is that and never changes (a step whose
     gradients are not finite is still skipped); 0 = dynamic.
     """
 

@@ -12,12 +12,12 @@ from tests.support.environment import cpu_env
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_cli(module: str, args: list[str], cwd: Path, devices: int = 8, timeout: int = 300
-            ) -> subprocess.CompletedProcess:
-    """`python -m module args` in `cwd` with `devices` simulated CPU devices (the suite's XLA flags); it must
-    exit 0 (else the end of its stderr is the failure)."""
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cpu_env(devices), capture_output=True,
-                          text=True, timeout=timeout)
+def run_cli(module: str, args: list[str], cwd: Path, devices: int = 8, timeout: int = 300, *,
+            optimized: bool = False) -> subprocess.CompletedProcess:
+    """`python -m module args` in `cwd` with `devices` simulated CPU devices (the suite's XLA flags, or XLA's full
+    optimisation with `optimized`: environment.cpu_env); it must exit 0 (else the end of its stderr is the failure)."""
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cpu_env(devices, optimized=optimized),
+                          capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
