@@ -2,16 +2,18 @@
 recipe here.
 
     python -m t5x_like.migrate run_gpt2.sh --deepspeed_config=ds_config_gpt2.json --output=cpm.gin
+    python -m t5x_like.migrate train_gpt3_175b.sh --output=gpt3.gin -- ckpts tb vocab.json merges.txt corpus
     python -m t5x_like.migrate configs/20B.yml configs/local_setup.yml --num_gpus=96 --output=neox20b.gin
     python -m t5x_like.train --gin_file=cpm.gin --print_config
 
 It reads Megatron-LM / CPM-Pretrain argument lists (a script that starts pretrain_*.py, or a file of --flag value
 words), GPT-NeoX YAML configs (several merge as NeoX merges them) and DeepSpeed JSON configs, each kind told from
-its content. Every value in the gin file names the upstream setting it came from; settings with no equivalent
-are listed at its end with the reason. The global batch is DeepSpeed's train_batch_size, or micro batch x
-accumulation steps x data-parallel ways: when the files do not say how many GPUs ran them (NeoX configs, a
-launcher without a count), pass --num_gpus. `--settings_table` prints docs/migrating.md's tables of every
-setting and its equivalent here.
+its content. Words after `--` are the script's own arguments, as `bash SCRIPT ARG...` would give them ($1, $2,
+"$@", shift); paths among them are kept as written, as the script's own paths are. Every value in the gin file
+names the upstream setting it came from; settings with no equivalent are listed at its end with the reason. The
+global batch is DeepSpeed's train_batch_size, or micro batch x accumulation steps x data-parallel ways: when the
+files do not say how many GPUs ran them (NeoX configs, a launcher without a count), pass --num_gpus.
+`--settings_table` prints docs/migrating.md's tables of every setting and its equivalent here.
 """
 from __future__ import annotations
 
@@ -26,10 +28,13 @@ from t5x_like.migration import rows, translate, upstream
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The options, and the script's own arguments (the words after `--`) as `script_arguments`."""
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="python -m t5x_like.migrate", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("upstream", nargs="*", help="Megatron-LM script or flags file, GPT-NeoX YAML file(s), "
-                        "DeepSpeed JSON config")
+                        "DeepSpeed JSON config; after `--`, the script's own arguments ($1, $2, ...)")
     parser.add_argument("--deepspeed_config", default=None,
                         help="the run's DeepSpeed JSON config (default: the one the script names, if it exists)")
     parser.add_argument("--num_gpus", type=int, default=None,
@@ -37,7 +42,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="the gin file to write (default: print it)")
     parser.add_argument("--settings_table", action="store_true",
                         help="print the tables of upstream settings and their equivalents here, then exit")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv[:cut])
+    args.script_arguments = argv[cut + 1:]
+    return args
 
 
 def settings_tables() -> str:
@@ -57,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> str:
         validate.positive_int("--num_gpus", args.num_gpus)
     if args.output:
         validate.output_file("--output", args.output, suffixes=(".gin",))
-    read = upstream.read(args.upstream, args.deepspeed_config)
+    read = upstream.read(args.upstream, args.deepspeed_config, arguments=args.script_arguments)
     if args.num_gpus is not None:
         read.gpus = args.num_gpus
     out = translate.translate(read)

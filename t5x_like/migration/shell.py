@@ -3,8 +3,9 @@
 takes, and the command that starts `pretrain_*.py` (directly, or through `eval "$cmd"`), split into the
 launcher's words and the program's arguments.
 
-Only what such scripts use is understood: assignments, `export`, simple test conditions, `eval`. A condition
-that cannot be read statically is taken as false and reported, never guessed silently.
+Only what such scripts use is understood: assignments, `export`, simple test conditions, `eval`, and the script's
+own arguments (`$1`, `${2:-default}`, `$@`, `$*`, `$#`, `shift`) as they are given. A condition that cannot be
+read statically is taken as false and reported, never guessed silently.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import dataclasses
 import operator
 import os
 import re
+from typing import Sequence
 
 from t5x_like.errors import UserError
 
@@ -23,7 +25,7 @@ ARRAY_START = re.compile(rf"^{NAME}\+?=$")
 ARRAY = re.compile(rf"^({NAME})(\+?)=\($")
 REDIRECTION = re.compile(r"^(\d*>>?(&\d)?|&>>?|\d*<)")
 SKIPPED_COMMANDS = {"echo", "printf", "set", "mkdir", "cd", "source", ".", "cp", "rm", "ls", "hostname", "sleep",
-                    "wait", "exit", "unset", "shift", "local", "declare", "trap", "cat", "tee", "touch"}
+                    "wait", "exit", "unset", "local", "declare", "trap", "cat", "tee", "touch"}
 
 
 @dataclasses.dataclass
@@ -126,10 +128,12 @@ class _Splitter:
 
 
 class Shell:
-    """The variables of a script as it runs top to bottom (the environment for those it does not set)."""
+    """The variables of a script as it runs top to bottom (the environment for those it does not set), run with
+    `arguments` as its own ($1, $2, ...)."""
 
-    def __init__(self, path: str, environ: dict[str, str] | None = None):
+    def __init__(self, path: str, environ: dict[str, str] | None = None, arguments: Sequence[str] = ()):
         self.path = path
+        self.arguments = list(arguments)
         self.variables: dict[str, str] = {}
         self.arrays: dict[str, list[str]] = {}
         self.environ = dict(os.environ if environ is None else environ)
@@ -178,29 +182,57 @@ class Shell:
                 return " ".join(self.arrays.get(match["array"], []))
             name = match["braced"] or match["plain"] or match["special"] or match["defaulted"]
             defaulted = match["defaulted"] is not None
-            value = self.positional(name, ": its default applies" if defaulted else "") if not name.isidentifier() \
+            value = self.positional(name, quiet=defaulted) if not name.isidentifier() \
                 else self.lookup(name, quiet=defaulted)
             unset = not value if match["op"] == ":-" else not self.is_set(name)
+            if defaulted and unset and not name.isidentifier():
+                self.not_given(name, ": its default applies")
             return self.value(match["default"]) if defaulted and unset else value
 
-        pattern = (rf"\$\(\((?P<arith>.*?)\)\)|\$\{{(?P<array>{NAME})\[[@*]\]\}}|\$\{{(?P<braced>{NAME}|\d+)\}}"
+        pattern = (rf"\$\(\((?P<arith>.*?)\)\)|\$\{{(?P<array>{NAME})\[[@*]\]\}}"
+                   rf"|\$\{{(?P<braced>{NAME}|\d+|[@*#])\}}"
                    rf"|\$\{{(?P<defaulted>{NAME}|\d+)(?P<op>:?-)(?P<default>[^}}]*)\}}|\$(?P<plain>{NAME})"
-                   rf"|\$(?P<special>[@*\d])")
+                   rf"|\$(?P<special>[@*#\d])")
         return re.sub(pattern, replace, text.replace('\\"', '"'))
 
     def is_set(self, name: str) -> bool:
+        if name.isdigit():
+            return 0 < int(name) <= len(self.arguments)
         return name in self.variables or name in self.arrays or name in self.environ
 
     def _quoted_array(self, part: str) -> list[str] | None:
+        """The words of "${NAME[@]}" (an element each) and of "$@" (an argument each); None for other parts."""
+        if part in ("$@", "${@}"):
+            self.positional("@")
+            return list(self.arguments)
         match = re.fullmatch(rf"\$\{{({NAME})\[@\]\}}", part)
         return None if match is None else self.arrays.get(match[1], [])
 
-    def positional(self, name: str, then: str = "") -> str:
-        """The script's own arguments ($1, $@): this tool runs it with none."""
+    def positional(self, name: str, quiet: bool = False) -> str:
+        """The script's own arguments: $1, $2 ... (empty and noted when not given, unless `quiet`: a default
+        follows), $@ and $* (all of them, space-separated), $# (how many), $0 (the script)."""
+        if name == "0":
+            return self.path
+        if name == "#":
+            return str(len(self.arguments))
+        given = self.arguments if name in "@*" else self.arguments[int(name) - 1:int(name)]
+        if not given and not quiet:
+            self.not_given(name)
+        return " ".join(given)
+
+    def not_given(self, name: str, then: str = "") -> None:
         note = f"{self.path}:{self.line}: ${name} (the script's own arguments) taken as empty{then}"
         if note not in self.notes:
             self.notes.append(note)
-        return ""
+
+    def shift(self, words: list[str]) -> None:
+        """`shift [N]`: the first N arguments dropped (none when there are fewer, as bash leaves them)."""
+        if words and not words[0].isdigit():
+            raise UserError(f"{self.path}:{self.line}: `shift {words[0]}`: bash needs a number of arguments to "
+                            "shift; fix the script.")
+        count = int(words[0]) if words else 1
+        if count <= len(self.arguments):
+            self.arguments = self.arguments[count:]
 
     def lookup(self, name: str, quiet: bool = False) -> str:
         if name in self.variables:
@@ -307,10 +339,11 @@ def _evaluate(node: ast.AST) -> int:
     raise ValueError(node)
 
 
-def find_launch(path: str, text: str, environ: dict[str, str] | None = None) -> Launch | None:
-    """Run the script's assignments and conditions in order and return the command that starts a `*.py`
-    program (the last one, if several), or None when the script starts none."""
-    shell = Shell(path, environ)
+def find_launch(path: str, text: str, environ: dict[str, str] | None = None,
+                arguments: Sequence[str] = ()) -> Launch | None:
+    """Run the script's assignments and conditions in order, with `arguments` as its own, and return the command
+    that starts a `*.py` program (the last one, if several), or None when the script starts none."""
+    shell = Shell(path, environ, arguments)
     taking: list[bool] = []  # per open `if`: whether its current branch runs
     decided: list[bool] = []  # per open `if`: whether a branch was taken already
     found = None
@@ -360,6 +393,9 @@ def _run(shell: Shell, words: list[str], line: int) -> Launch | None:
         words = words[1:]
     words = without_redirections(words)
     expanded = [w for raw in words for w in shell.expand(raw)]
+    if expanded[:1] == ["shift"]:
+        shell.shift(expanded[1:])
+        return None
     if not expanded or expanded[0] in SKIPPED_COMMANDS:
         return None
     if expanded[0] == "eval":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -90,9 +90,11 @@ class Upstream:
         return [s for k, s in self.settings.items() if k not in self.used]
 
 
-def read(paths: list[str], deepspeed_config: str | None = None, environ: dict[str, str] | None = None) -> Upstream:
+def read(paths: list[str], deepspeed_config: str | None = None, environ: dict[str, str] | None = None,
+         arguments: Sequence[str] = ()) -> Upstream:
     """The upstream files (`paths`, each kind told from its content) and a DeepSpeed config, read into one table:
-    a DeepSpeed config's settings take precedence over a script's, as DeepSpeed's engine applies them."""
+    a DeepSpeed config's settings take precedence over a script's, as DeepSpeed's engine applies them.
+    `arguments` are a Megatron-LM script's own ($1, $2, ...)."""
     kinds = [(path, kind_of(path)) for path in paths]
     primary = {kind for _, kind in kinds if kind != DEEPSPEED}
     if len(primary) != 1:
@@ -100,12 +102,15 @@ def read(paths: list[str], deepspeed_config: str | None = None, environ: dict[st
         raise UserError(f"give one Megatron-LM argument list (a script or a flags file) or GPT-NeoX YAML configs, "
                         f"and at most DeepSpeed configs besides; got: {found}.")
     kind = primary.pop()
+    if arguments and kind != MEGATRON:
+        raise UserError(f"the arguments after -- ({' '.join(arguments)}) are a launch script's own ($1, $2, ...), "
+                        "and no launch script is given; leave them out for GPT-NeoX configs.")
     upstream = Upstream(kind, paths, {})
     if kind == NEOX:
         merge_neox([p for p, k in kinds if k == NEOX], upstream)
     else:
         [script] = [p for p, k in kinds if k == MEGATRON] or [None]
-        read_megatron(script, upstream, environ)
+        read_megatron(script, upstream, environ, arguments)
     deepspeed = [p for p, k in kinds if k == DEEPSPEED] + ([deepspeed_config] if deepspeed_config else [])
     named = upstream.settings.pop("deepspeed_config", None)
     if named is not None:
@@ -215,17 +220,18 @@ def line_of(text: str, key: str) -> int:
     return text.count("\n", 0, match.start()) + 1 if match else 1
 
 
-def read_megatron(path: str, upstream: Upstream, environ: dict[str, str] | None) -> None:
-    """A script that starts pretrain_*.py (its arguments as the script builds them), or a file of flags."""
+def read_megatron(path: str, upstream: Upstream, environ: dict[str, str] | None, arguments: Sequence[str]) -> None:
+    """A script that starts pretrain_*.py (its arguments as the script builds them, run with `arguments` as its
+    own), or a file of flags."""
     text = read_text(path)
-    launch = shell.find_launch(path, text, environ)
+    launch = shell.find_launch(path, text, environ, arguments)
     if launch is not None:
         words, upstream.program = launch.arguments, launch.program
         upstream.gpus = shell.launcher_gpus(launch.launcher)
         upstream.notes += launch.notes
     else:
         words = [w for statement in shell.statements(text) for raw in statement.words
-                 for w in shell.Shell(path, environ).expand(raw)]
+                 for w in shell.Shell(path, environ, arguments).expand(raw)]
         if not words or not words[0].startswith("--"):
             raise UserError(f"{path}: neither a script that starts a pretrain_*.py program nor a file of "
                             "--flag value words (Megatron-LM's arguments); give one of those.")

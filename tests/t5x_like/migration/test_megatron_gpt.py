@@ -1,6 +1,7 @@
-"""A Megatron-LM GPT script with `--fp16`, migrated and trained as its user would (tests/data/megatron_gpt): the
-dynamic loss scale starts at Megatron's 2**32, the first steps overflow as designed and are skipped while the scale
-backs off, then the run trains to its last step with the loss falling."""
+"""Megatron-LM GPT scripts migrated as their users run them: one with `--fp16`, trained too (tests/data/megatron_gpt):
+the dynamic loss scale starts at Megatron's 2**32, the first steps overflow as designed and are skipped while the
+scale backs off, then the run trains to its last step with the loss falling; and Megatron-LM's GPT-3 175B example,
+which takes its paths as the script's own arguments ($1 .. $5)."""
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ from tests.support.migration import megatron_token_file
 from tests.support.shared_data import shared_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "data" / "megatron_gpt"
+UPSTREAM = Path(__file__).resolve().parents[2] / "data" / "upstream" / "megatron"
 
 
 @pytest.mark.system
@@ -39,3 +41,20 @@ def test_a_megatron_fp16_script_trains_through_its_loss_scale_overflows(tmp_path
     assert np.mean(trained[-5:]) < 0.8 * np.mean(trained[:5]), trained
     assert "Traceback" not in done.stderr and "error" not in done.stderr.lower(), done.stderr[-2000:]
     assert (tmp_path / "checkpoints" / "gpt_tiny_fp16" / "checkpoints" / "40").is_dir()
+
+
+@pytest.mark.system
+def test_a_script_taking_its_paths_as_arguments_is_given_them_after_a_double_dash(tmp_path):
+    """The paths come out as given (relative ones stay relative, as the script's own paths do), and no argument
+    the script reads is left noted as empty."""
+    shutil.copy(UPSTREAM / "train_gpt3_175b_distributed.sh", tmp_path)
+    run_cli("t5x_like.migrate", ["train_gpt3_175b_distributed.sh", "--num_gpus=1024", "--output=gpt3.gin", "--",
+                                 "ckpts", "runs/tb", "vocab.json", "merges.txt", "my-corpus_text_document"], tmp_path)
+    gin_text = (tmp_path / "gpt3.gin").read_text()
+    for line in ("MODEL_DIR = 'ckpts'  # --save ckpts (train_gpt3_175b_distributed.sh:71)",
+                 "train.tensorboard_dir = 'runs/tb'  # --tensorboard-dir runs/tb",
+                 "TOKENIZER = 'vocab.json'  # --vocab-file vocab.json (train_gpt3_175b_distributed.sh:62); "
+                 "--merge-file merges.txt (train_gpt3_175b_distributed.sh:63) beside it",
+                 "DATA_PATH = 'my-corpus_text_document'  # --data-path my-corpus_text_document"):
+        assert line in gin_text, gin_text
+    assert "own arguments" not in gin_text and "RESTORE_FROM" not in gin_text, gin_text

@@ -144,9 +144,9 @@ ARRAYS = textwrap.dedent('''\
     ''')
 
 
-def bash_arguments(script: Path) -> tuple[list[str], dict[str, str]]:
-    """What bash passes the launcher when it runs `script` (a stand-in torchrun that writes its arguments), and
-    the environment it ran with."""
+def bash_arguments(script: Path, arguments: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """What bash passes the launcher when it runs `script` with `arguments` (a stand-in torchrun that writes its
+    arguments), and the environment it ran with."""
     bin_dir = script.parent / "bin"
     bin_dir.mkdir()
     (bin_dir / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGUMENTS"\n')
@@ -154,7 +154,7 @@ def bash_arguments(script: Path) -> tuple[list[str], dict[str, str]]:
     (script.parent / "pretrain_gpt.py").touch()
     environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(script.parent), "PWD": str(script.parent),
                "ARGUMENTS": str(script.parent / "arguments.txt")}
-    done = subprocess.run(["bash", script.name], cwd=script.parent, env=environ, capture_output=True, text=True)
+    done = subprocess.run(["bash", script.name, *arguments], cwd=script.parent, env=environ, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return (script.parent / "arguments.txt").read_text().splitlines(), environ
 
@@ -172,3 +172,64 @@ def test_arrays_and_defaults_are_read_as_bash_runs_them(tmp_path, name):
     assert launch.launcher[1:] + [launch.program] + launch.arguments == expected
     assert f"{name}:" in "\n".join(launch.notes) and "$1 (the script's own arguments) taken as empty" in \
         "\n".join(launch.notes)
+
+
+OWN_ARGUMENTS = textwrap.dedent('''\
+    #!/bin/bash
+    CHECKPOINT_PATH=$1
+    TENSORBOARD=${2}
+    VOCAB=${3:-"default vocab.json"}
+    echo "$# arguments"
+    shift 3
+    torchrun pretrain_gpt.py --save $CHECKPOINT_PATH --tensorboard-dir $TENSORBOARD --vocab-file "$VOCAB" \\
+        --data-path "$@" --tags $* --count $# --script $0
+    ''')
+GIVEN = {
+    "all": (("ckpts", "runs/tb two", "v.json", "a b", "c"),
+            ["--save", "ckpts", "--tensorboard-dir", "runs/tb", "two", "--vocab-file", "v.json", "--data-path", "a b",
+             "c", "--tags", "a", "b", "c", "--count", "2", "--script", "own.sh"], []),
+    # `shift 3` with one argument shifts none, as in bash
+    "one": (("ckpts",), ["--save", "ckpts", "--tensorboard-dir", "--vocab-file", "default vocab.json", "--data-path",
+                         "ckpts", "--tags", "ckpts", "--count", "1", "--script", "own.sh"],
+            ["own.sh:3: $2 (the script's own arguments) taken as empty",
+             "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies"]),
+    "none": ((), ["--save", "--tensorboard-dir", "--vocab-file", "default vocab.json", "--data-path", "--tags",
+                  "--count", "0", "--script", "own.sh"],
+             ["own.sh:2: $1 (the script's own arguments) taken as empty",
+              "own.sh:3: $2 (the script's own arguments) taken as empty",
+              "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies",
+              "own.sh:7: $@ (the script's own arguments) taken as empty",
+              "own.sh:7: $* (the script's own arguments) taken as empty"]),
+}
+
+
+@pytest.mark.parametrize("given", GIVEN)
+def test_a_scripts_own_arguments_expand_as_bash_gives_them(given):
+    """$1, ${2}, ${3:-default}, "$@" (a word each), $* (split), $#, $0 and `shift N`; an argument read but not
+    given is empty and noted."""
+    arguments, expected, notes = GIVEN[given]
+    launch = shell.find_launch("own.sh", OWN_ARGUMENTS, {}, arguments)
+    assert launch.arguments == expected
+    assert launch.notes == notes
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to compare with")
+@pytest.mark.parametrize("given", GIVEN)
+@pytest.mark.system
+def test_a_scripts_own_arguments_are_what_bash_passes(tmp_path, given):
+    script = tmp_path / "own.sh"
+    script.write_text(OWN_ARGUMENTS)
+    expected, environ = bash_arguments(script, GIVEN[given][0])
+    launch = shell.find_launch("own.sh", OWN_ARGUMENTS, environ, GIVEN[given][0])
+    assert [launch.program] + launch.arguments == expected
+
+
+def test_arguments_need_a_script_to_take_them(tmp_path):
+    (tmp_path / "model.yml").write_text('{"num_layers": 2}\n')
+    with pytest.raises(ValueError, match=r"^the arguments after -- \(ckpts\) are a launch script's own \(\$1, \$2, "
+                                         r"...\), and no launch script is given; leave them out for GPT-NeoX "
+                                         "configs.$"):
+        upstream.read([str(tmp_path / "model.yml")], arguments=["ckpts"])
+    with pytest.raises(ValueError, match=r"^run.sh:2: `shift two`: bash needs a number of arguments to shift; fix "
+                                         "the script.$"):
+        shell.find_launch("run.sh", "#!/bin/bash\nshift two\npython pretrain_gpt.py --save $1\n", {}, ["a", "b"])
