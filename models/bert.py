@@ -37,6 +37,8 @@ class BertConfig(EncoderOnlyConfig):
 
     HEAD_PARAMS: ClassVar[tuple[str, ...]] = ("mlm_head", "classifier_head")
 
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = EncoderOnlyConfig.POSITIVE_FIELDS + ("max_len", "type_vocab_size")
+
     family: str = "bert"
     vocab_size: int = 30522
     max_len: int = 512
@@ -51,8 +53,6 @@ class BertConfig(EncoderOnlyConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.type_vocab_size < 1:
-            raise ValueError(f"type_vocab_size {self.type_vocab_size} must be at least 1.")
         if not 0 <= self.position_offset < self.max_len:
             raise ValueError(f"position_offset {self.position_offset} must be in [0, max_len {self.max_len}).")
 

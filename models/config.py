@@ -13,6 +13,7 @@ family's own fields.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Mapping
 
 import jax.numpy as jnp
@@ -29,6 +30,11 @@ MATMUL_DTYPES = (None, "fp8")
 @dataclasses.dataclass(frozen=True)
 class FamilyConfig:
     """Mixin for family config dataclasses: sizes, padded vocabulary, compute dtype, run choices."""
+
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_size", "num_layers", "num_heads", "embed_dim", "mlp_dim",
+                                                   "layer_norm_eps")
+    """Fields that must be positive numbers (a family adds its own, e.g. rope_theta); None where a field allows it
+    means 'not set'. Checked with their annotated type: an int field takes an int, a float field a finite number."""
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = (
         "vocab_pad_multiple", "dtype", "attention", "remat_policy", "scan_layers", "matmul_dtype", "dropout_rate",
@@ -66,6 +72,7 @@ class FamilyConfig:
     None: in the compute dtype."""
 
     def __post_init__(self):
+        self.check_positive_fields()
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype {self.matmul_dtype!r} is unknown; choose None (the compute dtype) "
                              "or 'fp8'.")
@@ -76,8 +83,18 @@ class FamilyConfig:
         if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat policy {self.remat_policy!r} is unknown; choose 'none' or one of "
                              f"{sorted(REMAT_POLICIES)}.")
-        if self.vocab_size < 1:
-            raise ValueError(f"vocab_size {self.vocab_size} must be positive.")
+
+    def check_positive_fields(self) -> None:
+        """POSITIVE_FIELDS hold positive numbers of their annotated type (a config.json's "4" or -1 is refused)."""
+        annotations = {field.name: str(field.type) for field in dataclasses.fields(self)}
+        for name in self.POSITIVE_FIELDS:
+            value = getattr(self, name)
+            if value is None and "None" in annotations[name]:
+                continue
+            integer = annotations[name].startswith("int")
+            kind = (int,) if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} {value!r} must be a positive {'integer' if integer else 'number'}.")
 
     def check_heads(self) -> None:
         """Heads that split the width (every family whose head_dim is embed_dim / num_heads)."""
@@ -132,6 +149,8 @@ class DecoderOnlyConfig(FamilyConfig):
     the defaults here are those GPT-2 and GPT-NeoX share. Each family also defines `mlp_activation`
     (a name in models.layers.ACTIVATIONS) and the initialisers `input_init_std` (embeddings and the
     projections out of the residual stream) and `output_init_std` (the projections back into it)."""
+
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.POSITIVE_FIELDS + ("max_len",)
 
     max_len: int = 1024
     """The longest sequence (and, with learned positions, the position table's rows)."""

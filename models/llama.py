@@ -28,6 +28,9 @@ class LlamaConfig(DecoderOnlyConfig):
     """Hyper-parameters of one Llama-class decoder (sizes and run choices are DecoderOnlyConfig's; the
     presets, configs/llama.py, give the published ones); plain values only, so it round-trips through JSON."""
 
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = DecoderOnlyConfig.POSITIVE_FIELDS + (
+        "num_key_value_heads", "rope_theta", "rope_scaling_factor", "rope_original_max_len")
+
     family: str = "llama"
     vocab_size: int = 32000
     max_len: int = 4096

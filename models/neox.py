@@ -31,6 +31,8 @@ class NeoXConfig(DecoderOnlyConfig):
     """Hyper-parameters of one GPT-NeoX (the sizes and run choices are DecoderOnlyConfig's); plain
     values only, so it round-trips through JSON."""
 
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = DecoderOnlyConfig.POSITIVE_FIELDS + ("rotary_base",)
+
     family: str = "neox"
     vocab_size: int = 50277
     max_len: int = 2048

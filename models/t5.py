@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Mapping
+from typing import Callable, ClassVar, Mapping
 
 import flax.linen as nn
 import jax
@@ -41,6 +41,9 @@ FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_tanh", True)}
 class T5Config(FamilyConfig):
     """Hyper-parameters of one T5 (the run choices are FamilyConfig's; the sizes too, with T5-small's
     defaults); plain values only, so it round-trips through JSON."""
+
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.POSITIVE_FIELDS + (
+        "num_decoder_layers", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance")
 
     family: str = "t5"
     vocab_size: int = 32100

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from models.bert import BertConfig, RobertaConfig
-from t5x_like.convert.mapping import Entry, Stack, Transform
+from t5x_like.convert.mapping import VOCAB_ROWS, Entry, Stack, Transform
 from t5x_like.errors import UserError
 
 HF_MODEL_TYPE = "bert"
@@ -28,13 +28,6 @@ TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weigh
 """HF names that share another tensor (the MLM head's): written by to-torch, omitted by to-hf."""
 
 
-def _resize_rows(table: np.ndarray, rows: int) -> np.ndarray:
-    table = table[:rows]
-    return np.pad(table, ((0, rows - table.shape[0]),) + ((0, 0),) * (table.ndim - 1))
-
-
-VOCAB_ROWS = Transform(lambda ours, c: ours[0][:c.vocab_size],
-                       lambda theirs, c: [_resize_rows(theirs, c.padded_vocab_size)])
 TRANSPOSED = Transform(lambda ours, c: ours[0].T, lambda theirs, c: [theirs.T])
 HEADS_OUT = Transform(lambda ours, c: ours[0].reshape(c.embed_dim, -1).T,
                       lambda theirs, c: [theirs.T.reshape(c.embed_dim, c.num_heads, c.head_dim)])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from models.gpt2 import GPT2Config
-from t5x_like.convert.mapping import Entry, Stack, Transform
+from t5x_like.convert.mapping import VOCAB_ROWS, Entry, Stack, Transform
 from t5x_like.errors import UserError
 
 HF_MODEL_TYPE = "gpt2"
@@ -39,9 +39,6 @@ def _split_heads(theirs: np.ndarray, config: GPT2Config) -> list[np.ndarray]:
 FUSED_QKV = Transform(_fuse_heads, _split_heads)
 HEADS_IN = Transform(lambda ours, c: ours[0].reshape(c.embed_dim, c.embed_dim),
                      lambda theirs, c: [theirs.reshape(c.num_heads, c.head_dim, c.embed_dim)])
-VOCAB_ROWS = Transform(
-    lambda ours, c: ours[0][:c.vocab_size],
-    lambda theirs, c: [np.pad(theirs, ((0, c.padded_vocab_size - c.vocab_size), (0, 0)))])
 
 TOP = (
     Entry("transformer.wte.weight", ("wte/embedding",), VOCAB_ROWS),

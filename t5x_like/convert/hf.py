@@ -147,6 +147,11 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     except (KeyError, TypeError) as e:  # a field missing or of the wrong type in the user's file
         raise UserError(f"{config_file}: {type(e).__name__}: {e} (a field missing or of the wrong type); "
                         "re-download or repair the model's config.json.") from None
+    except UserError:
+        raise
+    except ValueError as e:  # values no model has: our config's own checks
+        raise UserError(f"{config_file}: its values describe no model we can build ({e}); re-download or repair "
+                        "the model's config.json.") from None
     tokenizer = hf_tokenizer_record(src, config)
     tensors = read_hf_weights(src)
     if hasattr(family, "renamed_tensors"):  # BERT: Google's original weights say LayerNorm gamma / beta

@@ -14,7 +14,7 @@ transformers' rotate-half rotary layout is ours (models.layers.Rotary): no permu
 from __future__ import annotations
 
 from t5x_like.convert import gpt2, neox
-from t5x_like.convert.mapping import Entry, Stack, Transform
+from t5x_like.convert.mapping import VOCAB_ROWS, Entry, Stack, Transform
 from t5x_like.errors import UserError
 from models.llama import LlamaConfig
 
@@ -48,10 +48,10 @@ tokenizer_config = gpt2.tokenizer_config
 
 def layout(config: LlamaConfig) -> tuple[tuple[Entry, ...], list[Stack]]:
     """(top-level entries, block stacks) of this config."""
-    top = (Entry("model.embed_tokens.weight", ("embed_in/embedding",), neox.VOCAB_ROWS),
+    top = (Entry("model.embed_tokens.weight", ("embed_in/embedding",), VOCAB_ROWS),
            Entry("model.norm.weight", ("ln_f/scale",)))
     if not config.tie_word_embeddings:
-        top += (Entry("lm_head.weight", ("embed_out/embedding",), neox.VOCAB_ROWS),)
+        top += (Entry("lm_head.weight", ("embed_out/embedding",), VOCAB_ROWS),)
     block = BLOCK + (QKV_BIASES if config.qkv_bias else ())
     return top, [Stack("", HF_BLOCK_PREFIX, block, config.num_layers)]
 
@@ -113,6 +113,10 @@ def config_from_hf(hf: dict, source: str, **choices) -> LlamaConfig:
     """Our config from a HF Llama / Mistral / Qwen2 config.json (rotary settings in 4.x's rope_theta and
     rope_scaling or 5.x's rope_parameters); `choices` are ours alone (scan_layers, dtype, ...)."""
     model_type = hf["model_type"]
+    heads = hf["num_attention_heads"]
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise UserError(f"{source}: num_attention_heads={heads!r} must be a positive integer; re-download or repair "
+                        "the model's config.json.")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     unsupported = {
@@ -121,9 +125,12 @@ def config_from_hf(hf: dict, source: str, **choices) -> LlamaConfig:
         "mlp_bias": (hf.get("mlp_bias", False), (False,)),
         "rope_type": (rope_type, ("default", "llama3")),
         "use_sliding_window": (hf.get("use_sliding_window", False) if model_type == "qwen2" else False, (False,)),
-        "head_dim": (hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                     (hf["hidden_size"] // hf["num_attention_heads"],)),
     }
+    width = hf["hidden_size"]
+    if hf.get("head_dim") not in (None, width // heads) or width % heads:
+        raise UserError(f"{source}: head_dim={hf.get('head_dim')}, hidden_size={width}, num_attention_heads={heads}: "
+                        "our llama needs heads of hidden_size / num_attention_heads, a whole number; re-download or "
+                        "repair the model's config.json.")
     for name, (value, allowed) in unsupported.items():
         if value not in allowed:
             raise UserError(f"{source}: {name}={value!r} is not supported by our {model_type} (supported: {allowed}).")

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from t5x_like import inference
 from t5x_like.errors import UserError
 
 
@@ -24,6 +25,16 @@ class Transform(NamedTuple):
 
 
 IDENTITY = Transform(lambda ours, config: ours[0], lambda theirs, config: [theirs])
+
+
+def _pad_vocab_rows(theirs: np.ndarray, config) -> list[np.ndarray]:
+    padding = ((0, config.padded_vocab_size - config.vocab_size),) + ((0, 0),) * (theirs.ndim - 1)
+    return [np.pad(theirs, padding)]
+
+
+VOCAB_ROWS = Transform(lambda ours, config: ours[0][:config.vocab_size], _pad_vocab_rows)
+"""A table (or bias) over the vocabulary: HF holds vocab_size rows, ours padded_vocab_size (the padding rows come
+back as zeros; they never take probability). A table of another size gives a shape the import refuses."""
 
 
 class Entry(NamedTuple):
@@ -92,18 +103,35 @@ def to_hf_tensors(flat: dict[str, np.ndarray], config, top: Sequence[Entry],
 
 def from_hf_tensors(tensors: dict[str, np.ndarray], config, top: Sequence[Entry], stacks: Sequence[Stack],
                     source: str) -> dict[str, np.ndarray]:
-    """Our flat parameters from HF tensors (popped as they are used)."""
-    def take(name: str) -> np.ndarray:
+    """Our flat parameters from HF tensors (popped as they are used). A tensor that does not give the shapes
+    of `config`'s parameters, or a block beyond a stack's layer count, means the config.json beside the
+    weights describes another model: a UserError names the tensor."""
+    shapes = {path: leaf.shape for path, leaf in flatten(inference.abstract_params(config)[0]).items()}
+
+    def take(name: str, entry: Entry, ours: Sequence[str], per_layer: bool) -> list[np.ndarray]:
         if name not in tensors:
             raise UserError(f"{source}: tensor {name!r} is missing; is this a complete {config.family} checkpoint?")
-        return tensors.pop(name)
+        theirs = tensors.pop(name)
+        expected = [shapes[p][1:] if per_layer and config.scan_layers else shapes[p] for p in ours]
+        try:
+            arrays = entry.transform.from_hf(theirs, config)
+        except ValueError:  # a reshape to the config's sizes that the tensor's size cannot fill
+            arrays = None
+        if arrays is None or [a.shape for a in arrays] != expected:
+            raise UserError(f"{source}: tensor {name!r} has shape {tuple(theirs.shape)}, which does not fit the "
+                            f"model config.json describes ({config.summary()}); the config and the weights disagree: "
+                            "repair config.json (or download the model again).")
+        return arrays
 
     flat = {}
     for entry in top:
-        flat.update(zip(entry.ours, entry.transform.from_hf(take(entry.hf_name), config)))
+        flat.update(zip(entry.ours, take(entry.hf_name, entry, entry.ours, per_layer=False)))
     for stack in stacks:
+        check_block_count(tensors, stack, source)
         for entry in stack.entries:
-            per_layer = [entry.transform.from_hf(take(stack.hf_prefix.format(layer) + entry.hf_name), config)
+            per_layer = [take(stack.hf_prefix.format(layer) + entry.hf_name, entry,
+                              [f"{block_path(stack, config.scan_layers, layer)}/{p}" for p in entry.ours],
+                              per_layer=True)
                          for layer in range(stack.num_layers)]
             for i, path in enumerate(entry.ours):
                 if config.scan_layers:
@@ -112,3 +140,15 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], config, top: Sequence[Entry]
                     flat.update((f"{block_path(stack, False, layer)}/{path}", arrays[i])
                                 for layer, arrays in enumerate(per_layer))
     return flat
+
+
+def check_block_count(tensors: dict[str, np.ndarray], stack: Stack, source: str) -> None:
+    """The weights hold as many blocks of the stack as config.json gives (its first tensor counts them)."""
+    first = stack.entries[0].hf_name
+    held = 0
+    while stack.hf_prefix.format(held) + first in tensors:
+        held += 1
+    if held and held != stack.num_layers:
+        raise UserError(f"{source}: config.json gives {stack.num_layers} blocks but the weights hold {held} "
+                        f"({stack.hf_prefix.format(held - 1) + first!r} is the last); repair the layer count in "
+                        "config.json (or download the model again).")

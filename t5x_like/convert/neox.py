@@ -29,7 +29,7 @@ from t5x_like import checkpoints, inference
 from t5x_like.errors import UserError
 from t5x_like.convert import gpt2, mapping
 from t5x_like.data.tokenizer_files import tokenizer_record
-from t5x_like.convert.mapping import Entry, Stack, Transform
+from t5x_like.convert.mapping import VOCAB_ROWS, Entry, Stack, Transform
 
 HF_MODEL_TYPE = "gpt_neox"
 HF_BLOCK_PREFIX = "gpt_neox.layers.{}."
@@ -57,9 +57,6 @@ FUSED_QKV = Transform(_fuse_qkv, _split_qkv)
 TRANSPOSED = Transform(lambda ours, c: ours[0].T, lambda theirs, c: [theirs.T])
 HEADS_IN = Transform(lambda ours, c: ours[0].reshape(c.embed_dim, c.embed_dim).T,
                      lambda theirs, c: [theirs.T.reshape(c.num_heads, c.head_dim, c.embed_dim)])
-VOCAB_ROWS = Transform(
-    lambda ours, c: ours[0][:c.vocab_size],
-    lambda theirs, c: [np.pad(theirs, ((0, c.padded_vocab_size - c.vocab_size), (0, 0)))])
 
 TOP = (
     Entry("gpt_neox.embed_in.weight", ("embed_in/embedding",), VOCAB_ROWS),

@@ -49,8 +49,15 @@ def _resize_rows(table: np.ndarray, rows: int) -> np.ndarray:
     return np.pad(table, ((0, rows - table.shape[0]), (0, 0)))
 
 
-VOCAB_ROWS = Transform(lambda ours, c: _resize_rows(ours[0], hf_vocab_rows(c)),
-                       lambda theirs, c: [_resize_rows(theirs, c.padded_vocab_size)])
+def _vocab_rows_from_hf(theirs: np.ndarray, config: T5Config) -> list[np.ndarray]:
+    """HF's table holds the vocabulary, or it rounded up to a multiple of 128; any other row count is another
+    model's (a ValueError, which the import reports naming the tensor)."""
+    if theirs.shape[0] not in (config.vocab_size, hf_vocab_rows(config)):
+        raise ValueError(f"{theirs.shape[0]} rows for a vocabulary of {config.vocab_size}")
+    return [_resize_rows(theirs, config.padded_vocab_size)]
+
+
+VOCAB_ROWS = Transform(lambda ours, c: _resize_rows(ours[0], hf_vocab_rows(c)), _vocab_rows_from_hf)
 HEADS_OUT = Transform(lambda ours, c: ours[0].reshape(c.embed_dim, -1).T,
                       lambda theirs, c: [theirs.T.reshape(c.embed_dim, c.num_heads, c.d_kv)])
 HEADS_IN = Transform(lambda ours, c: ours[0].reshape(-1, c.embed_dim).T,
