@@ -157,4 +157,20 @@ def restore_target(step_dir: str, target: Any, *, parameters: bool = False) -> A
         raise UserError(f"checkpoint {step_dir} holds another model than the one restoring it: parameter {path} is "
                         f"{stored.get(path, 'missing')} there, {wanted.get(path, 'missing')} here; restore it with "
                         "the model config it records (e.g. another num_layers is not converted).")
+    if not parameters and target is not None:
+        check_train_state(step_dir, _shapes(disk))
     return disk
+
+
+def check_train_state(step_dir: str, wanted: dict[str, tuple[int, ...]]) -> None:
+    """The step's optimizer state (and loss scale) has the shapes of the run's: a setting that shapes them
+    (OPTIMIZER, float16's loss scale) changed since the save is refused in one line, naming the first difference."""
+    stored = _shapes(dict(ocp.StandardCheckpointHandler().metadata(epath.Path(step_dir) / "train_state")))
+    if wanted == stored:
+        return
+    path = sorted(set(wanted) ^ set(stored) or {p for p in wanted if wanted[p] != stored[p]})[0]
+    raise UserError(f"checkpoint {step_dir} holds the training state of other settings than this run's: {path} is "
+                    f"{stored.get(path, 'missing')} there, {wanted.get(path, 'missing')} here. A setting that shapes it "
+                    "changed since the save (OPTIMIZER, or DTYPE='float16', whose loss scale is saved with it): resume "
+                    "with the settings the run was saved with (its config.gin records them), or start a new "
+                    "MODEL_DIR from its parameters with --gin.RESTORE_FROM.")
