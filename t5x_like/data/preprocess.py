@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -55,6 +56,7 @@ def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
 
 def _init_worker(tokenizer_path: str) -> None:
     global _worker_tokenizer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the workers
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: --workers decides the cores
     _worker_tokenizer = load_tokenizer(tokenizer_path)
 
