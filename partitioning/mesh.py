@@ -12,8 +12,12 @@ from partitioning.errors import PartitioningError
 AXES = ("data", "stage", "fsdp", "tensor")
 
 
-def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int]:
-    """Replace the one -1 entry by whatever fills `num_devices`; check the product."""
+MACROS = {"data": "DATA_PARALLEL", "stage": "PIPELINE_PARALLEL", "fsdp": "FSDP_PARALLEL", "tensor": "TENSOR_PARALLEL"}
+
+
+def resolve_axis_sizes(sizes: dict[str, int], num_devices: int, *, simulable: bool = False) -> dict[str, int]:
+    """Replace the one -1 entry by whatever fills `num_devices`; check the product. `simulable`: the devices are
+    one process's CPU devices, so a mesh that needs more is told how to simulate them (can_simulate)."""
     unknown = sorted(set(sizes) - set(AXES))
     if unknown:
         raise PartitioningError(f"mesh axes {unknown} are unknown; the axes are {AXES}.")
@@ -25,6 +29,9 @@ def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int
     if bad:
         raise PartitioningError(f"mesh axis sizes {bad} must be positive (or -1 for one axis to fill).")
     known = math.prod(size for size in sizes.values() if size != -1)
+    if known > num_devices:
+        given = " ".join(f"{MACROS[axis]}={size}" for axis, size in sizes.items() if size > 1)
+        raise PartitioningError(f"{given}: {too_few_devices(known, num_devices, simulable)}")
     if fill:
         if num_devices % known:
             raise PartitioningError(
@@ -41,6 +48,21 @@ def resolve_axis_sizes(sizes: dict[str, int], num_devices: int) -> dict[str, int
     return sizes
 
 
+def can_simulate(devices: Sequence[jax.Device]) -> bool:
+    """Whether XLA_FLAGS can give this process more devices of this kind: CPU devices of one process."""
+    return bool(devices) and devices[0].platform == "cpu" and len({d.process_index for d in devices}) == 1
+
+
+def too_few_devices(needed: int, present: int, simulable: bool) -> str:
+    """The sentence for a mesh that needs more devices than are present, with the fix (on one process's CPU
+    devices, `simulable`: how to simulate them)."""
+    fix = (f"to run it on this CPU, simulate {needed} devices: start the command with "
+           f"XLA_FLAGS=--xla_force_host_platform_device_count={needed}" if simulable else
+           f"run it where {needed} devices are")
+    return (f"the mesh needs {needed} devices, but only {present} {'is' if present == 1 else 'are'} present; {fix} "
+            "(or lower those sizes).")
+
+
 DCN_MACROS = {"data": "DCN_DATA_PARALLEL", "stage": "DCN_PIPELINE_PARALLEL", "fsdp": "DCN_FSDP_PARALLEL",
               "tensor": "DCN_TENSOR_PARALLEL"}
 
@@ -55,7 +77,8 @@ def make_mesh(data: int = -1, stage: int = 1, fsdp: int = 1, tensor: int = 1, *,
     a slice or node (ICI / NVLink). With any dcn size > 1 the devices are arranged by jax's
     `mesh_utils.create_hybrid_device_mesh`, as MaxText does."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = resolve_axis_sizes(dict(data=data, stage=stage, fsdp=fsdp, tensor=tensor), len(devices))
+    sizes = resolve_axis_sizes(dict(data=data, stage=stage, fsdp=fsdp, tensor=tensor), len(devices),
+                               simulable=can_simulate(devices))
     shape = tuple(sizes[axis] for axis in AXES)
     axis_types = (AxisType.Auto,) * len(AXES)
     dcn = dict(zip(AXES, (dcn_data, dcn_stage, dcn_fsdp, dcn_tensor)))

@@ -1,5 +1,5 @@
-"""`train --print_config`: every effective setting of a run and its model, checked as training checks them, with
-nothing initialised, compiled or written."""
+"""`train --print_config`: every effective setting of a run, its model and its learning-rate schedule, checked as
+training checks them, with nothing initialised, compiled or written (MODEL_DIR may be unset)."""
 from __future__ import annotations
 
 import copy
@@ -9,23 +9,25 @@ import gin
 import jax
 
 from partitioning import PartitioningError, make_mesh
-from t5x_like import experiment, gin_cli
+from t5x_like import experiment, gin_cli, optim
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
 from t5x_like.run_config import bound_settings, check_data_settings, has_checkpoint, make_source, restored_config
-from t5x_like.training import check_settings, train
+from t5x_like.training import check_model_dir, check_settings, train
 
 
 def describe_run() -> str:
-    """Every effective setting (gin text, defaults included) and the model, checked by assembling the
-    experiment as train() does (nothing is initialised or compiled); reads MODEL_DIR's checkpoint, if
-    any, and writes nothing. A mesh this machine's devices cannot hold (a pod's configuration on a
-    workstation) is reported, not checked."""
+    """Every effective setting (gin text, defaults included), the model and the learning-rate schedule, checked by
+    assembling the experiment as train() does (nothing is initialised or compiled); reads MODEL_DIR's checkpoint,
+    if any, and writes nothing. MODEL_DIR may be None (unset). A mesh this machine's devices cannot hold (a pod's
+    configuration on a workstation) is reported, not checked."""
     bound = bound_settings(train)  # evaluates the macros
     check_settings(**bound)
     check_data_settings(bound_settings(make_source))
     model_dir, restore_from = bound["model_dir"], bound.get("restore_from")
-    resuming = has_checkpoint(model_dir)
+    if model_dir is not None:
+        check_model_dir(model_dir)
+    resuming = model_dir is not None and has_checkpoint(model_dir)
     restored_from = model_dir if resuming else restore_from
     restored = restored_config(restored_from) if restored_from else None
     mesh_sizes = gin.get_bindings("partitioning.make_mesh")
@@ -49,6 +51,9 @@ def describe_run() -> str:
     lines = [f"# Model: {config.summary()}", f"#   {num_params:,} parameters", mesh_line]
     if restored_from:
         lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
+    if model_dir is None:
+        lines.append("#   MODEL_DIR unset: training needs it (--gin.MODEL_DIR=\"'runs/NAME'\")")
     lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
     lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    lines.append(f"# Schedule: {optim.describe_schedule(**bound_settings(optim.make_optimizer))}")
     return gin_cli.operative_config_str("train") + "\n" + "\n".join(lines) + "\n"

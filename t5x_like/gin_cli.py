@@ -351,9 +351,12 @@ def _format(value: Any) -> str:
 # ---------------------------------------------------------------- a run's configuration
 
 
-def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
+def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *,
+              may_stay_unset: tuple[str, ...] = ()) -> None:
     """Load gin files (bare names resolve in gin/), then apply bindings (model_config.overrides merge
-    into the files' dict), rejecting unknown macros and unquoted strings."""
+    into the files' dict), rejecting unknown macros and unquoted strings. A required macro left unset is an
+    error, except those named in `may_stay_unset`, which become None (`train --print_config` needs no
+    MODEL_DIR)."""
     for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
         gin.add_config_file_search_path(path)
     if not files:
@@ -374,6 +377,9 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
     extra = apply_extra_file()
     if extra:
         logging.info("%s=%s: applied after the command line", EXTRA_GIN_ENV, extra)
+    for name in may_stay_unset:
+        if is_required(_bound_value(f"%{name}")):
+            gin.bind_parameter(f"{name}/macro.value", None)
     try:
         gin.finalize()
     except ValueError as e:
@@ -383,6 +389,13 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str]) ->
         raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
                         f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
     check_seq_len_is_used()
+
+
+def is_required(value: Any) -> bool:
+    """Whether a bound value is `%gin.REQUIRED` (a macro no file or binding has set)."""
+    return (isinstance(value, gin_config.ConfigurableReference)
+            and value.configurable.wrapped == gin_config._retrieve_constant
+            and value.scoped_configurable_fn() is gin.REQUIRED)
 
 
 def check_seq_len_is_used() -> None:

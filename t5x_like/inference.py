@@ -14,6 +14,7 @@ import numpy as np
 
 import models
 from partitioning import Partitioner, make_mesh
+from partitioning.mesh import can_simulate, too_few_devices
 from t5x_like import checkpoints, distributed, validate
 from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.errors import UserError
@@ -142,8 +143,10 @@ def check_mesh_fits(args: argparse.Namespace) -> None:
     """The mesh flags against the devices (all processes' devices: call it after join_cluster)."""
     sizes = [getattr(args, name) for name in MESH_FLAGS]
     known, devices = math.prod(size for size in sizes if size != -1), jax.device_count()
+    given = " ".join(f"--{name}={size}" for name, size in zip(MESH_FLAGS, sizes))
+    if known > devices:
+        raise UserError(f"{given}: {too_few_devices(known, devices, can_simulate(jax.devices()))}")
     if (devices % known) if -1 in sizes else (known != devices):
-        given = " ".join(f"--{name}={size}" for name, size in zip(MESH_FLAGS, sizes))
         raise UserError(f"{given}: the sizes multiply to {known}, which does not "
                         f"{'divide' if -1 in sizes else 'equal'} the {devices} devices here; choose sizes whose "
                         "product is the device count, or leave one at -1 (fill).")

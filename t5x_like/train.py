@@ -2,8 +2,8 @@
 
 Parses absl flags and gin (the run files in gin/, then --gin.NAME=VALUE), then trains (t5x_like/training.py):
 assembles the run, opens the data, resumes from MODEL_DIR's newest checkpoint, loops over the steps, logs,
-evaluates and checkpoints. `--print_config` prints every effective setting (defaults included) and the model,
-then exits.
+evaluates and checkpoints. `--print_config` prints every effective setting (defaults included), the model and the
+learning-rate schedule, then exits (MODEL_DIR may be left unset).
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from t5x_like.errors import exit_on_user_error, run_absl_app
 from t5x_like.training import train
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("print_config", False, "Print every effective setting (defaults included) and the model "
-                  "(shape, parameter count), checked as training would, then exit without touching MODEL_DIR.")
+flags.DEFINE_bool("print_config", False, "Print every effective setting (defaults included), the model "
+                  "(shape, parameter count) and the learning-rate schedule, checked as training would, then exit "
+                  "without touching MODEL_DIR (which it does not need).")
 flags.adopt_module_key_flags(cli)
 
 
@@ -31,7 +32,8 @@ def main(argv: list[str]) -> None:
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                            initialization_timeout=FLAGS.initialization_timeout_seconds,
                            heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds)
-    gin_cli.parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+    gin_cli.parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths,
+                      may_stay_unset=("MODEL_DIR",) if FLAGS.print_config else ())  # printing writes nothing
     if FLAGS.print_config:
         print(describe_run(), end="")
         return

@@ -34,6 +34,23 @@ def test_bad_mesh_sizes_name_the_fix(sizes, match):
         resolve_axis_sizes(sizes, 8)
 
 
+@pytest.mark.parametrize("sizes, named", [({"tensor": 16}, "TENSOR_PARALLEL=16"),
+                                          ({"data": -1, "fsdp": 4, "stage": 4}, "PIPELINE_PARALLEL=4 FSDP_PARALLEL=4"),
+                                          ({"data": 16}, "DATA_PARALLEL=16")])
+def test_a_mesh_needing_more_devices_says_how_many_and_how_to_simulate_them_on_cpu(sizes, named):
+    with pytest.raises(PartitioningError) as raised:
+        make_mesh(**sizes)
+    assert str(raised.value) == (
+        f"{named}: the mesh needs 16 devices, but only 8 are present; to run it on this CPU, simulate 16 devices: "
+        "start the command with XLA_FLAGS=--xla_force_host_platform_device_count=16 (or lower those sizes).")
+
+
+def test_too_few_devices_elsewhere_names_the_count_without_the_cpu_hint():
+    with pytest.raises(PartitioningError, match=r"^TENSOR_PARALLEL=2: the mesh needs 2 devices, but only 1 is present; "
+                                                r"run it where 2 devices are \(or lower those sizes\)\.$"):
+        resolve_axis_sizes({"data": -1, "tensor": 2}, 1)
+
+
 def test_dcn_sizes_must_divide_the_axis_and_match_the_nodes():
     with pytest.raises(PartitioningError, match=r"DCN_DATA_PARALLEL=3 must be a positive divisor of the 'data' axis size 4"):
         make_mesh(data=4, tensor=2, dcn_data=3)

@@ -244,6 +244,9 @@ CASES = [
     case("generate", GEN + ["--output={tmp}"], "--output={tmp} is a directory"),
     case("generate", GEN + ["--tokenizer={binary_json}"], "--tokenizer={binary_json}"),
     case("generate", GEN + ["--data_parallel=3"], "--data_parallel=3"),
+    case("generate", GEN + ["--tensor_parallel=16"], "--tensor_parallel=16: the mesh needs 16 devices, but only 8 "
+         "are present; to run it on this CPU, simulate 16 devices: start the command with "
+         "XLA_FLAGS=--xla_force_host_platform_device_count=16", id="generate:--tensor_parallel=16 on 8 devices"),
     case("generate", GEN + ["--fsdp_parallel=0"], "--fsdp_parallel=0"),
     case("generate", GEN + ["--rules=bogus"], "--rules='bogus'"),
     case("generate", GEN + ["--heartbeat_timeout_seconds=0"], "--heartbeat_timeout_seconds=0"),
@@ -319,7 +322,7 @@ CASES = [
     case("train", T5 + ["--gin.PIPELINE_PARALLEL=8", "--gin.DATA_PARALLEL=1"], "PIPELINE_PARALLEL=8"),
     case("train", T5 + ["--gin.RESTORE_FROM='{good}'"], "holds a 'gpt2' model"),
     case("train", T5 + ["--gin.SEQ_LEN=64"], "SEQ_LEN=64 is not used"),
-    case("train", QUICK + ["--gin.MODEL_DIR=None"], "MODEL_DIR=None"),
+    case("train", QUICK[:1] + ["--gin.MODEL_DIR=None"], "MODEL_DIR=None", id="train:MODEL_DIR=None, training"),
     case("train", QUICK + ["--gin.RESTORE_FROM=''"], "RESTORE_FROM=''"),
     case("train", QUICK + ["--gin.DATA_SPLIT='a,b'"], "DATA_SPLIT='a,b'"),
     case("train", QUICK + ["--gin.PACKING='yes'"], "PACKING='yes'"),

@@ -281,3 +281,48 @@ def test_noam_ramps_then_decays_as_the_inverse_square_root():
 def test_bad_schedule_lengths_are_named(settings, message):
     with pytest.raises(ValueError, match=message):
         optim.learning_rate_schedule(peak=1.0, total_steps=1000, **settings)
+
+
+SCHEDULE_WORDS = [
+    (dict(warmup_steps=0.1), "warmup 100 steps (WARMUP_STEPS = 0.1 of 1000), cosine decay to step 1000, floor 6e-05 "
+                             "(min_learning_rate_ratio 0.1 x LEARNING_RATE; min_learning_rate unset)"),
+    (dict(warmup_steps=0.1, min_learning_rate=1e-5),
+     "warmup 100 steps (WARMUP_STEPS = 0.1 of 1000), cosine decay to step 1000, floor 1e-05 (min_learning_rate, "
+     "absolute; min_learning_rate_ratio is ignored)"),
+    (dict(warmup_steps=0, decay="linear", min_learning_rate_ratio=0.0),
+     "no warmup, linear decay to step 1000, floor 0 (min_learning_rate_ratio 0 x LEARNING_RATE; min_learning_rate "
+     "unset)"),
+    (dict(warmup_steps=0.01, decay_steps=0.5),
+     "warmup 5 steps (WARMUP_STEPS = 0.01 of 500), cosine decay to step 500 (make_optimizer.decay_steps = 0.5 of "
+     "TRAIN_STEPS 1000), floor 6e-05 (min_learning_rate_ratio 0.1 x LEARNING_RATE; min_learning_rate unset)"),
+    (dict(warmup_steps=10, decay="constant", min_learning_rate=1e-5),
+     "warmup 10 steps, then constant at LEARNING_RATE 0.0006 (no decay: min_learning_rate and "
+     "min_learning_rate_ratio are unused)"),
+    (dict(warmup_steps=100, decay="rsqrt"),
+     "rsqrt: LEARNING_RATE 0.0006 held for 100 steps, then LEARNING_RATE x sqrt(100 / step), 0.00019 at step 1000 "
+     "(TRAIN_STEPS); no floor (min_learning_rate unset; min_learning_rate_ratio is unused by 'rsqrt')"),
+    (dict(warmup_steps=0.1, decay="noam", min_learning_rate=2e-4),
+     "noam: warmup to LEARNING_RATE 0.0006 over 100 steps (WARMUP_STEPS = 0.1 of 1000), then LEARNING_RATE x "
+     "sqrt(100 / step), 0.0002 at step 1000 (TRAIN_STEPS); floor 0.0002 (min_learning_rate)"),
+]
+
+
+@pytest.mark.parametrize("settings, words", SCHEDULE_WORDS)
+def test_the_schedule_is_described_as_the_optimizer_resolves_it(settings, words):
+    """--print_config's `# Schedule:` line: fractions in steps, which floor applies, and each kind's own shape."""
+    assert optim.describe_schedule(learning_rate=6e-4, total_steps=1000, **settings) == words
+
+
+@pytest.mark.parametrize("settings", [dict(warmup_steps=0.1), dict(warmup_steps=0.1, min_learning_rate=1e-5),
+                                      dict(warmup_steps=30, decay="linear", min_learning_rate_ratio=0.5)])
+def test_the_described_warmup_and_floor_are_where_the_schedule_has_them(settings):
+    """The numbers the description gives are the schedule's: the peak at the end of the warmup, the floor at the
+    end of the decay."""
+    arguments = dict(peak=6e-4, total_steps=1000, warmup_steps=settings["warmup_steps"],
+                     decay=settings.get("decay", "cosine"), min_ratio=settings.get("min_learning_rate_ratio", 0.1),
+                     minimum=settings.get("min_learning_rate"))
+    steps, schedule = optim.resolve_schedule(**arguments), optim.learning_rate_schedule(**arguments)
+    words = optim.describe_schedule(learning_rate=6e-4, total_steps=1000, **settings)
+    assert f"warmup {steps.warmup} steps" in words and f"floor {steps.floor:g} " in words
+    assert float(schedule(steps.warmup)) == pytest.approx(6e-4)
+    assert float(schedule(steps.decay_end)) == pytest.approx(steps.floor)

@@ -51,6 +51,55 @@ def test_print_config_shows_defaults_and_the_model_and_leaves_model_dir_untouche
 
 
 @pytest.mark.system
+def test_print_config_needs_no_model_dir_and_training_still_does(tmp_path):
+    """From an empty folder, as a user first tries a run file: --print_config without MODEL_DIR prints the settings,
+    the model and the schedule (WARMUP_STEPS as a fraction resolved to steps) and writes nothing; the same command
+    without --print_config stops on the missing MODEL_DIR."""
+    command = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin", "--gin.TRAIN_STEPS=1000",
+               "--gin.WARMUP_STEPS=0.1", "--gin.LEARNING_RATE=6e-4"]
+    shown = subprocess.run([*command, "--print_config"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    lines = shown.stdout.splitlines()
+    assert "MODEL_DIR = None" in lines
+    assert "#   MODEL_DIR unset: training needs it (--gin.MODEL_DIR=\"'runs/NAME'\")" in lines
+    assert lines[-1] == ("# Schedule: warmup 100 steps (WARMUP_STEPS = 0.1 of 1000), cosine decay to step 1000, floor "
+                         "6e-05 (min_learning_rate_ratio 0.1 x LEARNING_RATE; min_learning_rate unset)")
+    trained = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 1
+    assert trained.stderr.strip().splitlines()[-1].startswith("error: MODEL_DIR is required: pass --gin.MODEL_DIR=")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.system
+def test_a_mesh_larger_than_the_one_cpu_device_says_how_to_simulate_devices(tmp_path):
+    """`--gin.TENSOR_PARALLEL=2` on a CPU with one device (no XLA_FLAGS): one line naming the setting, the device
+    count it needs and the XLA_FLAGS that simulates them; nothing written."""
+    env = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart.gin",
+                           "--gin.MODEL_DIR='runs/tp'", "--gin.TENSOR_PARALLEL=2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: TENSOR_PARALLEL=2: the mesh needs 2 devices, but only 1 is present; to run it on this CPU, simulate "
+        "2 devices: start the command with XLA_FLAGS=--xla_force_host_platform_device_count=2 (or lower those sizes).")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_print_config_without_model_dir_describes_the_run(clean_gin):
+    """train.py's parse (MODEL_DIR may stay unset under --print_config): the description says training needs it and
+    reads no checkpoint; an unset MODEL_DIR is still an error for training (test_train.py)."""
+    gin_cli.parse_gin(["quickstart.gin"], ["TRAIN_STEPS=1000", "optim.make_optimizer.min_learning_rate=1e-5"], [],
+                      may_stay_unset=("MODEL_DIR",))
+    text = describe.describe_run()
+    assert "MODEL_DIR = None" in text and "#   MODEL_DIR unset: training needs it" in text
+    assert "floor 1e-05 (min_learning_rate, absolute; min_learning_rate_ratio is ignored)" in text
+    gin.clear_config()
+    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='runs/given'"], [], may_stay_unset=("MODEL_DIR",))
+    assert gin.query_parameter("%MODEL_DIR") == "runs/given"
+
+
+@pytest.mark.system
 def test_help_lists_the_macros_with_defaults_and_comments():
     done = cli("--help", timeout=120)
     assert "--[no]print_config" in done.stdout
@@ -155,7 +204,8 @@ def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_mod
     gin_cli.parse_gin(["quickstart.gin"],
                     [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
     text = describe.describe_run()
-    assert "#   mesh not checked on this machine's 8 devices (cannot fill mesh axis 'data'" in text
+    assert ("#   mesh not checked on this machine's 8 devices (FSDP_PARALLEL=16 TENSOR_PARALLEL=2: the mesh needs 32 "
+            "devices, but only 8 are present; to run it on this CPU, simulate 32 devices") in text
     assert "vocab 8192 (padded to 8192)" in text and "5,322,240 parameters" in text
     assert "make_mesh.fsdp = %FSDP_PARALLEL" in text and "FSDP_PARALLEL = 16" in text
 

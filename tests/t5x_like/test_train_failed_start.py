@@ -12,7 +12,7 @@ from tests.support.environment import cpu_env
 pytestmark = pytest.mark.system
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ERRORS = {"mesh": ("--gin.DATA_PARALLEL=16", "has 16 devices but 2 are available"),
+ERRORS = {"mesh": ("--gin.DATA_PARALLEL=16", "the mesh needs 16 devices, but only 2 are present"),
           "data": ("--gin.DATA_PATH='/nonexistent/corpus'", "/nonexistent/corpus.idx: missing")}
 
 
