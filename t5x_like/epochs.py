@@ -26,6 +26,9 @@ def resolve() -> int | None:
     if epochs is None:
         return None
     validate.positive_int("EPOCHS", epochs, fix="or None to count the run in TRAIN_STEPS")
+    if _macro("BATCH_SIZE_RAMPUP") is not None:
+        raise UserError(f"EPOCHS={epochs} with BATCH_SIZE_RAMPUP: a pass over the data is no whole number of steps "
+                        "while the batch ramps up; set TRAIN_STEPS (and EVAL_EVERY, CHECKPOINT_EVERY) instead.")
     rows = training_rows()
     batch = gin.get_bindings("build_experiment")["batch_size"]
     steps = math.ceil(rows / batch)

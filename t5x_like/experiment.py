@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 import models
 from partitioning import Partitioner, pipeline
 from t5x_like import distributed, optim, trainer, validate
+from t5x_like.data.rampup import BatchRampup, batch_rampup
 from t5x_like.errors import UserError, as_user_error
 from t5x_like.lm import LanguageModel, make_lm
 
@@ -42,6 +43,7 @@ class Experiment:
     on_nonfinite: str
     abstract_state: trainer.TrainState  # boxed ShapeDtypeStructs (logical names kept)
     shardings: trainer.TrainState  # NamedShardings
+    rampup: BatchRampup | None = None  # BATCH_SIZE_RAMPUP: steps train on fewer rows than batch_size at first
 
     @property
     def mesh(self) -> Mesh:
@@ -62,6 +64,13 @@ class Experiment:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * sum(self.lengths.values())
+
+    def rows_trained(self, first: int, last: int) -> int:
+        """The rows steps `first` .. `last` - 1 (from 0) train on: batch_size each, fewer during a batch-size
+        ramp-up (such a step still computes batch_size rows; the others count nothing)."""
+        if self.rampup is None:
+            return (last - first) * self.batch_size
+        return self.rampup.consumed_before(last) - self.rampup.consumed_before(first)
 
     def _init(self, rng: jax.Array) -> trainer.TrainState:
         return trainer.init_train_state(self.lm, self.optimizer.tx, rng, self.lengths, self.step_config.loss_scale)
@@ -121,7 +130,8 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
 def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = gin.REQUIRED,
                      rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
-                     seed: int = 0, grad_accum_steps: int = 1, z_loss: float = 0.0,
+                     batch_size_rampup: tuple[int, int, int] | None = None, seed: int = 0,
+                     grad_accum_steps: int = 1, z_loss: float = 0.0,
                      loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
                      on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
@@ -129,13 +139,15 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      adopt_architecture: bool = False, resuming: bool = False) -> Experiment:
     """Assemble a run. `restored`: the model config of the checkpoint the run resumes (`resuming`) or restores
     from; the model must have its architecture (or, with `adopt_architecture`, takes it: a RESTORE_FROM run,
-    started or resumed), and keeps its vocabulary padding where it divides."""
+    started or resumed), and keeps its vocabulary padding where it divides. `batch_size_rampup`:
+    BATCH_SIZE_RAMPUP, Megatron's (start, increment, samples) batch-size ramp-up (t5x_like/data/rampup.py)."""
     if on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
     validate.positive_int("BATCH_SIZE", batch_size)
     validate.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
     validate.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
     validate.integer("SEED", seed)
+    rampup = batch_rampup(batch_size_rampup, batch_size)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
@@ -157,7 +169,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     lm = make_lm(config, layer_stack)
     experiment = Experiment(config=config, lm=lm, partitioner=partitioner, optimizer=optimizer,
                             step_config=step_config, batch_size=batch_size, lengths=lengths, seed=seed,
-                            on_nonfinite=on_nonfinite, abstract_state=None, shardings=None)
+                            on_nonfinite=on_nonfinite, abstract_state=None, shardings=None, rampup=rampup)
     with partitioner.activate():
         offload = ("opt_state",) if offload_optimizer_state else ()
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
@@ -166,6 +178,8 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         params = experiment.abstract_state.params
         logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
         logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
+        if rampup is not None:
+            logging.info("batch size: %s", rampup.describe())
     return experiment
 
 

@@ -101,31 +101,36 @@ def _plain(value: Any) -> Any:
 
 
 class Throughput:
-    """Step-time, tokens/s, TFLOP/s per device and MFU over the steps between two log points."""
+    """Step-time, tokens/s, TFLOP/s per device and MFU over the steps between two log points, counting the rows
+    each step trains on (`step_done(rows)`): a step of a batch-size ramp-up computes all `rows_per_step` rows of
+    the compiled batch but trains on fewer, and only those count."""
 
-    def __init__(self, *, tokens_per_step: int, flops_per_step: float, num_devices: int, peak: float | None):
+    def __init__(self, *, rows_per_step: int, tokens_per_step: int, flops_per_step: float, num_devices: int,
+                 peak: float | None):
+        self.rows_per_step = rows_per_step
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = flops_per_step
         self.num_devices = num_devices
         self.peak = peak
-        self._start = time.perf_counter()
-        self._steps = 0
+        self.reset()
 
-    def step_done(self) -> None:
+    def step_done(self, rows: int) -> None:
         self._steps += 1
+        self._rows += rows
 
     def reset(self) -> None:
-        self._start, self._steps = time.perf_counter(), 0
+        self._start, self._steps, self._rows = time.perf_counter(), 0, 0
 
     def measure(self) -> dict[str, float | None]:
         """Averages since the last measure(); call after the last step's result is on the host."""
         elapsed = time.perf_counter() - self._start
         step_time = elapsed / max(self._steps, 1)
-        tflops = self.flops_per_step / step_time / self.num_devices / 1e12
+        full_steps = self._rows / self.rows_per_step  # the steps' rows, in whole batches
+        tflops = self.flops_per_step * full_steps / elapsed / self.num_devices / 1e12
         self.reset()
         return {
             "step_time": step_time,
-            "tokens_per_sec": self.tokens_per_step / step_time,
+            "tokens_per_sec": self.tokens_per_step * full_steps / elapsed,
             "tflops_per_device": tflops,
             "mfu": tflops / self.peak if self.peak else None,
         }

@@ -38,6 +38,41 @@ def run_steps(name: str, value: Any, of_steps: int, of_name: str) -> int:
     return validate.non_negative_int(name, value, fix=f"or a fraction of {of_name} such as 0.01")
 
 
+class ScheduleSteps(NamedTuple):
+    """A schedule's settings resolved: its lengths in steps and its floor."""
+    warmup: int
+    decay_end: int  # the step cosine / linear decay reaches the floor (decay_steps, default TRAIN_STEPS)
+    floor: float | None  # the lowest rate: None where nothing floors it (constant; rsqrt / noam without `minimum`)
+
+
+def resolve_schedule(*, peak: float, warmup_steps: int | float, total_steps: int, decay: str = "cosine",
+                     min_ratio: float = 0.1, decay_steps: int | float | None = None,
+                     minimum: float | None = None) -> ScheduleSteps:
+    """learning_rate_schedule's lengths in steps (fractions resolved) and floor, checked; its arguments."""
+    if decay not in SCHEDULES:
+        raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
+    validate.non_negative_int("TRAIN_STEPS", total_steps)
+    decay_end = total_steps if decay_steps is None else run_steps("optim.make_optimizer.decay_steps", decay_steps,
+                                                                  total_steps, "TRAIN_STEPS")
+    warmup = run_steps("WARMUP_STEPS", warmup_steps, decay_end,
+                       "TRAIN_STEPS" if decay_steps is None else "optim.make_optimizer.decay_steps")
+    if minimum is not None:
+        validate.finite_float("optim.make_optimizer.min_learning_rate", minimum, minimum=0.0, maximum=peak,
+                              fix="at most LEARNING_RATE")
+    if decay in ("rsqrt", "noam"):
+        if warmup < 1:
+            raise UserError(f"the {decay!r} schedule decays as sqrt(WARMUP_STEPS / step); set WARMUP_STEPS >= 1 "
+                            f"({'T5 uses 10000' if decay == 'rsqrt' else 'the Transformer paper uses 4000'}).")
+        return ScheduleSteps(warmup, decay_end, minimum)
+    if warmup >= decay_end and decay != "constant":
+        ends = f"TRAIN_STEPS={total_steps}" if decay_steps is None else f"optim.make_optimizer.decay_steps={decay_end}"
+        raise UserError(f"WARMUP_STEPS={warmup} must be smaller than {ends} for {decay!r} decay; lower the warmup "
+                        "or use decay='constant'.")
+    if decay == "constant":
+        return ScheduleSteps(warmup, decay_end, None)
+    return ScheduleSteps(warmup, decay_end, min_ratio * peak if minimum is None else minimum)
+
+
 def learning_rate_schedule(*, peak: float, warmup_steps: int | float, total_steps: int, decay: str = "cosine",
                            min_ratio: float = 0.1, decay_steps: int | float | None = None,
                            minimum: float | None = None) -> optax.Schedule:
@@ -51,40 +86,24 @@ def learning_rate_schedule(*, peak: float, warmup_steps: int | float, total_step
     peak * sqrt(warmup_steps / step) (no ramp; T5 uses peak 0.01, 10k steps). noam and rsqrt never end; only
     `minimum`, when set, floors them. A float in (0, 1) is a fraction: `decay_steps` of `total_steps`,
     `warmup_steps` of the decay length (as Megatron and NeoX count their warmup fraction)."""
-    if decay not in SCHEDULES:
-        raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
-    validate.non_negative_int("TRAIN_STEPS", total_steps)
-    decay_end = total_steps if decay_steps is None else run_steps("optim.make_optimizer.decay_steps", decay_steps,
-                                                                  total_steps, "TRAIN_STEPS")
-    warmup = run_steps("WARMUP_STEPS", warmup_steps, decay_end,
-                       "TRAIN_STEPS" if decay_steps is None else "optim.make_optimizer.decay_steps")
-    if minimum is not None:
-        validate.finite_float("optim.make_optimizer.min_learning_rate", minimum, minimum=0.0, maximum=peak,
-                              fix="at most LEARNING_RATE")
+    steps = resolve_schedule(peak=peak, warmup_steps=warmup_steps, total_steps=total_steps, decay=decay,
+                             min_ratio=min_ratio, decay_steps=decay_steps, minimum=minimum)
     if decay in ("rsqrt", "noam"):
-        return inverse_square_root(peak, warmup, decay, minimum)
-    if warmup >= decay_end and decay != "constant":
-        ends = f"TRAIN_STEPS={total_steps}" if decay_steps is None else f"optim.make_optimizer.decay_steps={decay_end}"
-        raise UserError(f"WARMUP_STEPS={warmup} must be smaller than {ends} for {decay!r} decay; lower the warmup "
-                        "or use decay='constant'.")
-    floor = min_ratio * peak if minimum is None else minimum
-    ramp = optax.linear_schedule(0.0, peak, max(warmup, 1))
-    length = max(decay_end - warmup, 1)
+        return inverse_square_root(peak, steps.warmup, decay, steps.floor)
+    ramp = optax.linear_schedule(0.0, peak, max(steps.warmup, 1))
+    length = max(steps.decay_end - steps.warmup, 1)
     if decay == "cosine":
-        after = optax.cosine_decay_schedule(peak, length, alpha=floor / peak if peak else 0.0)
+        after = optax.cosine_decay_schedule(peak, length, alpha=steps.floor / peak if peak else 0.0)
     elif decay == "linear":
-        after = optax.linear_schedule(peak, floor, length)
+        after = optax.linear_schedule(peak, steps.floor, length)
     else:
         after = optax.constant_schedule(peak)
-    return optax.join_schedules([ramp, after], [warmup])
+    return optax.join_schedules([ramp, after], [steps.warmup])
 
 
 def inverse_square_root(peak: float, warmup: int, decay: str, minimum: float | None) -> optax.Schedule:
-    """'rsqrt' (T5X: the peak held for `warmup` steps) or 'noam' (a linear ramp to the peak over `warmup`
+    """'rsqrt' (T5X: the peak held for `warmup` >= 1 steps) or 'noam' (a linear ramp to the peak over `warmup`
     steps), then peak * sqrt(warmup / step); never below `minimum` when it is set."""
-    if warmup < 1:
-        raise UserError(f"the {decay!r} schedule decays as sqrt(WARMUP_STEPS / step); set WARMUP_STEPS >= 1 "
-                        f"({'T5 uses 10000' if decay == 'rsqrt' else 'the Transformer paper uses 4000'}).")
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
@@ -93,6 +112,43 @@ def inverse_square_root(peak: float, warmup: int, decay: str, minimum: float | N
         return rate if minimum is None else jnp.maximum(rate, minimum)
 
     return schedule
+
+
+def describe_schedule(*, learning_rate: float, warmup_steps: int | float, total_steps: int, decay: str = "cosine",
+                      decay_steps: int | float | None = None, min_learning_rate: float | None = None,
+                      min_learning_rate_ratio: float = 0.1, **_) -> str:
+    """make_optimizer's schedule in words, from its settings (as gin binds them) resolved by resolve_schedule:
+    the warmup in steps (and the fraction it came from), where the decay ends, and which floor applies."""
+    steps = resolve_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps, decay=decay,
+                             min_ratio=min_learning_rate_ratio, decay_steps=decay_steps, minimum=min_learning_rate)
+    given = f" (WARMUP_STEPS = {warmup_steps!r} of {steps.decay_end})" if isinstance(warmup_steps, float) else ""
+    if decay in ("rsqrt", "noam"):
+        return describe_inverse_square_root(learning_rate, steps, decay, total_steps, given)
+    warmup = f"warmup {steps.warmup} steps{given}" if steps.warmup else "no warmup"
+    if decay == "constant":
+        return (f"{warmup}, then constant at LEARNING_RATE {learning_rate:g} (no decay: min_learning_rate and "
+                "min_learning_rate_ratio are unused)")
+    ends = f"step {steps.decay_end}"
+    if isinstance(decay_steps, float):
+        ends += f" (make_optimizer.decay_steps = {decay_steps!r} of TRAIN_STEPS {total_steps})"
+    elif decay_steps is not None:
+        ends += " (make_optimizer.decay_steps)"
+    floor = (f"floor {steps.floor:g} (min_learning_rate, absolute; min_learning_rate_ratio is ignored)"
+             if min_learning_rate is not None else
+             f"floor {steps.floor:g} (min_learning_rate_ratio {min_learning_rate_ratio:g} x LEARNING_RATE; "
+             "min_learning_rate unset)")
+    return f"{warmup}, {decay} decay to {ends}, {floor}"
+
+
+def describe_inverse_square_root(peak: float, steps: ScheduleSteps, decay: str, total_steps: int, given: str) -> str:
+    """'rsqrt' or 'noam' in words: how it starts, the rate it reaches at TRAIN_STEPS, and its floor, if any."""
+    start = (f"LEARNING_RATE {peak:g} held for {steps.warmup} steps{given}" if decay == "rsqrt" else
+             f"warmup to LEARNING_RATE {peak:g} over {steps.warmup} steps{given}")
+    at_end = float(inverse_square_root(peak, steps.warmup, decay, steps.floor)(total_steps))
+    floor = (f"floor {steps.floor:g} (min_learning_rate)" if steps.floor is not None else
+             f"no floor (min_learning_rate unset; min_learning_rate_ratio is unused by {decay!r})")
+    return (f"{decay}: {start}, then LEARNING_RATE x sqrt({steps.warmup} / step), {at_end:.3g} at step {total_steps} "
+            f"(TRAIN_STEPS); {floor}")
 
 
 def decay_mask(params: Any, *, embeddings: bool = False) -> Any:

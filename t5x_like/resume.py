@@ -30,7 +30,7 @@ def starting_state(ckpt: checkpoints.Checkpointer, exp: Experiment, target: trai
         state = exp.init_state()
         return state.replace(params=pretrained_params(restore_from, state.params, exp)) if restore_from else state
     state, data_state = resumed
-    resume_data(source, data_state, restart_data)
+    resume_data(source, data_state, restart_data, ramping=exp.rampup is not None)
     logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
     warn_schedule_change(stored, exp.optimizer, train_steps, int(state.step),
                          int(optim.applied_updates(state.opt_state)))
@@ -79,11 +79,16 @@ def pretrained_params(restore_from: str, params: Any, exp: Experiment) -> Any:
     return {k: restored.get(k, v) for k, v in params.items()}
 
 
-def resume_data(source, data_state: dict, restart_data: bool) -> None:
-    """The data source at the checkpoint's position, or (`restart_data`) at its start, said so."""
+def resume_data(source, data_state: dict, restart_data: bool, *, ramping: bool = False) -> None:
+    """The data source at the checkpoint's position, or (`restart_data`) at its start, said so; not at its start
+    with a batch-size ramp-up (`ramping`), whose batches follow from the step."""
     if not restart_data:
         source.set_state(data_state)
         return
+    if ramping:
+        raise UserError("train.restart_data=True with BATCH_SIZE_RAMPUP set: the data would start over at the "
+                        "ramp-up's first batch while the run continues at its step; resume the data (drop "
+                        "restart_data), or once the ramp-up is over set BATCH_SIZE_RAMPUP=None to start it over.")
     logging.warning("train.restart_data=True: the data starts over from its first batch (the model, optimizer and "
                     "step continue from the checkpoint)")
 

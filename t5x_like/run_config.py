@@ -20,7 +20,7 @@ from t5x_like.lm import check_objective
 gin.external_configurable(make_mesh, module="partitioning")
 gin.external_configurable(optim.make_optimizer, module="optim")
 gin.external_configurable(trainer.LossScaleConfig, module="trainer")
-make_source = gin.external_configurable(data.make_source, module="data")
+make_source = gin.external_configurable(data.make_source, module="data", denylist=["rampup"])  # train() gives it
 
 
 @gin.configurable

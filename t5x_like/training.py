@@ -56,6 +56,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
                     save_steps=save_steps, tensorboard_dir=tensorboard_dir)
     check_settings(**settings, keep_checkpoints=keep_checkpoints, eval_steps=eval_steps, restore_from=restore_from,
                    on_corrupt_checkpoint=on_corrupt_checkpoint)
+    check_model_dir(model_dir)
     with contextlib.ExitStack() as run:
         ckpt = run_dir.open_model_dir(run, model_dir, keep_checkpoints, save_steps)
         latest = ckpt.latest_step()
@@ -98,7 +99,7 @@ class Loop:
         run.callback(self.writer.close)
         self.lm_eval = lm_eval_evaluator(exp, source)
         self.throughput = metrics.Throughput(
-            tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
+            rows_per_step=exp.batch_size, tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         self.stop = stopping.StopSignal()
         run.callback(self.stop.restore)
@@ -122,15 +123,16 @@ class Loop:
             pending = self.after_step(step, state, step_metrics, pending)
         self.finish(step, state, pending)
         if self.primary:
-            logging.info("%s", summary(self.model_dir, step - first_step, step, self.train_steps,
-                                       self.exp.tokens_per_step, time.perf_counter() - start, self.writer.tensorboard))
+            tokens = self.exp.rows_trained(first_step, step) * sum(self.exp.lengths.values())
+            logging.info("%s", summary(self.model_dir, step - first_step, step, self.train_steps, tokens,
+                                       time.perf_counter() - start, self.writer.tensorboard))
         return TrainResult(step, self.stop.signum)
 
     def after_step(self, step: int, state: trainer.TrainState, step_metrics, pending):
         """Report the previous step; save and evaluate this one at their intervals. Returns what is pending."""
         if pending:
             self.report(*pending)
-        self.throughput.step_done()
+        self.throughput.step_done(self.exp.rows_trained(step - 1, step))
         saving = step % self.checkpoint_every == 0 or step in self.save_steps
         evaluating = self.eval_every and step % self.eval_every == 0
         lm_eval_due = self.lm_eval is not None and self.lm_eval.due(step)
@@ -168,6 +170,7 @@ class Loop:
         if step % (log_every or self.log_every) and step != self.train_steps:
             return
         row = {k: v for k, v in values.items() if k != "tokens"}
+        row["batch_size"] = self.exp.rows_trained(step - 1, step)
         row.update(self.throughput.measure())
         self.writer.write(step, row)
         logging.info(metrics.console_line(step, self.train_steps, row, row["step_time"]))
@@ -202,10 +205,11 @@ def open_validation(run: contextlib.ExitStack, data_source: Callable, exp: Exper
     return source, validation.validation_batches(source, eval_steps)
 
 
-def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps,
-                   restore_from, log_every, on_corrupt_checkpoint, nonfinite_in_a_row, save_steps=(),
-                   tensorboard_dir=None, **_) -> None:
-    """train()'s settings in range and MODEL_DIR writable: run by train() and by --print_config."""
+def check_settings(*, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps, restore_from,
+                   log_every, on_corrupt_checkpoint, nonfinite_in_a_row, save_steps=(), tensorboard_dir=None,
+                   **_) -> None:
+    """train()'s settings other than MODEL_DIR in range: run by train() and by --print_config, which needs no
+    MODEL_DIR (check_model_dir checks it when there is one)."""
     validate.non_negative_int("TRAIN_STEPS", train_steps)
     validate.positive_int("CHECKPOINT_EVERY", checkpoint_every)
     if keep_checkpoints is not None:
@@ -226,18 +230,28 @@ def check_settings(*, model_dir, train_steps, checkpoint_every, keep_checkpoints
     validate.positive_int("train.log_every", log_every)
     validate.positive_int("train.nonfinite_in_a_row", nonfinite_in_a_row)
     validate.one_of("train.on_corrupt_checkpoint", on_corrupt_checkpoint, checkpoints.ON_CORRUPT)
-    for name, value in (("MODEL_DIR", model_dir), ("RESTORE_FROM", "-" if restore_from is None else restore_from)):
-        if not isinstance(value, str) or not value.strip():
-            raise UserError(f"{name}={value!r}: expected a path in quotes, e.g. --gin.{name}=\"'/runs/run1'\".")
+    if restore_from is not None:
+        check_path_setting("RESTORE_FROM", restore_from)
+
+
+def check_model_dir(model_dir) -> None:
+    """MODEL_DIR a path this process can write in (or create)."""
+    check_path_setting("MODEL_DIR", model_dir)
     validate.writable_dir("MODEL_DIR", model_dir)
 
 
+def check_path_setting(name: str, value) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{name}={value!r}: expected a path in quotes, e.g. --gin.{name}=\"'/runs/run1'\".")
+
+
 def open_source(run: contextlib.ExitStack, data_source: Callable, split: str, exp: Experiment):
-    """This host's batches of `split` (the part of every global batch the mesh gives its devices), checked
-    against the model's vocabulary, closed with `run`."""
+    """This host's batches of `split` (the part of every global batch the mesh gives its devices; training's ramp
+    up with BATCH_SIZE_RAMPUP), checked against the model's vocabulary, closed with `run`."""
     index, count = exp.host_layout
+    ramp = {"rampup": exp.rampup} if split == "train" and exp.rampup is not None else {}
     source = data_source(split, batch_size=exp.host_batch_size, feature_lengths=exp.lengths, seed=exp.seed,
-                         shard_index=index, shard_count=count)
+                         shard_index=index, shard_count=count, **ramp)
     run.callback(source.close)
     if source.vocab_size > exp.config.vocab_size:
         raise UserError(
@@ -265,11 +279,11 @@ def compile_step(step_fn, state, batch):
     return compiled
 
 
-def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens_per_step: int, seconds: float,
+def summary(model_dir: str, steps: int, step: int, train_steps: int, tokens: int, seconds: float,
             tensorboard: str | None = None) -> str:
     """The end-of-run lines: steps, tokens, wall time, validation losses, where the outputs are."""
     evals = [(row["step"], row["eval_loss"]) for row in metrics.read_rows(model_dir) if "eval_loss" in row]
-    lines = [f"done: step {step}/{train_steps}; this run trained {steps} steps, {steps * tokens_per_step:,} tokens "
+    lines = [f"done: step {step}/{train_steps}; this run trained {steps} steps, {tokens:,} tokens "
              f"in {datetime.timedelta(seconds=round(seconds))}"]
     if evals:
         best = min(evals, key=lambda e: e[1])

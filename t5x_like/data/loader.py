@@ -31,6 +31,8 @@ import numpy as np
 from absl import flags
 
 from t5x_like.data.fingerprint import describe_change
+from t5x_like.data.rampup import SETTING as RAMPUP
+from t5x_like.data.rampup import BatchRampup
 from t5x_like.data.token_file import TokenFile
 from t5x_like.errors import UserError
 from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
@@ -80,18 +82,20 @@ class GrainBatchSource:
     Its state says where it stands in rows, with what it reads: a resume with another global batch (BATCH_SIZE,
     or the hosts) continues at the next unseen row; one with other FEATURE_LENGTHS reads rows of another length,
     and starts about as many tokens in; one on other data (the `fingerprint`: files, tokenizer, split, blend) is
-    refused (DataChangedError)."""
+    refused (DataChangedError), and so is one that changes a batch-size ramp-up's stream (`rampup`: its settings,
+    BATCH_SIZE and FEATURE_LENGTHS must stay)."""
 
     def __init__(self, batches: Callable[[int], grain.IterDataset], *, vocab_size: int, eod_id: int,
                  tokenizer_path: str | None, global_batch: int, lengths: dict[str, int],
                  fingerprint: dict | None = None, data_paths: Sequence[str] = (), num_batches: int | None = None,
-                 rows_per_epoch: int | None = None):
+                 rows_per_epoch: int | None = None, rampup: BatchRampup | None = None):
         self.vocab_size = vocab_size
         self.eod_id = eod_id
         self.tokenizer_path = tokenizer_path
         self.num_batches = num_batches
         self.rows_per_epoch = rows_per_epoch  # rows of one pass over the split (EPOCHS counts in them)
         self.global_batch, self.lengths, self.fingerprint = global_batch, dict(lengths), fingerprint
+        self._rampup = None if rampup is None else rampup.record()
         self._batches, self._paths = batches, list(data_paths)
         self._iterator = None
         self._start(0)
@@ -119,10 +123,12 @@ class GrainBatchSource:
     def get_state(self) -> dict:
         return {"format": DATA_STATE_FORMAT, "rows": self.rows_read, "start_row": self._start_row,
                 "iterator": self._iterator.get_state(), "global_batch": self.global_batch, "lengths": self.lengths,
-                "fingerprint": self.fingerprint}
+                "fingerprint": self.fingerprint, "rampup": self._rampup}
 
     def set_state(self, state: dict) -> None:
-        if state.get("format") != DATA_STATE_FORMAT:  # written by an older version: grain's state alone
+        old_format = state.get("format") != DATA_STATE_FORMAT  # written by an older version: grain's state alone
+        self.check_same_rampup({} if old_format else state)
+        if old_format:
             self._iterator.set_state(state)
             return
         self.check_same_data(state)
@@ -145,6 +151,22 @@ class GrainBatchSource:
                             state["rows"])
         self._start(row)
 
+    def check_same_rampup(self, state: dict) -> None:
+        """UserError when `state` was saved reading a batch-size ramp-up's stream and this source reads another
+        (another ramp-up or none, or the same one over another BATCH_SIZE or FEATURE_LENGTHS): the rows of a step
+        would not be the ones the checkpoint's run would have read."""
+        saved = state.get("rampup")
+        if saved is None and self._rampup is None:
+            return
+        if saved == self._rampup and state["global_batch"] == self.global_batch and state["lengths"] == self.lengths:
+            return
+        raise UserError(
+            f"the checkpoint's data position was read with {RAMPUP}={ramp_setting(saved)} (BATCH_SIZE="
+            f"{state.get('global_batch')}, FEATURE_LENGTHS={state.get('lengths')}), this run reads with {RAMPUP}="
+            f"{ramp_setting(self._rampup)} (BATCH_SIZE={self.global_batch}, FEATURE_LENGTHS={self.lengths}): a "
+            "ramp-up's rows follow from these, so keep the checkpoint's values to resume (after the ramp-up, "
+            f"{RAMPUP}=None with --gin.train.restart_data=True starts the data over).")
+
     def check_same_data(self, state: dict) -> None:
         """DataChangedError when `state` was saved reading other data than this source's."""
         if self.fingerprint is None or not state.get("fingerprint"):
@@ -165,6 +187,11 @@ class GrainBatchSource:
     def close(self) -> None:
         """Stops loader worker processes now rather than at garbage collection."""
         self._iterator.close()
+
+
+def ramp_setting(record: dict | None) -> str:
+    """BATCH_SIZE_RAMPUP's value as a data position records it (its "rampup": BatchRampup.record())."""
+    return "None" if record is None else f"({record['start']}, {record['increment']}, {record['samples']})"
 
 
 def split_documents(data_split: str, num_documents: int, split: str, name: str) -> tuple[int, int]:
@@ -256,16 +283,17 @@ def walk_rows(next_row: np.ndarray) -> np.ndarray:
 
 
 class _LogEpochs:
-    """map_with_index function that logs when a repeated dataset starts another pass over its rows."""
+    """map_with_index function that logs when a repeated dataset starts another pass over its rows, numbering the
+    passes from 1 as users count them (the second pass is "epoch 2")."""
 
     def __init__(self, name: str, num_rows: int):
         self._name, self._num_rows, self._epoch = name, num_rows, 0
 
     def __call__(self, index: int, row):
-        epoch = index // self._num_rows
+        epoch = index // self._num_rows  # from 0
         if epoch > self._epoch:
             self._epoch = epoch
-            logging.info("data: %s: epoch %d begins (%d rows per epoch)", self._name, epoch, self._num_rows)
+            logging.info("data: %s: epoch %d begins (%d rows per epoch)", self._name, epoch + 1, self._num_rows)
         return row
 
 
@@ -309,30 +337,39 @@ def combine(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | Non
 def batch_source(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int, worker_count: int,
                  vocab_size: int, eod_id: int, tokenizer_path: str | None, feature_lengths: dict[str, int],
                  fingerprint: dict | None = None, data_paths: Sequence[str] = (),
-                 arrays: Callable[[dict], dict] | None = None) -> GrainBatchSource:
+                 arrays: Callable[[dict], dict] | None = None, rampup: BatchRampup | None = None) -> GrainBatchSource:
     """This host's slice of every global batch of `rows` (`arrays` turns a batch of rows into the features,
     when the rows are not features already). Endless rows (training) give endless batches; one pass over a
     split gives ceil(rows / global batch) batches, the last filled up with padding rows that count nothing
-    (zero loss weights, no label). `fingerprint` identifies the data (fingerprint.data_fingerprint)."""
+    (zero loss weights, no label). With a batch-size ramp-up (training: `rampup`, of the global batch), global
+    batch s holds the b(s) rows step s trains on, then rows that count nothing (RampRows).
+    `fingerprint` identifies the data (fingerprint.data_fingerprint)."""
     num_rows = len(rows) if len(rows) < sys.maxsize else None
     global_batch = batch_size * shard_count
+    counted = None
     if num_rows is not None:
         rows = rows.repeat(-(-global_batch // num_rows) + 1)[:-(-num_rows // global_batch) * global_batch]
+        counted = RowsBefore(num_rows)
+    if rampup is not None:
+        if num_rows is not None or rampup.batch_size != global_batch:
+            raise ValueError(f"a batch-size ramp-up to {rampup.batch_size} rows reads an endless training stream in "
+                             f"global batches of as many rows, not {num_rows} rows in batches of {global_batch}")
+        rows, counted = RampRows(rows, rampup), rampup.counted
 
     def batches(start_row: int) -> grain.IterDataset:
         host = host_slice(rows[start_row:] if start_row else rows, batch_size=batch_size, shard_index=shard_index,
                           shard_count=shard_count)
         if arrays is not None:
             host = host.map(arrays)
-        if num_rows is not None:
-            host = host.map_with_index(PaddingRows(num_rows, batch_size, shard_index, shard_count))
+        if counted is not None:
+            host = host.map_with_index(PaddingRows(counted, batch_size, shard_index, shard_count))
         return prefetched(host, worker_count)
 
     return GrainBatchSource(batches, vocab_size=vocab_size, eod_id=eod_id, tokenizer_path=tokenizer_path,
                             global_batch=global_batch, lengths=feature_lengths, fingerprint=fingerprint,
                             data_paths=data_paths,
                             num_batches=None if num_rows is None else -(-num_rows // global_batch),
-                            rows_per_epoch=pass_rows(rows))
+                            rows_per_epoch=pass_rows(rows), rampup=rampup)
 
 
 def pass_rows(rows: grain.MapDataset) -> int | None:
@@ -344,17 +381,53 @@ def pass_rows(rows: grain.MapDataset) -> int | None:
     return sum(counts) if counts and None not in counts else None
 
 
-class PaddingRows:
-    """map_with_index over one pass's host batches: the rows past the split's end (repeats that fill the last
-    global batch) get zero loss weights and no classification label."""
+class RampRows(grain.MapDataset):
+    """The training rows as a batch-size ramp-up reads them: row s x G + j (G: the global batch) is the parent's
+    row C(s) + j, C(s) being the rows the steps before s trained on. Step s's first b(s) rows are the next ones of
+    the stream; the rest (they count nothing: BatchRampup.counted) repeat the next step's first rows."""
 
-    def __init__(self, num_rows: int, batch_size: int, shard_index: int, shard_count: int):
-        self._num_rows, self._batch_size, self._shard_index, self._shard_count = \
-            num_rows, batch_size, shard_index, shard_count
+    _MUTATES_ELEMENT_SPEC = False
+
+    def __init__(self, parent: grain.MapDataset, rampup: BatchRampup):
+        super().__init__(parent)
+        self._rampup = rampup
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        step, within = divmod(index, self._rampup.batch_size)
+        return self._parent[self._rampup.consumed_before(step) + within]
+
+    def __str__(self) -> str:
+        return f"RampRows{self._rampup.setting}"
+
+
+class RowsBefore:
+    """Whether global rows count: those before `num_rows` (the rest fill one pass's last global batch)."""
+
+    def __init__(self, num_rows: int):
+        self._num_rows = num_rows
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return rows < self._num_rows
+
+
+class PaddingRows:
+    """map_with_index over host batches: the rows `counted` (global row indices -> bool) leaves out get zero loss
+    weights and no classification label (repeats that fill a pass's last global batch, RowsBefore; rows past a
+    ramp-up step's batch, BatchRampup.counted)."""
+
+    def __init__(self, counted: Callable[[np.ndarray], np.ndarray], batch_size: int, shard_index: int,
+                 shard_count: int):
+        self._counted, self._batch_size, self._shard_index, self._shard_count = \
+            counted, batch_size, shard_index, shard_count
 
     def __call__(self, index: int, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         first = (index * self._shard_count + self._shard_index) * self._batch_size
-        real = np.arange(first, first + self._batch_size) < self._num_rows
+        real = self._counted(np.arange(first, first + self._batch_size))
         if real.all():
             return batch
         return {name: without_padding_rows(name, array, real) for name, array in batch.items()}

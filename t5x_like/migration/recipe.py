@@ -8,7 +8,8 @@ import math
 from models.layers.dense import Einsum
 from t5x_like.errors import UserError
 from t5x_like.migration.rows import Row, translates
-from t5x_like.migration.translate import Out, provenance
+from t5x_like.data.rampup import BatchRampup
+from t5x_like.migration.translate import Out, provenance, shown
 from t5x_like.migration.upstream import MEGATRON, Setting, Upstream
 
 MESH_ROWS = (
@@ -20,6 +21,9 @@ MESH_ROWS = (
     Row(("BATCH_SIZE",), "global, in sequences: train_batch_size, else micro batch x accumulation steps x data-"
         "parallel ways (`migrate --num_gpus=N` when the files do not say how many GPUs ran)",
         megatron=("--global-batch-size",), neox=("train_batch_size",), deepspeed=("train_batch_size",)),
+    Row(("BATCH_SIZE_RAMPUP",), "(start, increment, samples), Megatron's rule step by step; every step computes "
+        "BATCH_SIZE rows (those past its batch count nothing), so the ramp-up saves no compute",
+        megatron=("--rampup-batch-size",)),
     Row(("GRAD_ACCUM_STEPS",), "the micro batch follows from BATCH_SIZE / GRAD_ACCUM_STEPS over the devices",
         megatron=("--micro-batch-size", "--batch-size", "--gas"),
         neox=("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"),
@@ -49,6 +53,7 @@ def mesh_and_batch(upstream: Upstream, out: Out) -> None:
     out.set("TENSOR_PARALLEL", tensor, provenance(tensor_setting, f"1: {out.default()}"))
     out.set("PIPELINE_PARALLEL", stages, provenance(stage_setting, f"1: {out.default()}"))
     accumulation, why = global_batch(upstream, out, tensor * stages)
+    batch_size_rampup(upstream, out)
     if stages > 1:
         out.set("NUM_MICROBATCHES", accumulation, f"{why}: the pipeline's microbatches")
         out.set("GRAD_ACCUM_STEPS", 1, "the pipeline accumulates over its microbatches")
@@ -87,6 +92,31 @@ def global_batch(upstream: Upstream, out: Out, model_ways: int) -> tuple[int, st
     batch = micro.number(int) * accumulation * ways
     out.set("BATCH_SIZE", batch, f"{provenance(micro)} x {accumulation} accumulation steps x {gpus_why}")
     return accumulation, provenance(steps, f"1: {out.default()}")
+
+
+def batch_size_rampup(upstream: Upstream, out: Out) -> None:
+    """BATCH_SIZE_RAMPUP from --rampup-batch-size START INCREMENT SAMPLES, checked as training checks it."""
+    setting = upstream.get("rampup_batch_size")
+    if setting is None:
+        return
+    words = setting.value if isinstance(setting.value, list) else [setting.value]
+    if len(words) != 3 or not all(str(word).isdigit() for word in words):
+        raise UserError(f"{setting.where}: --rampup-batch-size {shown(setting.value)} is not three whole numbers "
+                        "START INCREMENT SAMPLES (e.g. 32 32 6000000); fix the value.")
+    value = tuple(int(word) for word in words)
+    try:
+        BatchRampup(*value, batch_size=out.value("BATCH_SIZE"))
+    except UserError as e:
+        raise UserError(f"{setting.where}: --rampup-batch-size {shown(setting.value)}: {e}") from None
+    out.set("BATCH_SIZE_RAMPUP", value, provenance(setting))
+    out.notes.append(f"{provenance(setting)}: Megatron-LM's learning-rate schedule advances by the samples each step "
+                     "reads, so more slowly during the ramp-up; here it advances by steps")
+
+
+def rampup_of(out: Out) -> BatchRampup | None:
+    """The ramp-up BATCH_SIZE_RAMPUP sets, None without one."""
+    value = out.value("BATCH_SIZE_RAMPUP")
+    return None if value is None else BatchRampup(*value, batch_size=out.value("BATCH_SIZE"))
 
 
 def inferred_steps(batch: int, micro: int, ways: int) -> int:
@@ -135,8 +165,9 @@ def sharding(upstream: Upstream, out: Out, tensor: int) -> None:
 
 
 SCHEDULE_ROWS = (
-    Row(("TRAIN_STEPS",), "Megatron's --train-samples: divided by the global batch", megatron=("--train-iters",
-        "--train-samples"), neox=("train_iters",)),
+    Row(("TRAIN_STEPS",), "Megatron's --train-samples: divided by the global batch (with --rampup-batch-size, "
+        "counted through the ramp-up as Megatron counts it)", megatron=("--train-iters", "--train-samples"),
+        neox=("train_iters",)),
     Row(("LEARNING_RATE",), "the peak", megatron=("--lr",), neox=("optimizer.params.lr",),
         deepspeed=("optimizer.params.lr", "scheduler.params.warmup_max_lr")),
     Row(("optim.make_optimizer.decay",), "'cosine', 'linear', 'constant'; Megatron's 'inverse-square-root' is "
@@ -151,7 +182,8 @@ SCHEDULE_ROWS = (
     Row(("WARMUP_STEPS",), "steps, or a fraction of the decay length (0.01), as Megatron and NeoX count it; the "
         "ramp is linear from 0", megatron=("--warmup", "--lr-warmup-fraction", "--lr-warmup-iters"),
         neox=("warmup",), deepspeed=("scheduler.params.warmup_num_steps", "scheduler.params.warmup_type")),
-    Row(("optim.make_optimizer.decay_steps", "WARMUP_STEPS"), "counts of samples, divided by the global batch",
+    Row(("optim.make_optimizer.decay_steps", "WARMUP_STEPS"), "counts of samples, divided by the global batch "
+        "(with --rampup-batch-size: the steps that take that many samples)",
         megatron=("--lr-decay-samples", "--lr-warmup-samples")),
 )
 DECAY_STYLES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "inverse-square-root": "noam",
@@ -165,8 +197,7 @@ def schedule(upstream: Upstream, out: Out) -> None:
     if steps is not None:
         out.set("TRAIN_STEPS", steps.number(int), provenance(steps))
     elif (samples := upstream.get("train_samples")) is not None:
-        out.set("TRAIN_STEPS", math.ceil(samples.number(int) / out.value("BATCH_SIZE")),
-                f"{provenance(samples)} / BATCH_SIZE")
+        out.set("TRAIN_STEPS", *train_steps(samples, out))
     peak = upstream.get("optimizer.params.lr", "scheduler.params.warmup_max_lr", "lr")
     if peak is None:
         raise UserError(f"{upstream.files[0]}: no learning rate (--lr, or optimizer.params.lr); add it.")
@@ -177,6 +208,15 @@ def schedule(upstream: Upstream, out: Out) -> None:
         out.skip(style, "no such schedule here (cosine, linear, constant, noam, rsqrt); 'cosine' is used")
     out.set("optim.make_optimizer.decay", DECAY_STYLES.get(name, "cosine"), provenance(style, f"linear: {out.default()}"))
     lengths(upstream, out)
+
+
+def train_steps(samples: Setting, out: Out) -> tuple[int, str]:
+    """TRAIN_STEPS from --train-samples: over BATCH_SIZE, or through the ramp-up as Megatron's update_train_iters
+    counts it (its steps while at most the ramp-up's samples are read, then whole batches of what is left)."""
+    rampup = rampup_of(out)
+    if rampup is None:
+        return in_steps(samples, out)
+    return rampup.train_steps(samples.number(int)), f"{provenance(samples)}, counted through BATCH_SIZE_RAMPUP"
 
 
 def lengths(upstream: Upstream, out: Out) -> None:
@@ -209,7 +249,11 @@ def in_steps(setting: Setting, out: Out) -> tuple[int, str]:
     """Steps, from a count of steps or of samples (Megatron's *_samples: divided by the global batch)."""
     if not setting.key.endswith("_samples"):
         return setting.number(int), provenance(setting)
-    return math.ceil(setting.number(int) / out.value("BATCH_SIZE")), f"{provenance(setting)} / BATCH_SIZE"
+    rampup = rampup_of(out)
+    if rampup is None:
+        return math.ceil(setting.number(int) / out.value("BATCH_SIZE")), f"{provenance(setting)} / BATCH_SIZE"
+    return rampup.steps_to_consume(setting.number(int)), f"{provenance(setting)}: the steps that take as many " \
+        "through BATCH_SIZE_RAMPUP"
 
 
 OPTIMIZER_ROWS = (

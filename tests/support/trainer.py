@@ -57,3 +57,22 @@ class CompileLog(logging.Handler):
     def emit(self, record):
         if "Compiling" in record.getMessage():
             self.messages.append(record.getMessage())
+
+
+def compiled_after_first_step(train):
+    """(the compilations jax logs after the first step of `train(steps_between=...)`, what it returns): `train` calls
+    `steps_between(i)` before step i, as `run` does."""
+    handler = CompileLog()
+    jax_logger = logging.getLogger("jax")
+
+    def watch_after_first(i):
+        if i == 1:
+            jax.config.update("jax_log_compiles", True)
+            jax_logger.addHandler(handler)
+
+    try:
+        result = train(steps_between=watch_after_first)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        jax_logger.removeHandler(handler)
+    return handler.messages, result

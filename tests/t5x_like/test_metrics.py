@@ -37,3 +37,14 @@ def test_console_line_has_progress_and_eta():
            "step_time": 0.5, "mfu": 0.41}
     line = metrics.console_line(100, 300, row, 0.5)
     assert "step 100/300 (33.3%)" in line and "MFU 41.0%" in line and "ETA 0:01:40" in line
+
+
+def test_throughput_counts_the_rows_each_step_trains_on(monkeypatch):
+    """Two ramp-up steps of 2 and 6 rows out of a compiled batch of 8 take 2 s: one batch's tokens and FLOPs."""
+    clock = iter([100.0, 102.0, 102.0])  # started, measured, started again
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    throughput = metrics.Throughput(rows_per_step=8, tokens_per_step=8 * 16, flops_per_step=4e12, num_devices=2,
+                                    peak=0.5)
+    throughput.step_done(2)
+    throughput.step_done(6)
+    assert throughput.measure() == {"step_time": 1.0, "tokens_per_sec": 64.0, "tflops_per_device": 1.0, "mfu": 2.0}

@@ -4,7 +4,6 @@ resume is bitwise, nothing recompiles after step 1, the quickstart_t5.gin CLI le
 a transformers T5 on JSONL pairs from RESTORE_FROM starts at transformers' loss on that batch."""
 import functools
 import json
-import logging
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ from tests.support import training
 from tests.support.cli import REPO
 from tests.support.environment import cpu_env
 from tests.support.t5_training import CONFIG, LENGTHS, span_corruption
-from tests.support.trainer import CompileLog, run
+from tests.support.trainer import compiled_after_first_step, run
 
 
 def batches(count, lengths=LENGTHS, packing=True, batch_size=8):
@@ -61,20 +60,9 @@ def pack(rows):
 
 
 def test_nothing_recompiles_after_the_first_step():
-    handler = CompileLog()
-    jax_logger = logging.getLogger("jax")
-
-    def watch_after_first(i):
-        if i == 1:
-            jax.config.update("jax_log_compiles", True)
-            jax_logger.addHandler(handler)
-
-    try:
-        t5_run(dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(4), steps_between=watch_after_first)
-    finally:
-        jax.config.update("jax_log_compiles", False)
-        jax_logger.removeHandler(handler)
-    assert handler.messages == []
+    compiled, _ = compiled_after_first_step(functools.partial(t5_run, dict(data=2, fsdp=2, tensor=2), "fsdp_tensor",
+                                                              batches(4)))
+    assert compiled == []
 
 
 @pytest.mark.integration

@@ -1,7 +1,7 @@
 """The train step with accumulation, bf16 and fp16 loss scaling, offloaded optimizer state (CPU, 8 devices).
 The same losses on every mesh: tests/t5x_like/test_every_family.py, one table for every family."""
 import dataclasses
-import logging
+import functools
 
 import flax.linen as nn
 import jax
@@ -15,7 +15,7 @@ from partitioning import make_mesh
 from t5x_like import optim, trainer
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
-from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, CompileLog, batches, experiment, run
+from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, batches, compiled_after_first_step, experiment, run
 
 NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
                          vocab_pad_multiple=1024, dtype="float32")
@@ -203,21 +203,9 @@ def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(sy
 
 @pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=["gpt2", "neox"])
 def test_nothing_recompiles_after_the_first_step(synthetic_source, config):
-    handler = CompileLog()
-    jax_logger = logging.getLogger("jax")
-
-    def watch_after_first(i):
-        if i == 1:
-            jax.config.update("jax_log_compiles", True)
-            jax_logger.addHandler(handler)
-
-    try:
-        run(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5), config=config,
-            steps_between=watch_after_first)
-    finally:
-        jax.config.update("jax_log_compiles", False)
-        jax_logger.removeHandler(handler)
-    assert handler.messages == []
+    compiled, _ = compiled_after_first_step(functools.partial(
+        run, make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5), config=config))
+    assert compiled == []
 
 
 @pytest.mark.integration

@@ -33,6 +33,9 @@ def make_source(request: SourceRequest, *, tfds_name: str | None = None, tfds_da
     if seq_len < 1:
         raise UserError(f"seq_len={seq_len}: must be positive")
     if tfds_name is not None:
+        if request.rampup is not None:
+            raise UserError(f"BATCH_SIZE_RAMPUP: the TFDS stream {tfds_name} is read in order and cannot give a "
+                            "ramp-up step its rows; train on token files (DATA_PATH), or set BATCH_SIZE_RAMPUP=None.")
         from t5x_like.data import tfds_source  # tensorflow_datasets is heavy: import only when used
         return tfds_source.make_tfds_source(
             tfds_name, split, (tfds_splits or {}).get(split, split), data_dir=tfds_data_dir,

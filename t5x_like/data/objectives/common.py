@@ -12,6 +12,7 @@ import numpy as np
 
 from t5x_like.data import builtin, loader
 from t5x_like.data.loader import GrainBatchSource
+from t5x_like.data.rampup import BatchRampup
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.data.tokenizer_files import recorded_tokenizer_path
@@ -28,7 +29,8 @@ class SourceRequest:
     `shard_count`; read from `data_path` (DATA_PATH: token-file prefix(es) or record files, a list of them, or a
     dict by split; None: the objective's default), several blended by `blend_weights` (BLEND_WEIGHTS), tokenized
     with `tokenizer` (TOKENIZER), split train/validation/test by `data_split` (DATA_SPLIT), several examples per
-    row with `packing` (PACKING), by `worker_count` grain worker processes (0: in this process)."""
+    row with `packing` (PACKING), by `worker_count` grain worker processes (0: in this process); the training
+    split's batches ramp up as `rampup` says (BATCH_SIZE_RAMPUP; None: every batch whole)."""
 
     split: str
     batch_size: int
@@ -42,10 +44,13 @@ class SourceRequest:
     data_split: str = "949,50,1"
     packing: bool = False
     worker_count: int = 0
+    rampup: BatchRampup | None = None
 
     def __post_init__(self):
         if self.split not in loader.SPLITS:
             raise UserError(f"split={self.split!r}: expected one of {loader.SPLITS}")
+        if self.rampup is not None and self.split != "train":
+            raise ValueError(f"a batch-size ramp-up is for the training split, not {self.split!r}")
         if self.batch_size < 1:
             raise UserError(f"batch_size={self.batch_size}: must be positive")
 
@@ -109,7 +114,8 @@ def combined_source(rows: list[grain.MapDataset], request: SourceRequest, **batc
     loader.batch_source's arguments: vocab_size, eod_id, tokenizer_path, feature_lengths, ...)."""
     return loader.batch_source(loader.combine(rows, request.blend_weights, request.split),
                                batch_size=request.batch_size, shard_index=request.shard_index,
-                               shard_count=request.shard_count, worker_count=request.worker_count, **batches)
+                               shard_count=request.shard_count, worker_count=request.worker_count,
+                               rampup=request.rampup, **batches)
 
 
 def encoder_lengths(feature_lengths: dict[str, int]) -> dict[str, int]:
