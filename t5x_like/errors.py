@@ -47,7 +47,7 @@ def exit_on_user_error(main: F) -> F:
         try:
             return main(*args, **kwargs)
         except KeyboardInterrupt:  # every `with` and `finally` on the way out has run: end now, as for a fault
-            print("\ninterrupted (Ctrl-C): stopped before finishing; no output was written", file=sys.stderr,
+            print("\ninterrupted (Ctrl-C): stopped before finishing; nothing half-written is left", file=sys.stderr,
                   flush=True)
             sys.stdout.flush()
             os._exit(INTERRUPTED_STATUS)  # not sys.exit: finalising the interpreter under XLA's threads can crash

@@ -138,6 +138,21 @@ def _gpt2_hf(dest: Path) -> None:
     transformers.AutoTokenizer.from_pretrained(dest).save_pretrained(dest)  # + tokenizer.json, as the Hub's folder
 
 
+def _llama_hf(dest: Path) -> None:
+    """A Llama-2-style folder: a tiny random LlamaForCausalLM and a tokenizer.json whose post-processor puts `<s>`
+    first (GPT-NeoX's 20B vocabulary with `<s>` added: tests/support/hf_models.bos_tokenizer)."""
+    import transformers
+
+    from tests.support import hf_models
+
+    tokenizer = hf_models.bos_tokenizer(dest)
+    transformers.set_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)).save_pretrained(dest)
+
+
 def _t5_hf(dest: Path) -> None:
     import transformers
 
@@ -219,6 +234,7 @@ BUILDERS = {
     "BoolQ": _boolq,
     "gpt2": _gpt2_hf,
     "t5-v1_1-base": _t5_hf,
+    "my-llama": _llama_hf,
     "bert-base-uncased": _bert_hf,
     "zh": _zh,
     "cpm-generate": _cpm_generate,

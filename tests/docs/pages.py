@@ -7,7 +7,7 @@ from tests.docs.doc_commands import Page
 MODEL_PAGES = {
     "docs/configure.md": Page(),
     "docs/neox.md": Page(("pile", "20B_tokenizer.json")),
-    "docs/llama.md": Page(("wikitext-103", "lambada_test.jsonl")),
+    "docs/llama.md": Page(("wikitext-103", "lambada_test.jsonl", "my-llama", "openwebtext")),
     "docs/cpm.md": Page(("cpm-generate", "zh")),
     "docs/t5.md": Page(("t5-v1_1-base", "c4", "train.jsonl", "dev.jsonl")),
     "docs/bert.md": Page(("bert-base-uncased", "wiki", "BoolQ")),

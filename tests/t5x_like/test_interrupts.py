@@ -16,7 +16,7 @@ from tests.support.shared_data import shared_file
 
 pytestmark = pytest.mark.system
 
-LINE = "interrupted (Ctrl-C): stopped before finishing; no output was written"
+LINE = "interrupted (Ctrl-C): stopped before finishing; nothing half-written is left"
 
 
 class Running:
