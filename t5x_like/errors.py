@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import sys
 from typing import Any, Callable, Iterator, TypeVar
@@ -46,19 +47,28 @@ def exit_on_user_error(main: F) -> F:
     def wrapped(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except KeyboardInterrupt:  # every `with` and `finally` on the way out has run: end now, as for a fault
-            print("\ninterrupted (Ctrl-C): stopped before finishing; nothing half-written is left", file=sys.stderr,
-                  flush=True)
-            sys.stdout.flush()
-            os._exit(INTERRUPTED_STATUS)  # not sys.exit: finalising the interpreter under XLA's threads can crash
+        except KeyboardInterrupt:  # every `with` and `finally` on the way out has run
+            pass
         except USER_ERRORS as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             if getattr(e, "ends_the_process", False):
                 sys.stdout.flush()
                 os._exit(1)
             sys.exit(1)
+        end_interrupted()
 
     return wrapped  # type: ignore[return-value]
+
+
+def end_interrupted() -> None:
+    """After Ctrl-C: the interrupted frames released (their objects' finalizers run: a worker pool's semaphores
+    are unregistered, so multiprocessing's tracker has nothing to warn of), one line, and the end, without
+    finalising the interpreter (under XLA's threads that can crash)."""
+    gc.collect()
+    print("\ninterrupted (Ctrl-C): stopped before finishing; nothing half-written is left", file=sys.stderr,
+          flush=True)
+    sys.stdout.flush()
+    os._exit(INTERRUPTED_STATUS)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ leaves it out), the text's ids, then its end-of-document id (`--noappend_eod` le
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -56,7 +57,6 @@ def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
 
 def _init_worker(tokenizer_path: str) -> None:
     global _worker_tokenizer
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the workers
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: --workers decides the cores
     _worker_tokenizer = load_tokenizer(tokenizer_path)
 
@@ -67,11 +67,26 @@ def _encode_chunk(texts: list[str], append_eod: bool, add_bos: bool,
     return ids.astype(dtype), lengths
 
 
+@contextlib.contextmanager
+def workers_ignoring_ctrl_c() -> Iterator[None]:
+    """Workers started inside are born ignoring SIGINT (an ignored signal stays ignored across exec, and Python
+    then installs no KeyboardInterrupt handler; spawn's children do not keep a blocked mask), so Ctrl-C, which
+    reaches the whole process group, is the parent's alone: it stops them. The parent ignores it only while the
+    workers are launched (milliseconds; a Ctrl-C then is dropped, and the next one acts)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def encode_in_workers(documents: Iterable[str], tokenizer_path: str, append_eod: bool, add_bos: bool,
                       dtype: np.dtype, workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(ids, lengths) per chunk of documents, in order, with at most 2 chunks per worker in flight."""
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path,)) as pool:
+    with workers_ignoring_ctrl_c():
+        pool = context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path,))
+    with pool:
         pending: collections.deque = collections.deque()
         for chunk in chunks(documents):
             pending.append(pool.apply_async(_encode_chunk, (chunk, append_eod, add_bos, dtype)))

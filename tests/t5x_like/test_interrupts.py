@@ -3,6 +3,7 @@ process group (the CLI and its workers); before, every process printed a Keyboar
 ends with one line and status 130 (a shell's for Ctrl-C), its workers quietly, and nothing half-written is left."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,12 +51,12 @@ class Running:
 def test_ctrl_c_during_a_preprocess_with_workers_is_one_line_and_leaves_no_file(tmp_path):
     tokenizer = str(shared_file("gpt2-bpe"))
     with open(tmp_path / "corpus.jsonl", "w") as f:
-        for i in range(200_000):
+        for i in range(600_000):
             f.write(json.dumps({"text": f"document {i} says something about the number {i * 7919 % 10007}."}) + "\n")
     (tmp_path / "out").mkdir()
     running = Running(["t5x_like.data.preprocess", "--input=corpus.jsonl", "--output_prefix=out/corpus",
                        f"--tokenizer={tokenizer}", "--workers=2"], tmp_path)
-    running.wait_for(lambda: any(".tmp" in name for name in os.listdir(tmp_path / "out")))  # writing
+    running.wait_for(lambda: re.search(r"[1-9]\d* docs \[", running.stderr))  # the workers' first documents written
     assert running.ctrl_c() == 130, running.stderr[-3000:]
     assert running.stderr.rstrip().endswith(LINE) and "Traceback" not in running.stderr, running.stderr[-3000:]
     assert os.listdir(tmp_path / "out") == []
