@@ -146,3 +146,15 @@ def test_a_staggered_sigterm_stops_every_process_at_one_step_and_resumes_exactly
         resumed = rows(model_dir)
         assert sorted(resumed) == list(range(1, REFERENCE_STEPS + 1))
         assert_same_steps(resumed, reference, range(stopped + 1, REFERENCE_STEPS + 1), rel=rel)
+
+
+def test_a_batch_size_ramp_up_across_processes_trains_the_numbers_of_one_process(tmp_path):
+    """BATCH_SIZE_RAMPUP over 2 processes x 1 device against 1 x 2: a ramp-up step's real rows are the first of
+    the global batch, so they sit on process 0's devices alone at first; the loss and gradient are still those of
+    one process, and every row of metrics.jsonl has the step's batch."""
+    extra = ["--gin.TRAIN_STEPS=4", "--gin.DATA_PARALLEL=2", "--gin.BATCH_SIZE_RAMPUP=(2, 2, 12)"]
+    Job(tmp_path / "single", 1, 2, extra).run()
+    Job(tmp_path / "multi", 2, 1, extra).run()
+    want, got = rows(tmp_path / "single"), rows(tmp_path / "multi")
+    assert [got[s]["batch_size"] for s in range(1, 5)] == [want[s]["batch_size"] for s in range(1, 5)] == [2, 2, 4, 6]
+    assert_same_steps(got, want, range(1, 5))
