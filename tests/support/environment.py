@@ -19,7 +19,13 @@ import os
 CHEAP_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
               "--xla_llvm_disable_expensive_passes=true"
 ISA = "--xla_cpu_max_isa=AVX2"
-XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
+# XLA's own list-order schedule instead of its concurrency-optimised one, in every process the suite runs: with the
+# latter, a multi-device program loaded from the compilation cache (below) can run its collectives in a different
+# order on each simulated device, and every device then waits for the others until XLA aborts the process
+# ("Termination timeout for `all reduce RendezvousKey...`"). It took a CI worker in test_bert_training's data x
+# tensor run: 6 of 6 runs from a warm cache aborted, 0 of 12 with this flag (a fresh compile passed either way).
+ORDERED_COLLECTIVES = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA} {ORDERED_COLLECTIVES}"
 # One JAX compilation cache for the suite, its workers and the processes its tests start (they inherit the
 # environment): the same small models are compiled by many tests, and a hit loads the executable instead. Every
 # program is kept, however quick to compile (test_eval + test_generate + test_lm 178 -> 167 s, one process, from an
@@ -74,6 +80,6 @@ def cpu_env(devices: int, *, optimized: bool = False, **extra: str) -> dict[str,
     """The environment for a test's subprocess: `devices` simulated CPU devices, the suite's XLA flags, or with
     `optimized` XLA's full CPU optimisation, for a run whose steps cost more than compiling them (tens of steps of
     a quickstart-sized model: the quickstart T5's 30 steps 155 s -> 75 s)."""
-    flags = f"--xla_cpu_multi_thread_eigen=false {ISA}" if optimized else XLA_CPU_FLAGS
+    flags = f"--xla_cpu_multi_thread_eigen=false {ISA} {ORDERED_COLLECTIVES}" if optimized else XLA_CPU_FLAGS
     return dict(os.environ, JAX_PLATFORMS="cpu",
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {flags}", **extra)
