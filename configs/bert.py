@@ -47,13 +47,3 @@ def preset(name: str) -> ml_collections.ConfigDict:
     else:
         values.update(type_vocab_size=2, position_offset=0, pad_token_id=0, layer_norm_eps=1e-12)
     return ml_collections.ConfigDict(values)
-
-
-def bert_config(size: str) -> ml_collections.ConfigDict:
-    """'base', 'large', 'base_cased', 'large_cased', 'base_chinese' or 'tiny'."""
-    return preset(f"bert_{size}")
-
-
-def roberta_config(size: str) -> ml_collections.ConfigDict:
-    """'base' or 'large'."""
-    return preset(f"roberta_{size}")

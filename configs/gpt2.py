@@ -31,9 +31,14 @@ SIZES = tuple(_SIZES)
 PRESETS = tuple(f"gpt2_{size}" for size in SIZES) + tuple(f"cpm_{size}" for size in _CPM_SIZES)
 
 
+def preset(name: str) -> ml_collections.ConfigDict:
+    """The preset of this name, one of PRESETS: 'gpt2_<size>' or 'cpm_<size>'."""
+    return get_config(name.partition("_")[2])
+
+
 def get_config(size: str) -> ml_collections.ConfigDict:
     """The preset for one GPT-2 size ('tiny', 'small', 'medium', 'large', 'xl', '175b') or CPM size
-    ('1': CPM-1 2.6B, '1_tiny'; configs/__init__.py maps the cpm_ prefix here)."""
+    ('1': CPM-1 2.6B, '1_tiny')."""
     shapes = {**_SIZES, **_CPM_SIZES}
     if size not in shapes:
         raise PresetError(f"GPT-2 size {size!r} is unknown; choose one of {SIZES + tuple(_CPM_SIZES)}.")

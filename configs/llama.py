@@ -32,12 +32,10 @@ _OPTIONS = {
 _OPTIONS["llama3_1_70b"] = _OPTIONS["llama3_1_8b"]
 
 PRESETS = tuple(_SHAPES)
-PREFIXES = ("llama", "llama2", "llama3", "mistral", "qwen2")
 
 
-def get_config(prefix: str, size: str) -> ml_collections.ConfigDict:
-    """The preset '<prefix>_<size>' (e.g. 'llama3', '8b')."""
-    name = f"{prefix}_{size}"
+def preset(name: str) -> ml_collections.ConfigDict:
+    """The preset of this name, one of PRESETS (e.g. 'llama3_8b', 'mistral_7b')."""
     layers, heads, kv_heads, embed, mlp, vocab, max_len, theta, eps = _SHAPES[name]
     return ml_collections.ConfigDict(dict(
         family="llama", num_layers=layers, num_heads=heads, num_key_value_heads=kv_heads, embed_dim=embed,

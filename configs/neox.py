@@ -24,6 +24,11 @@ VOCAB_SIZE = 50277
 PRESETS = tuple(f"neox_{size}" if size == "20b" else f"pythia_{size}" for size in _SHAPES)
 
 
+def preset(name: str) -> ml_collections.ConfigDict:
+    """The preset of this name, one of PRESETS: 'pythia_<size>' or 'neox_20b'."""
+    return get_config(name.partition("_")[2])
+
+
 def get_config(size: str) -> ml_collections.ConfigDict:
     """The preset of one size ('70m' ... '12b' for Pythia, '20b' for NeoX-20B)."""
     if size not in _SHAPES:

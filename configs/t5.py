@@ -31,6 +31,11 @@ SIZES = tuple(_SIZES)
 PRESETS = tuple(f"t5_{size}" for size in SIZES)
 
 
+def preset(name: str) -> ml_collections.ConfigDict:
+    """The preset of this name, one of PRESETS: 't5_<size>'."""
+    return get_config(name.partition("_")[2])
+
+
 def get_config(size: str) -> ml_collections.ConfigDict:
     """The preset for one T5 size (see SIZES; '1_1_*' are T5 v1.1)."""
     if size not in _SIZES:

@@ -1,39 +1,25 @@
-"""Flax model families and the family registry: the one list of families.
+"""Flax model families and the family registry, derived from the family modules (models/registry.py).
 
-`FAMILIES` maps a family name to (config class, module class, kind). The kind says which
-LanguageModel wraps the module (t5x_like/lm.py): 'decoder_only', 'encoder_decoder' or 'encoder_only'.
-configs/ and t5x_like/convert/ register presets and converters against these names (a test
-checks that the three agree). `build_model(config)` turns a config into its module.
+`FAMILIES` maps a family name to (config class, module class, kind), as each models/<family>.py declares it in
+its own `FAMILIES`; nothing here lists the families. The kind says which LanguageModel wraps the module
+(t5x_like/lm/): 'decoder_only', 'encoder_decoder' or 'encoder_only'. configs/ and t5x_like/convert/ find their
+presets and converters the same way (a test checks that the three agree). `build_model(config)` turns a config
+into its module.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import flax.linen as nn
 
-from models import bert, gpt2, llama, neox, t5
 from models.config import DTYPES, FamilyConfig
-
-KINDS = ("decoder_only", "encoder_decoder", "encoder_only")
-
-
-class Family(NamedTuple):
-    config: type[FamilyConfig]
-    module: type[nn.Module]
-    kind: str
-
-
-FAMILIES: dict[str, Family] = {
-    "gpt2": Family(gpt2.GPT2Config, gpt2.GPT2, "decoder_only"),
-    "neox": Family(neox.NeoXConfig, neox.NeoX, "decoder_only"),
-    "llama": Family(llama.LlamaConfig, llama.Llama, "decoder_only"),
-    "t5": Family(t5.T5Config, t5.T5, "encoder_decoder"),
-    "bert": Family(bert.BertConfig, bert.BERT, "encoder_only"),
-    "roberta": Family(bert.RobertaConfig, bert.BERT, "encoder_only"),
-}
+from models.registry import KINDS, Family, discover_families
 
 __all__ = ["DTYPES", "FAMILIES", "Family", "FamilyConfig", "KINDS", "build_model", "config_from_dict", "family_of"]
+
+
+FAMILIES: dict[str, Family] = discover_families(__name__)
 
 
 def family_of(config: FamilyConfig) -> Family:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from models import layers
 from models.config import EncoderOnlyConfig
+from models.registry import Family
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,3 +223,6 @@ class BERT(nn.Module):
             return hidden, table
         logits = jnp.einsum("bte,ve->btv", hidden, table.astype(hidden.dtype), preferred_element_type=jnp.float32)
         return layers.mask_vocab_padding(logits, c.vocab_size)
+
+
+FAMILIES = {"bert": Family(BertConfig, BERT, "encoder_only"), "roberta": Family(RobertaConfig, BERT, "encoder_only")}

@@ -142,33 +142,19 @@ class FamilyConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecoderOnlyConfig(FamilyConfig):
-    """What decoder-only families (GPT-2, GPT-NeoX) share: one 'targets' length up to `max_len`, a
-    pipeline over all `num_layers` blocks, FLOPs from `matmul_params()`, and the options the shared
-    decoder (models.layers.decoder) builds every block from. A family fixes an option as a class
-    attribute (GPT-2's activation) or lets users choose it as a field (GPT-NeoX's use_parallel_residual);
-    the defaults here are those GPT-2 and GPT-NeoX share. Each family also defines `mlp_activation`
-    (a name in models.layers.ACTIVATIONS) and the initialisers `input_init_std` (embeddings and the
-    projections out of the residual stream) and `output_init_std` (the projections back into it)."""
+    """What decoder-only families (GPT-2, GPT-NeoX, Llama) share: one 'targets' length up to `max_len`, a
+    pipeline over all `num_layers` blocks, FLOPs from `matmul_params()`, and what the shared decoder
+    (models.layers.decoder) and the runtime ask of them: `num_kv_heads`, `rotary`, and `input_init_std`
+    (the token tables' initialiser). Each family composes its own block in its file; an option only one
+    family has (GPT-NeoX's use_parallel_residual, Llama's sliding_window) is that family's field, and the
+    family tells the counts and the summary about it through `mlp_params`, `attention_pairs` and
+    `block_notes`."""
 
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.POSITIVE_FIELDS + ("max_len",)
 
     max_len: int = 1024
     """The longest sequence (and, with learned positions, the position table's rows)."""
     attention_dropout_rate: float = 0.1
-
-    mlp_activation: ClassVar[str]
-    gated_mlp: ClassVar[bool] = False
-    norm: ClassVar[str] = "layer"
-    """'layer' (LayerNorm) or 'rms' (RMSNorm), models.layers.NORMS."""
-    qkv_bias: ClassVar[bool] = True
-    out_bias: ClassVar[bool] = True
-    mlp_bias: ClassVar[bool] = True
-    use_parallel_residual: ClassVar[bool] = False
-    """x + attn(ln_1 x) + mlp(ln_2 x) instead of the sequential residual."""
-    tie_word_embeddings: ClassVar[bool] = False
-    """The output head is the input embedding (GPT-2 ties its own in its module)."""
-    sliding_window: ClassVar[int | None] = None
-    """Causal attention over at most this many tokens, the query's own included (None: all before it)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -187,19 +173,31 @@ class DecoderOnlyConfig(FamilyConfig):
         """Rotary embeddings on queries and keys (None: positions are the family's embedding's)."""
         return None
 
+    @property
+    def input_init_std(self) -> float:
+        """The standard deviation of the token tables (and of the family's projections out of the residual stream)."""
+        raise NotImplementedError
+
+    def mlp_params(self) -> int:
+        """One block's MLP weights: fc and proj (a gated MLP's family adds its gate)."""
+        return 2 * self.embed_dim * self.mlp_dim
+
     def matmul_params(self) -> int:
         """Weights each token multiplies with: the blocks and the output head, not the input lookups."""
-        e, m, heads = self.embed_dim, self.mlp_dim, self.num_heads * self.head_dim
+        e, heads = self.embed_dim, self.num_heads * self.head_dim
         attention = 2 * e * heads + 2 * e * self.num_kv_heads * self.head_dim
-        mlp = (3 if self.gated_mlp else 2) * e * m
-        return self.num_layers * (attention + mlp) + self.vocab_size * e
+        return self.num_layers * (attention + self.mlp_params()) + self.vocab_size * e
+
+    def attention_pairs(self, length: int) -> float:
+        """The (query, key) pairs one layer's causal attention scores over `length` tokens: T²/2 (a family
+        attending to fewer, e.g. through a sliding window, says so)."""
+        return length * length / 2
 
     def train_flops_per_example(self, lengths: Mapping[str, int]) -> float:
         """6 FLOPs per weight per token, plus causal attention: QK^T and AV over the (query, key) pairs
         attended, 2 FLOPs per multiply-add, 3x for forward + backward: 12·L·pairs·(heads·head_dim), where
-        pairs is T²/2 (6·L·T²·heads·head_dim) or, with a sliding window W < T, T·W - W(W-1)/2."""
-        t, w = lengths["targets"], self.sliding_window
-        pairs = t * t / 2 if w is None or w >= t else t * w - w * (w - 1) / 2
+        pairs is `attention_pairs` (T²/2: 6·L·T²·heads·head_dim)."""
+        t, pairs = lengths["targets"], self.attention_pairs(lengths["targets"])
         return 6.0 * self.matmul_params() * t + 12.0 * self.num_layers * pairs * self.num_heads * self.head_dim
 
     def check_lengths(self, lengths: Mapping[str, int]) -> None:
@@ -212,17 +210,19 @@ class DecoderOnlyConfig(FamilyConfig):
     def pipeline_stacks(self) -> dict[str, int]:
         return {"num_layers": self.num_layers}
 
+    def block_notes(self) -> str:
+        """What the family's blocks add to summary()'s line, each note after ', ' (e.g. ', parallel residual')."""
+        return ""
+
     def summary(self) -> str:
         heads = f"{self.num_heads} heads x {self.head_dim}"
         if self.num_kv_heads != self.num_heads:
             heads += f" ({self.num_kv_heads} key/value heads)"
         if self.rotary is not None:
             heads += f" (rotary on {self.rotary.dim})"
-        residual = ", parallel residual" if self.use_parallel_residual else ""
-        residual += f", sliding window {self.sliding_window}" if self.sliding_window else ""
         return (f"{self.family}: {self.num_layers} layers, width {self.embed_dim}, {heads}, mlp {self.mlp_dim}"
-                f"{residual}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), max_len {self.max_len}, "
-                f"{self.dtype}")
+                f"{self.block_notes()}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), "
+                f"max_len {self.max_len}, {self.dtype}")
 
 
 @dataclasses.dataclass(frozen=True)

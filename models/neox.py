@@ -1,14 +1,16 @@
 """GPT-NeoX (Black et al. 2022; Pythia, NeoX-20B) in Flax Linen, as transformers' GPTNeoXForCausalLM:
 rotary position embeddings on the first `rotary_pct` of each head's dims, pre-LN blocks with a
-parallel residual x + attn(ln_1 x) + mlp(ln_2 x) (or GPT-2's sequential one), exact GELU, biases
-everywhere, and an output head untied from the input embedding. The blocks are the shared decoder's
+parallel residual x + attn(ln_1 x) + mlp(ln_2 x) (use_parallel_residual=False: GPT-2's sequential
+h = x + attn(ln_1 x), then h + mlp(ln_2 h)), exact GELU, biases everywhere, and an output head untied
+from the input embedding. The embeddings, stack, final norm and output head are the shared decoder's
 (models.layers.decoder).
 
 Parameter tree (scan_layers=True stacks the blocks on a leading 'layers' axis under `blocks`;
 scan_layers=False names them `block_0`, `block_1`, ...):
 
     embed_in/embedding [padded_vocab, embed]   embed_out/embedding [padded_vocab, embed]
-    blocks/{ln_1, attn/{query,key,value,out}_{kernel,bias}, ln_2, mlp/{fc,proj}_{kernel,bias}}
+    blocks/{ln_1/{scale, bias}, attn/{query,key,value,out}_{kernel,bias}, ln_2/{scale, bias},
+            mlp/{fc,proj}_{kernel,bias}}
     ln_f/{scale, bias}
 
 Initialisation follows GPT-NeoX's own trainer (Pythia and NeoX-20B configs): "small_init",
@@ -22,8 +24,12 @@ import dataclasses
 import math
 from typing import ClassVar
 
+import flax.linen as nn
+import jax
+
 from models import layers
 from models.config import DecoderOnlyConfig
+from models.registry import Family
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +45,10 @@ class NeoXConfig(DecoderOnlyConfig):
     rotary_pct: float = 0.25
     rotary_base: float = 10000.0
     use_parallel_residual: bool = True
+    """x + attn(ln_1 x) + mlp(ln_2 x); False: the sequential h = x + attn(ln_1 x), then h + mlp(ln_2 h)."""
     init_std: float | None = None
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
-
-    mlp_activation: ClassVar[str] = "gelu"
 
     def __post_init__(self):
         super().__post_init__()
@@ -72,9 +77,44 @@ class NeoXConfig(DecoderOnlyConfig):
         """GPT-NeoX's wang_init for projections into the residual stream: 2 / (layers * sqrt(embed))."""
         return 2.0 / (self.num_layers * math.sqrt(self.embed_dim))
 
+    def block_notes(self) -> str:
+        return ", parallel residual" if self.use_parallel_residual else ""
 
-class NeoX(layers.DecoderOnly):
-    """Token embeddings in (positions are rotary, in the blocks); an untied table out: the shared decoder's
-    own embeddings."""
+
+def norm(c: NeoXConfig, name: str) -> layers.LayerNorm:
+    return layers.LayerNorm(c.layer_norm_eps, dtype=c.compute_dtype, name=name)
+
+
+class NeoXBlock(layers.DecoderBlock):
+    """x + attn(ln_1 x) + mlp(ln_2 x), or with use_parallel_residual=False h = x + attn(ln_1 x), then
+    h + mlp(ln_2 h); dropout on both branches. Attention with rotary embeddings and biases on query, key,
+    value and output; the MLP fc, exact GELU, proj with biases."""
 
     config: NeoXConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array):
+        c = self.config
+        dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
+        attn = layers.Attention(c.num_heads, c.head_dim, c.input_init_std, c.output_init_std, qkv_bias=True,
+                                out_bias=True, rotary=c.rotary, attention=c.attention,
+                                dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype, name="attn")
+        mlp = layers.MLP(c.mlp_dim, "gelu", c.input_init_std, c.output_init_std, use_bias=True,
+                         dtype=c.compute_dtype, name="mlp")
+        attended = x + dropout(attn(norm(c, "ln_1")(x), deterministic=self.deterministic,
+                                    segment_ids=segment_ids, positions=positions))
+        mlp_input = x if c.use_parallel_residual else attended  # parallel: both branches read the block's input
+        h = attended + dropout(mlp(norm(c, "ln_2")(mlp_input)))
+        return nn.with_logical_constraint(h, layers.BATCH_LENGTH_EMBED), None
+
+
+class NeoX(layers.DecoderOnly):
+    """Token embeddings in (positions are rotary, in the blocks), NeoXBlocks, LayerNorm; an untied table
+    out: the shared decoder's own embeddings."""
+
+    config: NeoXConfig
+    block = NeoXBlock
+    final_norm = layers.LayerNorm
+
+
+FAMILIES = {"neox": Family(NeoXConfig, NeoX, "decoder_only")}

@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from models import layers
-from models.layers import kv_cache
 from models.config import FamilyConfig
+from models.layers import kv_cache
+from models.registry import Family
 
 FEED_FORWARD = {"relu": ("relu", False), "gated-gelu": ("gelu_tanh", True)}
 """feed_forward -> (activation, gated), named as in transformers' T5Config.feed_forward_proj."""
@@ -328,3 +329,6 @@ class T5(nn.Module):
             return x, table
         logits = jnp.einsum("bte,ve->btv", x, table.astype(c.compute_dtype), preferred_element_type=jnp.float32)
         return layers.mask_vocab_padding(logits, c.vocab_size)
+
+
+FAMILIES = {"t5": Family(T5Config, T5, "encoder_decoder")}

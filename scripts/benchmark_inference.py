@@ -71,7 +71,7 @@ def load_hf(hf_dir: str):
 
 def reference_wikitext(args: argparse.Namespace) -> dict:
     """Σ nll over the windows ours scores: window w holds tokens [w·stride, w·stride + seq_len] and scores all
-    its targets (w = 0) or its last `stride` ones (t5x_like.evaluation.scoring.window_rows)."""
+    its targets (w = 0) or its last `stride` ones (t5x_like.eval.scoring.window_rows)."""
     import torch
 
     model, tokenizer = load_hf(args.hf_dir)
@@ -132,7 +132,7 @@ def timed_process(command: list[str], env: dict, repeats: int) -> float:
 def write_inputs(args: argparse.Namespace, workdir: Path) -> None:
     """wiki.txt (ours reads it), wiki.detok.txt (the same, detokenized as ours does, for transformers) and
     prompts.txt (the first --prompt_words words of WikiText's first --prompts paragraphs)."""
-    from t5x_like.evaluation.wikitext import wikitext_detokenize
+    from t5x_like.eval.wikitext import wikitext_detokenize
 
     lines = Path(args.wikitext).read_text(encoding="utf-8").splitlines(keepends=True)
     text = "".join(lines[:args.lines] if args.lines else lines)
@@ -146,7 +146,7 @@ def write_inputs(args: argparse.Namespace, workdir: Path) -> None:
 def commands(task: str, args: argparse.Namespace, checkpoint: str, workdir: Path) -> dict[str, tuple[list[str], Path]]:
     """{'ours': (the CLI, its output file), 'transformers': (this script's reference child, its output file)}."""
     if task == "wikitext":
-        ours = ["-m", "t5x_like.eval", "--task=wikitext", f"--data={workdir / 'wiki.txt'}", f"--stride={args.stride}",
+        ours = ["-m", "t5x_like.eval.cli", "--task=wikitext", f"--data={workdir / 'wiki.txt'}", f"--stride={args.stride}",
                 f"--seq_len={args.seq_len}"]
         reference = [f"--input={workdir / 'wiki.detok.txt'}", f"--seq_len={args.seq_len}", f"--stride={args.stride}"]
     else:

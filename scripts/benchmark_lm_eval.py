@@ -1,4 +1,4 @@
-"""Benchmarks lm-eval requests per second: ours (`t5x_like.harness.CheckpointLM`) against lm-eval's own Hugging
+"""Benchmarks lm-eval requests per second: ours (`t5x_like.eval.harness.CheckpointLM`) against lm-eval's own Hugging
 Face backend (`--model hf`) on the same checkpoint (`convert to-hf` of ours), same machine, same batch size.
 
     python scripts/benchmark_lm_eval.py                        # a tiny GPT-2, the builtin corpus, CPU
@@ -127,13 +127,13 @@ def backends(checkpoint: str, hf_dir: str, batch_size: int) -> dict:
     from lm_eval.models.huggingface import HFLM
 
     from partitioning import Partitioner, make_mesh
-    from t5x_like import inference
-    from t5x_like.harness.model import CheckpointLM
+    from t5x_like.eval.harness.model import CheckpointLM
+    from t5x_like.inference import loading
 
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     partitioner = Partitioner(make_mesh(data=-1), "fsdp_tensor")
-    params = inference.restore_sharded(checkpoint, config, partitioner)
-    tokenizer = inference.checkpoint_tokenizer(checkpoint, config)
+    params = loading.restore_sharded(checkpoint, config, partitioner)
+    tokenizer = loading.checkpoint_tokenizer(checkpoint, config)
     return {"ours": CheckpointLM(config, params, partitioner, tokenizer, batch_size=batch_size, name=checkpoint),
             "hf": HFLM(pretrained=hf_dir, batch_size=batch_size, device="cpu", dtype="float32")}
 

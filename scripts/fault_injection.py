@@ -78,13 +78,14 @@ def outcome(model_dir: str, steps: int) -> tuple[dict, dict]:
     import jax
     import numpy as np
 
-    from t5x_like import checkpoints, metrics
+    from t5x_like import metrics
+    from t5x_like.checkpoint import store
 
     rows = [r for r in metrics.read_rows(model_dir) if "loss" in r]
     found = [r["step"] for r in rows]
     if found != list(range(1, steps + 1)):
         raise AssertionError(f"{model_dir}: metrics.jsonl steps {found}, expected 1..{steps} once each")
-    params = jax.device_get(checkpoints.restore_params(model_dir, None))
+    params = jax.device_get(store.restore_params(model_dir, None))
     flat = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
     return {r["step"]: r["loss"] for r in rows}, flat
 
@@ -119,7 +120,7 @@ def run_trials(trials: int, steps: int, workdir: str, seed: int = 0) -> dict:
 
 def checksum_cost(gb: float, workdir: str) -> dict:
     """Seconds per GB to write a manifest and to verify it, over `gb` GB of files like a checkpoint's."""
-    from t5x_like import checkpoint_integrity
+    from t5x_like.checkpoint import integrity
 
     step_dir = os.path.join(workdir, "checksum_cost")
     shutil.rmtree(step_dir, ignore_errors=True)
@@ -129,10 +130,10 @@ def checksum_cost(gb: float, workdir: str) -> dict:
         with open(os.path.join(step_dir, "params", f"shard{i}"), "wb") as f:
             f.write(os.urandom(size))
     started = time.perf_counter()
-    checkpoint_integrity.write_manifest(step_dir)
+    integrity.write_manifest(step_dir)
     write_s = time.perf_counter() - started
     started = time.perf_counter()
-    assert checkpoint_integrity.verify_manifest(step_dir)
+    assert integrity.verify_manifest(step_dir)
     verify_s = time.perf_counter() - started
     shutil.rmtree(step_dir)
     return {"gb": gb, "files": files, "write_s_per_gb": round(write_s / gb, 3), "verify_s_per_gb": round(verify_s / gb, 3),

@@ -31,7 +31,7 @@ MUTMUT = Path(sys.executable).with_name("mutmut")
 
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # test_trainer.py's other tests train real models on several meshes: minutes each on 2 busy cores
-    "trainer": ("t5x_like/trainer.py", ("tests/t5x_like/test_trainer.py",
+    "trainer": ("t5x_like/step_fns.py", ("tests/t5x_like/test_trainer.py",
                                         "-k", "loss_scale_update_rules or linear or eval_step_sums")),
     "optim": ("t5x_like/optim.py", ("tests/t5x_like/test_optim.py",)),
     "lm": ("t5x_like/lm/base.py", ("tests/t5x_like/test_lm.py",)),

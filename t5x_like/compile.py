@@ -21,15 +21,16 @@ import sys
 import time
 from typing import Any, Sequence
 
-import gin
 import jax
 import numpy as np
 from absl import flags
+from jax.sharding import Mesh
 
 from partitioning import make_mesh
-from t5x_like import cli, gin_cli, metrics, run_config, training, validate  # noqa: F401 (gin's configurables)
+from t5x_like import checks, metrics
+from t5x_like.config import cli, configurables, frontend
+from t5x_like.config.settings import RunSettings, read_run_settings
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
-from t5x_like.experiment import build_experiment
 
 GiB = 1 << 30
 # HBM per chip by jax device_kind; a chip's TensorCores shown as separate devices share it.
@@ -96,9 +97,10 @@ def device_memory(devices: Sequence, override_gib: float | None) -> int | None:
     return stats.get("bytes_limit") if stats else None
 
 
-def mesh_for(devices: Sequence):
-    """The mesh that partitioning.make_mesh's gin bindings describe, built over `devices`."""
-    return make_mesh(**gin.get_bindings("partitioning.make_mesh"), devices=devices)
+def mesh_for(devices: Sequence, settings: RunSettings | None = None) -> Mesh:
+    """The mesh of the run's axis sizes (`settings`; default: those of the gin configuration parsed), built over
+    `devices`."""
+    return make_mesh(**(settings or read_run_settings()).mesh_sizes, devices=devices)
 
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
@@ -114,11 +116,11 @@ def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> in
     return sum(jax.tree.leaves(jax.tree.map(shard_bytes, abstract, shardings)))
 
 
-def compile_step(devices: Sequence, memory: int | None) -> tuple[dict[str, Any], jax.stages.Compiled]:
-    """Compile one train step of the parsed gin configuration for `devices`: (report, executable)."""
-    with gin.unlock_config():  # gin evaluates every binding, so replace the mesh binding itself
-        gin.bind_parameter("build_experiment.mesh", mesh_for(devices))
-    exp = build_experiment()
+def compile_step(devices: Sequence, memory: int | None,
+                 settings: RunSettings | None = None) -> tuple[dict[str, Any], jax.stages.Compiled]:
+    """Compile one train step of the parsed gin configuration (its `settings`, default: read from it) for
+    `devices`: (report, executable)."""
+    exp = configurables.experiment_on(mesh_for(devices, settings))
     state = exp.sharded_abstract_state()
     state_bytes = bytes_per_device(state, exp.shardings)
     check_fits("the train state (parameters + optimizer state)", state_bytes, memory)
@@ -224,16 +226,16 @@ def main(argv: list[str]) -> None:
     f = flags.FLAGS
     cli.quiet_library_logs()
     if f.device_memory_gib is not None:
-        validate.finite_float("--device_memory_gib", f.device_memory_gib, minimum=0.0, exclusive_minimum=True)
+        checks.finite_float("--device_memory_gib", f.device_memory_gib, minimum=0.0, exclusive_minimum=True)
     if f.output:
-        validate.output_file("--output", f.output)
+        checks.output_file("--output", f.output)
     if f.num_slices < 1 or (f.num_slices > 1 and not (f.topology or "").startswith("v")):
         raise UserError(f"--num_slices={f.num_slices}: a positive count of TPU slices, with a TPU --topology.")
     devices = target_devices(f.topology, f.num_slices)
-    gin_cli.parse_gin(f.gin_file, [*UNUSED_MACROS, *f.gin_bindings], f.gin_search_paths)
+    settings = frontend.parse_gin(f.gin_file, [*UNUSED_MACROS, *f.gin_bindings], f.gin_search_paths)
     memory = device_memory(devices, f.device_memory_gib)
     try:
-        report, _ = compile_step(devices, memory)
+        report, _ = compile_step(devices, memory, settings)
     except DoesNotFit as e:
         sys.exit(f"does not fit: {e}")
     report["topology"] = (f"{f.num_slices} x {f.topology}" if f.num_slices > 1 else f.topology) or "local"
@@ -249,4 +251,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_absl_app(exit_on_user_error(gin_cli.plain_user_errors(main)), flags_parser=cli.parse_flags)
+    run_absl_app(exit_on_user_error(frontend.plain_user_errors(main)), flags_parser=cli.parse_flags)

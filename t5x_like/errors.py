@@ -40,7 +40,7 @@ INTERRUPTED_STATUS = 130
 def exit_on_user_error(main: F) -> F:
     """Wrap a CLI main: a UserError becomes `error: <message>` on stderr and exit status 1; Ctrl-C (a
     KeyboardInterrupt: the CLIs write their outputs whole, so what they leave is what was there before; a
-    training run past its start stops at a step with a checkpoint instead, t5x_like/stopping.py) one line and
+    training run past its start stops at a step with a checkpoint instead, t5x_like/run/stopping.py) one line and
     status 130."""
 
     @functools.wraps(main)

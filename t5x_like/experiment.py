@@ -20,7 +20,8 @@ from jax.sharding import Mesh
 
 import models
 from partitioning import Partitioner, pipeline
-from t5x_like import distributed, optim, trainer, validate
+from t5x_like import checks, optim, step_fns
+from t5x_like.cluster import processes
 from t5x_like.data.rampup import BatchRampup, batch_rampup
 from t5x_like.errors import UserError, as_user_error
 from t5x_like.lm import LanguageModel, make_lm
@@ -36,13 +37,13 @@ class Experiment:
     lm: LanguageModel
     partitioner: Partitioner
     optimizer: optim.Optimizer
-    step_config: trainer.StepConfig
+    step_config: step_fns.StepConfig
     batch_size: int
     lengths: dict[str, int]
     seed: int
     on_nonfinite: str
-    abstract_state: trainer.TrainState  # boxed ShapeDtypeStructs (logical names kept)
-    shardings: trainer.TrainState  # NamedShardings
+    abstract_state: step_fns.TrainState  # boxed ShapeDtypeStructs (logical names kept)
+    shardings: step_fns.TrainState  # NamedShardings
     rampup: BatchRampup | None = None  # BATCH_SIZE_RAMPUP: steps train on fewer rows than batch_size at first
 
     @property
@@ -72,15 +73,15 @@ class Experiment:
             return (last - first) * self.batch_size
         return self.rampup.consumed_before(last) - self.rampup.consumed_before(first)
 
-    def _init(self, rng: jax.Array) -> trainer.TrainState:
-        return trainer.init_train_state(self.lm, self.optimizer.tx, rng, self.lengths, self.step_config.loss_scale)
+    def _init(self, rng: jax.Array) -> step_fns.TrainState:
+        return step_fns.init_train_state(self.lm, self.optimizer.tx, rng, self.lengths, self.step_config.loss_scale)
 
-    def init_state(self) -> trainer.TrainState:
+    def init_state(self) -> step_fns.TrainState:
         """A fresh state, initialised sharded in place from SEED."""
         with self.partitioner.activate():
             return self.partitioner.initialize(self._init, jax.random.PRNGKey(self.seed), self.shardings)
 
-    def sharded_abstract_state(self) -> trainer.TrainState:
+    def sharded_abstract_state(self) -> step_fns.TrainState:
         """ShapeDtypeStructs of the state carrying their shardings (to restore or compile against)."""
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             nn.meta.unbox(self.abstract_state), self.shardings)
@@ -91,15 +92,15 @@ class Experiment:
                 for k, s in self.lm.batch_spec(self.lengths, self.batch_size, packed=packed).items()}
 
     @functools.cached_property
-    def train_step(self) -> Callable[[trainer.TrainState, dict], tuple[trainer.TrainState, dict]]:
+    def train_step(self) -> Callable[[step_fns.TrainState, dict], tuple[step_fns.TrainState, dict]]:
         """The train step, jitted with the state's and the batch's shardings, donating the old state."""
-        step = trainer.make_train_step(self.lm, self.optimizer.tx, self.optimizer.schedule, self.step_config)
+        step = step_fns.make_train_step(self.lm, self.optimizer.tx, self.optimizer.schedule, self.step_config)
         return self.partitioner.partition(step, (self.shardings, self.batch_sharding),
                                           (self.shardings, self.partitioner.replicated), donate_argnums=(0,))
 
     @functools.cached_property
     def eval_step(self) -> Callable[[Any, dict], dict]:
-        step = trainer.make_eval_step(self.lm, self.step_config.grad_accum_steps)
+        step = step_fns.make_eval_step(self.lm, self.step_config.grad_accum_steps)
         return self.partitioner.partition(step, (self.shardings.params, self.batch_sharding),
                                           self.partitioner.replicated)
 
@@ -132,7 +133,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
                      batch_size_rampup: tuple[int, int, int] | None = None, seed: int = 0,
                      grad_accum_steps: int = 1, z_loss: float = 0.0,
-                     loss_scale: trainer.LossScaleConfig = trainer.LossScaleConfig(),
+                     loss_scale: step_fns.LossScaleConfig = step_fns.LossScaleConfig(),
                      on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
                      pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None,
@@ -143,10 +144,10 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     BATCH_SIZE_RAMPUP, Megatron's (start, increment, samples) batch-size ramp-up (t5x_like/data/rampup.py)."""
     if on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
-    validate.positive_int("BATCH_SIZE", batch_size)
-    validate.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
-    validate.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
-    validate.integer("SEED", seed)
+    checks.positive_int("BATCH_SIZE", batch_size)
+    checks.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
+    checks.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
+    checks.integer("SEED", seed)
     rampup = batch_rampup(batch_size_rampup, batch_size)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
@@ -155,7 +156,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                                   resuming=resuming)
     with as_user_error():
         config.check_lengths(lengths)
-    step_config = trainer.StepConfig(
+    step_config = step_fns.StepConfig(
         grad_accum_steps=grad_accum_steps, z_loss=z_loss,
         loss_scale=loss_scale if config.dtype == "float16" else None,
         cross_entropy=cross_entropy, loss_chunk_size=loss_chunk_size,
@@ -174,25 +175,13 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         offload = ("opt_state",) if offload_optimizer_state else ()
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
             lambda: experiment._init(jax.random.PRNGKey(seed)), offload)
-    if distributed.is_primary():
+    if processes.is_primary():
         params = experiment.abstract_state.params
         logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
         logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
         if rampup is not None:
             logging.info("batch size: %s", rampup.describe())
     return experiment
-
-
-def check_integers(**values) -> None:
-    """A macro given as something other than an integer (e.g. BATCH_SIZE='eight') named, with the fix."""
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            macro = MACROS.get(name, f"train.{name}")
-            raise UserError(f"{macro}={value!r}: expected an integer, e.g. --gin.{macro}=8 (no quotes).")
-
-
-MACROS = {"train_steps": "TRAIN_STEPS", "batch_size": "BATCH_SIZE", "grad_accum_steps": "GRAD_ACCUM_STEPS",
-          "checkpoint_every": "CHECKPOINT_EVERY", "eval_every": "EVAL_EVERY", "eval_steps": "EVAL_STEPS"}
 
 
 def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:

@@ -33,12 +33,14 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen as nn
 from absl import logging
+from flax import linen as nn
 
 from partitioning import Partitioner
-from t5x_like import cluster, distributed, inference, prompts, validate
+from t5x_like import checks
+from t5x_like.cluster import peers, processes
 from t5x_like.errors import UserError, exit_on_user_error
+from t5x_like.inference import loading, prompts
 from t5x_like.lm import make_lm
 
 PROMPT_BUCKET = 64
@@ -168,8 +170,8 @@ class Generator:
             rng = jax.random.fold_in(jax.random.PRNGKey(seed), first)
             decode = self.decode_fn(length)
             with self.partitioner.activate():
-                out = jax.device_get(decode(self.params, inference.global_array(tokens, sharding),
-                                            inference.global_array(valid, sharding), rng))
+                out = jax.device_get(decode(self.params, loading.global_array(tokens, sharding),
+                                            loading.global_array(valid, sharding), rng))
             results.extend(cut_at(row, self.eod_id) for row in out[:len(batch)])
         return results
 
@@ -181,20 +183,20 @@ def cut_at(ids: np.ndarray, eod_id: int) -> list[int]:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every number in range and --output writable, before anything is loaded."""
-    validate.positive_int("--max_new_tokens", args.max_new_tokens)
-    validate.positive_int("--batch_size", args.batch_size)
-    validate.positive_int("--num_beams", args.num_beams, fix="1 = no beam search")
-    validate.positive_int("--num_samples", args.num_samples)
-    validate.finite_float("--repetition_penalty", args.repetition_penalty, minimum=0.0, exclusive_minimum=True,
+    checks.positive_int("--max_new_tokens", args.max_new_tokens)
+    checks.positive_int("--batch_size", args.batch_size)
+    checks.positive_int("--num_beams", args.num_beams, fix="1 = no beam search")
+    checks.positive_int("--num_samples", args.num_samples)
+    checks.finite_float("--repetition_penalty", args.repetition_penalty, minimum=0.0, exclusive_minimum=True,
                           fix="1 = no penalty")
-    validate.non_negative_int("--top_k", args.top_k, fix="0 = no top-k filter")
-    validate.finite_float("--temperature", args.temperature, minimum=0.0, fix="0 = greedy")
-    validate.finite_float("--top_p", args.top_p, minimum=0.0, exclusive_minimum=True, maximum=1.0,
+    checks.non_negative_int("--top_k", args.top_k, fix="0 = no top-k filter")
+    checks.finite_float("--temperature", args.temperature, minimum=0.0, fix="0 = greedy")
+    checks.finite_float("--top_p", args.top_p, minimum=0.0, exclusive_minimum=True, maximum=1.0,
                           fix="1 = no nucleus filter")
-    validate.finite_float("--length_penalty", args.length_penalty)
-    inference.check_flags(args)
+    checks.finite_float("--length_penalty", args.length_penalty)
+    loading.check_flags(args)
     if args.output:
-        validate.output_file("--output", args.output)
+        checks.output_file("--output", args.output)
 
 
 def check_model_fits(config, args: argparse.Namespace) -> None:
@@ -259,7 +261,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--batch_size", type=int, default=8, help="prompts decoded together (global)")
     parser.add_argument("--output", default=None, help="JSONL file (default: JSONL on stdout)")
-    inference.add_mesh_flags(parser)
+    loading.add_mesh_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -278,18 +280,18 @@ def sampling_settings(args: argparse.Namespace) -> Sampling:
 
 
 @exit_on_user_error
-@cluster.stop_together  # several processes: one failing stops all, naming it
+@peers.stop_together  # several processes: one failing stops all, naming it
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_arguments(args)
-    inference.join_cluster(args)
+    loading.join_cluster(args)
     if args.interactive and jax.process_count() > 1:
         raise UserError("--interactive reads one terminal: run it as one process (one host), or give --prompt / "
                         "--prompts_file.")
     texts = prompts.read_prompts(args)
     settings = sampling_settings(args)
-    check_model_fits(inference.compute_config(args), args)
-    config, params, tokenizer, partitioner = inference.load_for_inference(args)
+    check_model_fits(loading.compute_config(args), args)
+    config, params, tokenizer, partitioner = loading.load_for_inference(args)
     generator = Generator(config, params, partitioner, eod_id=tokenizer.eod_id,
                           max_new_tokens=args.max_new_tokens, settings=settings, batch_size=args.batch_size,
                           num_beams=args.num_beams, length_penalty=args.length_penalty,
@@ -307,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.interactive:
         return interact(complete, texts, args, joint)
     records = complete(texts, args.seed)
-    if distributed.is_primary():
+    if processes.is_primary():
         write(records, args.output, joint)
     return records
 

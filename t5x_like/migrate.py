@@ -22,7 +22,7 @@ import shlex
 import sys
 from typing import Sequence
 
-from t5x_like import validate
+from t5x_like import checks
 from t5x_like.errors import exit_on_user_error
 from t5x_like.migration import rows, translate, upstream
 
@@ -61,9 +61,9 @@ def main(argv: Sequence[str] | None = None) -> str:
     if not args.upstream:
         raise SystemExit("python -m t5x_like.migrate: give the upstream file(s) to migrate (--help shows how).")
     if args.num_gpus is not None:
-        validate.positive_int("--num_gpus", args.num_gpus)
+        checks.positive_int("--num_gpus", args.num_gpus)
     if args.output:
-        validate.output_file("--output", args.output, suffixes=(".gin",))
+        checks.output_file("--output", args.output, suffixes=(".gin",))
     read = upstream.read(args.upstream, args.deepspeed_config, arguments=args.script_arguments)
     if args.num_gpus is not None:
         read.gpus = args.num_gpus

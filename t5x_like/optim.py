@@ -15,7 +15,7 @@ import optax
 from absl import logging
 
 from models.layers import STACKED
-from t5x_like import validate
+from t5x_like import checks
 from t5x_like.errors import UserError
 
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt", "noam")
@@ -35,7 +35,7 @@ def run_steps(name: str, value: Any, of_steps: int, of_name: str) -> int:
     if isinstance(value, float):
         raise UserError(f"{name}={value!r}: give whole steps (an integer, no decimal point) or a fraction of "
                         f"{of_name} below 1 (e.g. 0.01 = 1%).")
-    return validate.non_negative_int(name, value, fix=f"or a fraction of {of_name} such as 0.01")
+    return checks.non_negative_int(name, value, fix=f"or a fraction of {of_name} such as 0.01")
 
 
 class ScheduleSteps(NamedTuple):
@@ -51,13 +51,13 @@ def resolve_schedule(*, peak: float, warmup_steps: int | float, total_steps: int
     """learning_rate_schedule's lengths in steps (fractions resolved) and floor, checked; its arguments."""
     if decay not in SCHEDULES:
         raise UserError(f"learning-rate decay {decay!r} is unknown; choose one of {SCHEDULES}.")
-    validate.non_negative_int("TRAIN_STEPS", total_steps)
+    checks.non_negative_int("TRAIN_STEPS", total_steps)
     decay_end = total_steps if decay_steps is None else run_steps("optim.make_optimizer.decay_steps", decay_steps,
                                                                   total_steps, "TRAIN_STEPS")
     warmup = run_steps("WARMUP_STEPS", warmup_steps, decay_end,
                        "TRAIN_STEPS" if decay_steps is None else "optim.make_optimizer.decay_steps")
     if minimum is not None:
-        validate.finite_float("optim.make_optimizer.min_learning_rate", minimum, minimum=0.0, maximum=peak,
+        checks.finite_float("optim.make_optimizer.min_learning_rate", minimum, minimum=0.0, maximum=peak,
                               fix="at most LEARNING_RATE")
     if decay in ("rsqrt", "noam"):
         if warmup < 1:
@@ -200,20 +200,20 @@ def check_settings(*, name, learning_rate, warmup_steps, total_steps, min_learni
     """make_optimizer's numbers in range, each refusal naming its gin setting."""
     if name not in OPTIMIZERS:
         raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
-    validate.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
+    checks.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
     if learning_rate == 0:
         logging.warning("LEARNING_RATE=0: every update is zero, so training leaves the parameters as they start "
                         "(weight decay too); set a positive LEARNING_RATE, e.g. --gin.LEARNING_RATE=3e-4")
     if not isinstance(warmup_steps, float):
-        validate.non_negative_int("WARMUP_STEPS", warmup_steps, fix="or a fraction of the run such as 0.01")
-    validate.non_negative_int("TRAIN_STEPS", total_steps)
-    validate.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,
+        checks.non_negative_int("WARMUP_STEPS", warmup_steps, fix="or a fraction of the run such as 0.01")
+    checks.non_negative_int("TRAIN_STEPS", total_steps)
+    checks.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,
                           maximum=1.0)
-    validate.finite_float("optim.make_optimizer.weight_decay", weight_decay, minimum=0.0)
-    validate.finite_float("optim.make_optimizer.clip_grad_norm", clip_grad_norm, minimum=0.0, fix="0 = no clipping")
+    checks.finite_float("optim.make_optimizer.weight_decay", weight_decay, minimum=0.0)
+    checks.finite_float("optim.make_optimizer.clip_grad_norm", clip_grad_norm, minimum=0.0, fix="0 = no clipping")
     for beta, value in (("b1", b1), ("b2", b2), ("adafactor_decay_rate", adafactor_decay_rate)):
-        validate.finite_float(f"optim.make_optimizer.{beta}", value, minimum=0.0, maximum=1.0)
-    validate.finite_float("optim.make_optimizer.eps", eps, minimum=0.0, exclusive_minimum=True)
+        checks.finite_float(f"optim.make_optimizer.{beta}", value, minimum=0.0, maximum=1.0)
+    checks.finite_float("optim.make_optimizer.eps", eps, minimum=0.0, exclusive_minimum=True)
 
 
 def per_layer(inner: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from t5x_like import validate
+from t5x_like import checks
 from t5x_like.errors import UserError, exit_on_user_error
 
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
@@ -98,7 +98,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    validate.output_file("--output", args.output, suffixes=IMAGE_SUFFIXES)
+    checks.output_file("--output", args.output, suffixes=IMAGE_SUFFIXES)
     points = plot(args.model_dirs, args.output)
     print(f"wrote {args.output}: {len(args.model_dirs)} run(s), {points} points")
 

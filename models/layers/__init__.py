@@ -8,7 +8,8 @@
     kv_cache.py    the one decoding cache (keys/values, a context's keys/values, T5's positions)
     attention.py   Attention (self and cross, biases, rotary, grouped KV heads, additive bias, scale)
     stack.py       block_stack (scanned or unrolled, remat policies, the pipeline hook)
-    decoder.py     DecoderOnly and DecoderBlock, the decoder-only model GPT-2, GPT-NeoX and Llama compose
+    decoder.py     DecoderOnly (embeddings, the stack of a family's blocks, final norm, output head) and
+                   DecoderBlock (what a decoder-only family's own block is), which GPT-2, GPT-NeoX and Llama compose
 
 A family file (models/<family>.py) imports `from models import layers` and uses the names below.
 """
@@ -19,14 +20,14 @@ from models.layers.dense import (BATCH_LENGTH_EMBED, BATCH_LENGTH_HEADS_KV, BATC
                                  normal_param, zeros_param)
 from models.layers.embeddings import Embed, mask_vocab_padding, tied_logits
 from models.layers.mlp import ACTIVATIONS, MLP
-from models.layers.norms import NORMS, LayerNorm, RMSNorm
-from models.layers.positions import Llama3Rotary, RelativePositionBias, Rotary, relative_position_bucket
+from models.layers.norms import LayerNorm, RMSNorm
+from models.layers.positions import RelativePositionBias, Rotary, relative_position_bucket
 from models.layers.stack import REMAT_POLICIES, STACKED, UNROLLED, LayerStack, block_stack, remat
 
 __all__ = [
     "ACTIVATIONS", "Attention", "BATCH_LENGTH_EMBED", "BATCH_LENGTH_HEADS_KV", "BATCH_LENGTH_MLP",
     "BATCH_LENGTH_VOCAB", "CACHE_BATCH_LENGTH", "DecoderBlock", "DecoderOnly", "Dense", "Einsum", "Embed",
-    "FP8_STATE", "LayerNorm", "LayerStack", "Llama3Rotary", "MLP", "NORMS", "REMAT_POLICIES", "RMSNorm", "RelativePositionBias",
+    "FP8_STATE", "LayerNorm", "LayerStack", "MLP", "REMAT_POLICIES", "RMSNorm", "RelativePositionBias",
     "Rotary", "STACKED", "UNROLLED", "block_stack", "decoder_positions", "dense_einsum", "logical_param",
     "mask_vocab_padding", "normal_param", "relative_position_bucket", "remat", "tied_logits", "zeros_param",
 ]

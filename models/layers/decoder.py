@@ -1,57 +1,45 @@
-"""The decoder-only language model that GPT-2, GPT-NeoX, CPM-1 and Llama compose: token (and, by the family,
-position) embeddings, a stack of pre-norm blocks, a final norm and the output head over the padded
-vocabulary. The blocks read their options from the family config (models.config.DecoderOnlyConfig lists
-them: norm, MLP activation and gating, biases, rotary embeddings, grouped KV heads, a sliding window,
-parallel residual, initialisation); a family module keeps the decoder's embeddings (token table in, untied
-or tied table out) or names its own (GPT-2's learned positions).
+"""What the decoder-only families (GPT-2, CPM-1, GPT-NeoX, Llama) share: token (and, by the family, position)
+embeddings in, a stack of the family's blocks, a final norm and the output head over the padded vocabulary.
+
+A family file (models/<family>.py) composes its own block from the layer library, a `DecoderBlock` subclass,
+and names it and its final norm on its `DecoderOnly` subclass (`block`, `final_norm`); nothing here reads a
+family's options. The default embeddings are an untied token table in and out (GPT-NeoX's, Llama's);
+a family replaces them with its own `setup`, `embed` and `output_table` (GPT-2's learned positions and tied
+table, Qwen2's tied table).
 
 Parameter tree (scan_layers=True stacks the blocks on a leading 'layers' axis under `blocks`;
 scan_layers=False names them `block_0`, `block_1`, ...):
 
-    embed_in (or the family's embeddings)   blocks/{ln_1, attn, ln_2, mlp}   ln_f   embed_out (untied) or none
+    embed_in/embedding   embed_out/embedding   (or the family's embeddings)
+    blocks/{...the family's block...}   ln_f
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from models.layers import kv_cache
-from models.layers.attention import Attention
 from models.layers.dense import BATCH_LENGTH_EMBED
 from models.layers.embeddings import Embed, mask_vocab_padding, tied_logits
-from models.layers.mlp import MLP
-from models.layers.norms import NORMS
+from models.layers.norms import RMSNorm
 from models.layers.stack import LayerStack, block_stack
 
 
 class DecoderBlock(nn.Module):
-    """Sequential residual: h = x + attn(ln_1 x), then h + mlp(ln_2 h); parallel residual (GPT-NeoX):
-    x + attn(ln_1 x) + mlp(ln_2 x). Dropout on both branches."""
+    """One layer of a decoder-only family, which a family subclasses and writes from the layers (its norms,
+    Attention, MLP and residual wiring). The stack builds it as `Block(config, deterministic)` and calls it
+    as `block(x, segment_ids, positions) -> (x, None)`: x the residual stream [batch, length, embed] (the
+    stack's carry), segment_ids [batch, length] or None (packing; 0 = padding), positions [batch, length]."""
 
     config: Any
     deterministic: bool
 
-    @nn.compact
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array):
-        c = self.config
-        dtype = c.compute_dtype
-        dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
-        attention = Attention(c.num_heads, c.head_dim, c.input_init_std, c.output_init_std,
-                              num_kv_heads=c.num_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias, rotary=c.rotary,
-                              window=c.sliding_window, attention=c.attention, dropout_rate=c.attention_dropout_rate,
-                              dtype=dtype, name="attn")
-        mlp = MLP(c.mlp_dim, c.mlp_activation, c.input_init_std, c.output_init_std, gated=c.gated_mlp,
-                  use_bias=c.mlp_bias, dtype=dtype, name="mlp")
-        norm = NORMS[c.norm]
-        h = norm(c.layer_norm_eps, dtype=dtype, name="ln_1")(x)
-        attended = x + dropout(attention(h, deterministic=self.deterministic, segment_ids=segment_ids,
-                                         positions=positions))
-        h = norm(c.layer_norm_eps, dtype=dtype, name="ln_2")(x if c.use_parallel_residual else attended)
-        x = attended + dropout(mlp(h))
-        return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED), None
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None,
+                 positions: jax.Array) -> tuple[jax.Array, None]:
+        raise NotImplementedError(f"{type(self).__name__} must define __call__ (a family's block composes it).")
 
 
 def decoder_positions(module: nn.Module, tokens: jax.Array, positions: jax.Array | None,
@@ -71,29 +59,36 @@ class DecoderOnly(nn.Module):
     """Decoder-only language model. `__call__` returns fp32 logits over the padded vocabulary, with
     padding ids masked so they never take probability mass.
 
-    Its embeddings, unless a family subclass defines its own `setup`, `embed(tokens, positions)` and
-    `output_table()` (GPT-2's learned positions): token embeddings in, `embed_in/embedding`, with positions
-    rotary in the blocks, and an untied output table `embed_out/embedding` (GPT-NeoX, Llama), or the input's
-    when the config ties them (tie_word_embeddings); both normal(input_init_std)."""
+    A family subclass names its `block` (a DecoderBlock) and its `final_norm` (`ln_f`: LayerNorm or
+    RMSNorm). Its embeddings, unless the subclass defines its own `setup`, `embed(tokens, positions)` and
+    `output_table()`: token embeddings in, `embed_in/embedding` (positions are then the blocks' business,
+    rotary), and an untied output table `embed_out/embedding`, both normal(config.input_init_std)."""
 
     config: Any
     layer_stack: LayerStack | None = None
     """Injected by the runtime to replace the scanned stack (e.g. by a pipeline), see layers.stack."""
 
+    block: ClassVar[type[DecoderBlock]]
+    """The family's block."""
+    final_norm: ClassVar[type[RMSNorm]]
+    """The norm after the last block (layers.LayerNorm or layers.RMSNorm)."""
+
     def setup(self):
+        self.embed_in = self.token_table()
+        self.embed_out = self.token_table()
+
+    def token_table(self) -> Embed:
+        """A token table [padded_vocab, embed], normal(input_init_std), for `setup` to name."""
         c = self.config
-        table = (c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), c.input_init_std)
-        self.embed_in = Embed(*table, dtype=c.compute_dtype)
-        if not c.tie_word_embeddings:
-            self.embed_out = Embed(*table, dtype=c.compute_dtype)
+        return Embed(c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), c.input_init_std, dtype=c.compute_dtype)
 
     def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """The input embeddings [batch, length, embed] of tokens at positions [batch, length]."""
         return self.embed_in(tokens)
 
     def output_table(self) -> jax.Array:
-        """The output head's table [padded_vocab, embed] (the token embeddings when tied)."""
-        return (self.embed_in if self.config.tie_word_embeddings else self.embed_out).embedding
+        """The output head's table [padded_vocab, embed]."""
+        return self.embed_out.embedding
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
@@ -114,10 +109,10 @@ class DecoderOnly(nn.Module):
         positions = jnp.broadcast_to(decoder_positions(self, tokens, positions, c.max_len), tokens.shape)
         x = nn.Dropout(c.dropout_rate, deterministic=deterministic)(self.embed(tokens, positions))
         x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
-        stack = block_stack(DecoderBlock, (c, deterministic), num_layers=c.num_layers, scan_layers=c.scan_layers,
+        stack = block_stack(self.block, (c, deterministic), num_layers=c.num_layers, scan_layers=c.scan_layers,
                             broadcast_args=2, remat_policy=c.remat_policy, layer_stack=self.layer_stack)
         x, _ = stack(x, segment_ids, positions)
-        x = NORMS[c.norm](c.layer_norm_eps, dtype=c.compute_dtype, name="ln_f")(x)
+        x = self.final_norm(c.layer_norm_eps, dtype=c.compute_dtype, name="ln_f")(x)
         table = self.output_table()
         if return_hidden:
             return x, table

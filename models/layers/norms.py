@@ -37,7 +37,3 @@ class LayerNorm(RMSNorm):
     """(x - mean) / sqrt(var + eps) * scale + bias."""
 
     centered: ClassVar[bool] = True
-
-
-NORMS: dict[str, type[RMSNorm]] = {"layer": LayerNorm, "rms": RMSNorm}
-"""Norms by the name a config gives them."""

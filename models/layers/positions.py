@@ -36,29 +36,6 @@ class Rotary:
         return jnp.concatenate([rot * cos + rotated_half * sin, rest], axis=-1)
 
 
-@dataclasses.dataclass(frozen=True)
-class Llama3Rotary(Rotary):
-    """Rotary embeddings with Llama 3.1's frequency scaling (transformers' rope_type 'llama3'): pairs whose
-    wavelength exceeds original_max_len / low_freq_factor turn `factor` times slower, those below
-    original_max_len / high_freq_factor keep their frequency, and the ones between blend the two."""
-
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_len: int = 8192
-
-    def inverse_frequencies(self) -> jax.Array:
-        frequencies = super().inverse_frequencies()
-        wavelengths = 2 * math.pi / frequencies
-        low_wavelength = self.original_max_len / self.low_freq_factor
-        high_wavelength = self.original_max_len / self.high_freq_factor
-        smooth = (self.original_max_len / wavelengths - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor)
-        blended = (1 - smooth) * frequencies / self.factor + smooth * frequencies
-        scaled = jnp.where(wavelengths > low_wavelength, frequencies / self.factor, frequencies)
-        return jnp.where((wavelengths >= high_wavelength) & (wavelengths <= low_wavelength), blended, scaled)
-
-
 def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> jax.Array:
     """T5's bucket of (key position - query position): distances below half the buckets get their own

@@ -16,8 +16,9 @@ import sys
 from typing import Sequence
 
 import models
-from t5x_like import checkpoints, validate
-from t5x_like.convert import hf, neox
+from t5x_like import checks
+from t5x_like.checkpoint import store
+from t5x_like.convert import hf
 from t5x_like.errors import UserError, exit_on_user_error
 
 
@@ -40,14 +41,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     from_hf = commands.add_parser("from-hf", help="Hugging Face directory -> params-only checkpoint")
     from_hf.add_argument("src", help="directory with config.json and model.safetensors or pytorch_model.bin")
     from_hf.add_argument("dst", help="output MODEL_DIR (the checkpoint goes to DST/checkpoints/<step>)")
-    from_neox = commands.add_parser("from-neox", help="GPT-NeoX pipeline checkpoint -> params-only checkpoint")
-    from_neox.add_argument("src", help="GPT-NeoX checkpoint directory (global_stepN) with "
-                                       "layer_XX-model_YY-model_states.pt files")
-    from_neox.add_argument("dst", help="output MODEL_DIR (the checkpoint goes to DST/checkpoints/<step>)")
-    from_neox.add_argument("--preset", required=True, help="the checkpoint's model preset, e.g. neox_20b, pythia_1b")
-    from_neox.add_argument("--tokenizer", default=None,
-                           help="tokenizer to record, e.g. .../gpt-neox-20b-tokenizer/20B_tokenizer.json")
-    for command in (from_hf, from_neox):
+    from_hf.set_defaults(run_import=import_hf)
+    for command in (from_hf, *converter_commands(commands)):
         command.add_argument("--step", type=int, default=0, help="step number to record")
         command.add_argument("--no_scan_layers", dest="scan_layers", action="store_false",
                              help="record scan_layers=False: readers run the blocks unrolled (the checkpoint "
@@ -59,17 +54,30 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def converter_commands(commands) -> list[argparse.ArgumentParser]:
+    """The import commands converters add for their upstream's own checkpoints (`add_import_command`, e.g.
+    from-neox), each running through its `run_import`."""
+    return [converter.add_import_command(commands) for converter in hf.FAMILIES.values()
+            if hasattr(converter, "add_import_command")]
+
+
+def import_hf(args: argparse.Namespace) -> str:
+    """The from-hf command: the checkpoint's path."""
+    return hf.from_hf(args.src, args.dst, step=args.step, scan_layers=args.scan_layers,
+                      vocab_pad_multiple=args.vocab_pad_multiple, dtype=args.dtype)
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad values and unwritable outputs before converting anything."""
     if args.command == "to-hf":
-        validate.output_dir("DST", args.dst, new_folder_for="the Hugging Face files")
+        checks.output_dir("DST", args.dst, new_folder_for="the Hugging Face files")
         refuse_a_folder_in_use(args.dst, args.overwrite)
     elif args.command == "to-torch":
-        validate.output_file("FILE", args.file)
+        checks.output_file("FILE", args.file)
     else:
-        validate.non_negative_int("--step", args.step)
-        validate.positive_int("--vocab_pad_multiple", args.vocab_pad_multiple)
-        validate.output_dir("DST", args.dst)
+        checks.non_negative_int("--step", args.step)
+        checks.positive_int("--vocab_pad_multiple", args.vocab_pad_multiple)
+        checks.output_dir("DST", args.dst)
         refuse_existing_checkpoints(args.dst)
 
 
@@ -87,7 +95,7 @@ def refuse_a_folder_in_use(dst: str, overwrite: bool) -> None:
 
 def refuse_existing_checkpoints(dst: str) -> None:
     """A converter writes a new MODEL_DIR: never a step into a training run (or another import)."""
-    directory = os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR)
+    directory = os.path.join(dst, store.CHECKPOINT_SUBDIR)
     steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
     if steps or os.path.exists(os.path.join(dst, "metrics.jsonl")):
         held = f"checkpoints (steps {', '.join(map(str, steps[-3:]))})" if steps else "a training run (metrics.jsonl)"
@@ -104,15 +112,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "to-torch":
         hf.to_torch(args.src, args.file)
         print(f"wrote {args.file}")
-    elif args.command == "from-neox":
-        config = neox.preset_config(args.preset, scan_layers=args.scan_layers,
-                                    vocab_pad_multiple=args.vocab_pad_multiple, dtype=args.dtype)
-        path = neox.from_neox(args.src, args.dst, config, tokenizer=args.tokenizer, step=args.step)
-        print(f"wrote {path}")
-    else:
-        path = hf.from_hf(args.src, args.dst, step=args.step, scan_layers=args.scan_layers,
-                          vocab_pad_multiple=args.vocab_pad_multiple, dtype=args.dtype)
-        print(f"wrote {path}")
+    else:  # from-hf, or an import a converter adds
+        print(f"wrote {args.run_import(args)}")
 
 
 if __name__ == "__main__":

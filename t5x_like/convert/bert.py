@@ -170,8 +170,8 @@ def config_to_hf(config: BertConfig, eod_id: int | None) -> dict:
         names = list(config.labels) or [f"LABEL_{i}" for i in range(config.num_labels)]
         hf["id2label"] = {str(i): name for i, name in enumerate(names)}
         hf["label2id"] = {name: i for i, name in enumerate(names)}
-    if config.family == "roberta":
-        hf.update(bos_token_id=0, eos_token_id=2)
+    if config.family == "roberta":  # the end token is the exported tokenizer's, else RoBERTa's </s>
+        hf.update(bos_token_id=0, eos_token_id=2 if eod_id is None else eod_id)
     return hf
 
 

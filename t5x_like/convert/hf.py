@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 from pathlib import Path
@@ -16,19 +15,21 @@ from typing import Iterator
 import jax
 import numpy as np
 
-from t5x_like import checkpoints
-from t5x_like import inference
-import models
+from models.registry import declaring_modules
+from t5x_like.checkpoint import store
 from t5x_like.convert import mapping
 from t5x_like.data.tokenizer_files import save_tokenizer, tokenizer_record
 from t5x_like.errors import UserError
+from t5x_like.inference import loading
 
-# One converter module per registered family: t5x_like/convert/<family>.py.
-FAMILIES = {name: importlib.import_module(f"t5x_like.convert.{name}") for name in models.FAMILIES}
-"""Our family name -> converter module: HF_MODEL_TYPE, TIED, layout(config) (top-level
-entries and block stacks), config_to_hf, config_from_hf, tokenizer_config; optionally HF_MODEL_TYPES (the
-model types it imports, when several), tied(config) (to-torch),
-copied(config) (to-hf) and config_for_tensors(config, tensors) (from-hf, T5's head)."""
+FAMILIES = declaring_modules("t5x_like.convert", "HF_MODEL_TYPE")
+"""Our family name -> its converter module, t5x_like/convert/<family>.py: every module of the package that declares
+HF_MODEL_TYPE is the converter of the family it is named after (mapping.py, hf.py and __main__.py declare none).
+A converter declares HF_MODEL_TYPE, TIED, layout(config) (top-level entries and block stacks), config_to_hf,
+config_from_hf, tokenizer_config; optionally HF_MODEL_TYPES (the model types it imports, when several),
+tied(config) (to-torch), copied(config) (to-hf), config_for_tensors(config, tensors) (from-hf, T5's head),
+renamed_tensors(tensors) (from-hf) and add_import_command(commands) (an import of its upstream's own
+checkpoints, e.g. from-neox: convert/__main__.py)."""
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "spiece.model", "tokenizer.model", "vocab.txt")
 """Files of which a Hugging Face model directory with a tokenizer holds at least one."""
 
@@ -41,7 +42,7 @@ def converter_for(family: str):
 
 def hf_tensors(src: str) -> Iterator[tuple[str, np.ndarray]]:
     """Named float32 arrays of our checkpoint `src` with HF names (tied names left out)."""
-    config, _ = inference.read_config(src)
+    config, _ = loading.read_config(src)
     family = converter_for(config.family)
     flat = mapping.flatten(restore_on_host(src, config))
     yield from mapping.to_hf_tensors(flat, config, *family.layout(config))
@@ -54,7 +55,7 @@ def restore_on_host(src: str, config) -> dict:
         host = jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS excludes cpu: the first local accelerator then
         host = jax.local_devices()[0]
-    params = inference.restore_params(src, config, lambda specs: jax.tree.map(
+    params = loading.restore_params(src, config, lambda specs: jax.tree.map(
         lambda _: jax.sharding.SingleDeviceSharding(host), specs,
         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
     return jax.tree.map(np.asarray, params)
@@ -65,8 +66,8 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
     records; none when it records none)."""
     from safetensors.numpy import save_file
 
-    config, recorded = inference.read_config(src)
-    tokenizer = inference.checkpoint_tokenizer(src, config, tokenizer) if tokenizer or recorded else None
+    config, recorded = loading.read_config(src)
+    tokenizer = loading.checkpoint_tokenizer(src, config, tokenizer) if tokenizer or recorded else None
     tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}  # verified
     converter = converter_for(config.family)
     if hasattr(converter, "copied"):  # T5: a tied but unscaled head is written as an equal untied one
@@ -113,7 +114,7 @@ def to_torch(src: str, file: str) -> None:
     A tied name that the checkpoint has its own tensor for (an untied output head) keeps it."""
     import torch
 
-    config, _ = inference.read_config(src)
+    config, _ = loading.read_config(src)
     state = {name: torch.from_numpy(np.array(array, np.float32)) for name, array in hf_tensors(src)}
     converter = converter_for(config.family)
     tied = converter.tied(config) if hasattr(converter, "tied") else converter.TIED  # BERT: only its MLM head ties
@@ -161,8 +162,8 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)
     del tensors
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
-    checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
-    return os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR, str(step))
+    store.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
+    return os.path.join(dst, store.CHECKPOINT_SUBDIR, str(step))
 
 
 def hf_model_types(family) -> tuple[str, ...]:
@@ -211,9 +212,9 @@ def hf_tokenizer_record(src: str, config) -> dict | None:
     a tokenizer far smaller than the model's vocabulary is refused (another model's files)."""
     if not any(os.path.isfile(os.path.join(src, name)) for name in HF_TOKENIZER_FILES):
         return None
-    tokenizer = inference.open_tokenizer(src, config, flag=f"the tokenizer in {src}")
+    tokenizer = loading.open_tokenizer(src, config, flag=f"the tokenizer in {src}")
     unused = config.vocab_size - tokenizer.vocab_size
-    if unused > inference.MAX_UNUSED_VOCAB_ROWS:
+    if unused > loading.MAX_UNUSED_VOCAB_ROWS:
         raise UserError(
             f"{src}: the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {config.vocab_size}, "
             f"so {unused} embedding rows would never be used: these are not the model's tokenizer files. Put the "

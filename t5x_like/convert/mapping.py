@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from t5x_like import inference
 from t5x_like.errors import UserError
+from t5x_like.inference import loading
 
 
 class Transform(NamedTuple):
@@ -106,7 +106,7 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], config, top: Sequence[Entry]
     """Our flat parameters from HF tensors (popped as they are used). A tensor that does not give the shapes
     of `config`'s parameters, or a block beyond a stack's layer count, means the config.json beside the
     weights describes another model: a UserError names the tensor."""
-    shapes = {path: leaf.shape for path, leaf in flatten(inference.abstract_params(config)[0]).items()}
+    shapes = {path: leaf.shape for path, leaf in flatten(loading.abstract_params(config)[0]).items()}
 
     def take(name: str, entry: Entry, ours: Sequence[str], per_layer: bool) -> list[np.ndarray]:
         if name not in tensors:

@@ -14,6 +14,7 @@ transformers >= 5 calls the output head `lm_head` in the module but saves and lo
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import os
@@ -25,11 +26,12 @@ import numpy as np
 import configs
 import models
 from models.neox import NeoXConfig
-from t5x_like import checkpoints, inference
-from t5x_like.errors import UserError
+from t5x_like.checkpoint import store
 from t5x_like.convert import gpt2, mapping
-from t5x_like.data.tokenizer_files import tokenizer_record
 from t5x_like.convert.mapping import VOCAB_ROWS, Entry, Stack, Transform
+from t5x_like.data.tokenizer_files import tokenizer_record
+from t5x_like.errors import UserError
+from t5x_like.inference import loading
 
 HF_MODEL_TYPE = "gpt_neox"
 HF_BLOCK_PREFIX = "gpt_neox.layers.{}."
@@ -161,6 +163,27 @@ NORMS = ("input_layernorm.weight", "input_layernorm.bias", "post_attention_layer
 NEOX_FILE = "layer_{:02d}-model_{:02d}-model_states.pt"
 
 
+def add_import_command(commands) -> argparse.ArgumentParser:
+    """`python -m t5x_like.convert from-neox SRC DST --preset=... [--tokenizer=...]` (convert/__main__.py adds the
+    options every import shares and runs it through `run_import`)."""
+    command = commands.add_parser("from-neox", help="GPT-NeoX pipeline checkpoint -> params-only checkpoint")
+    command.add_argument("src", help="GPT-NeoX checkpoint directory (global_stepN) with "
+                                     "layer_XX-model_YY-model_states.pt files")
+    command.add_argument("dst", help="output MODEL_DIR (the checkpoint goes to DST/checkpoints/<step>)")
+    command.add_argument("--preset", required=True, help="the checkpoint's model preset, e.g. neox_20b, pythia_1b")
+    command.add_argument("--tokenizer", default=None,
+                         help="tokenizer to record, e.g. .../gpt-neox-20b-tokenizer/20B_tokenizer.json")
+    command.set_defaults(run_import=run_import)
+    return command
+
+
+def run_import(args: argparse.Namespace) -> str:
+    """The from-neox command: the checkpoint's path."""
+    config = preset_config(args.preset, scan_layers=args.scan_layers, vocab_pad_multiple=args.vocab_pad_multiple,
+                           dtype=args.dtype)
+    return from_neox(args.src, args.dst, config, tokenizer=args.tokenizer, step=args.step)
+
+
 def preset_config(preset: str, **choices) -> NeoXConfig:
     """The config of a GPT-NeoX preset (e.g. 'neox_20b', 'pythia_1b') with our own choices (scan_layers, ...)."""
     config = models.config_from_dict({**configs.get_model_config(preset).to_dict(), **choices})
@@ -175,12 +198,12 @@ def from_neox(src: str, dst: str, config: NeoXConfig, *, tokenizer: str | None =
     into a params-only checkpoint dst/checkpoints/<step>; returns its path. `tokenizer` (e.g.
     20B_tokenizer.json) is checked against the model and recorded."""
     if tokenizer:
-        tokenizer = tokenizer_record(inference.open_tokenizer(tokenizer, config))
+        tokenizer = tokenizer_record(loading.open_tokenizer(tokenizer, config))
     tensors = neox_checkpoint_as_hf(src, config)
     flat = mapping.from_hf_tensors(tensors, config, *layout(config), src)
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
-    checkpoints.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
-    return os.path.join(dst, checkpoints.CHECKPOINT_SUBDIR, str(step))
+    store.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
+    return os.path.join(dst, store.CHECKPOINT_SUBDIR, str(step))
 
 
 def neox_checkpoint_as_hf(src: str, config: NeoXConfig) -> dict[str, np.ndarray]:

@@ -30,13 +30,14 @@ import grain
 import numpy as np
 from absl import flags
 
+from t5x_like.data.counted_rows import PaddingRows, RampRows, RowsBefore
 from t5x_like.data.fingerprint import describe_change
 from t5x_like.data.rampup import SETTING as RAMPUP
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.data.token_file import TokenFile
 from t5x_like.errors import UserError
-from t5x_like.features import (CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
-                               DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS, LOSS_WEIGHTS, NO_LABEL)
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
+                               DECODER_TARGET_TOKENS)
 
 SPLITS = ("train", "validation", "test")
 _PLAN_WINDOW = 1 << 20  # pieces per step of the packing plan's walk
@@ -379,66 +380,6 @@ def pass_rows(rows: grain.MapDataset) -> int | None:
         return len(rows)
     counts = [pass_rows(parent) for parent in rows.parents if isinstance(parent, grain.MapDataset)]
     return sum(counts) if counts and None not in counts else None
-
-
-class RampRows(grain.MapDataset):
-    """The training rows as a batch-size ramp-up reads them: row s x G + j (G: the global batch) is the parent's
-    row C(s) + j, C(s) being the rows the steps before s trained on. Step s's first b(s) rows are the next ones of
-    the stream; the rest (they count nothing: BatchRampup.counted) repeat the next step's first rows."""
-
-    _MUTATES_ELEMENT_SPEC = False
-
-    def __init__(self, parent: grain.MapDataset, rampup: BatchRampup):
-        super().__init__(parent)
-        self._rampup = rampup
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self.slice(index)
-        step, within = divmod(index, self._rampup.batch_size)
-        return self._parent[self._rampup.consumed_before(step) + within]
-
-    def __str__(self) -> str:
-        return f"RampRows{self._rampup.setting}"
-
-
-class RowsBefore:
-    """Whether global rows count: those before `num_rows` (the rest fill one pass's last global batch)."""
-
-    def __init__(self, num_rows: int):
-        self._num_rows = num_rows
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        return rows < self._num_rows
-
-
-class PaddingRows:
-    """map_with_index over host batches: the rows `counted` (global row indices -> bool) leaves out get zero loss
-    weights and no classification label (repeats that fill a pass's last global batch, RowsBefore; rows past a
-    ramp-up step's batch, BatchRampup.counted)."""
-
-    def __init__(self, counted: Callable[[np.ndarray], np.ndarray], batch_size: int, shard_index: int,
-                 shard_count: int):
-        self._counted, self._batch_size, self._shard_index, self._shard_count = \
-            counted, batch_size, shard_index, shard_count
-
-    def __call__(self, index: int, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        first = (index * self._shard_count + self._shard_index) * self._batch_size
-        real = self._counted(np.arange(first, first + self._batch_size))
-        if real.all():
-            return batch
-        return {name: without_padding_rows(name, array, real) for name, array in batch.items()}
-
-
-def without_padding_rows(name: str, array: np.ndarray, real: np.ndarray) -> np.ndarray:
-    if name in LOSS_WEIGHTS:
-        return array * real.reshape(-1, *[1] * (array.ndim - 1)).astype(array.dtype)
-    if name == CLASSIFICATION_LABELS:
-        return np.where(real.reshape(-1, *[1] * (array.ndim - 1)), array, NO_LABEL).astype(array.dtype)
-    return array
 
 
 def host_slice(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int) -> grain.MapDataset:

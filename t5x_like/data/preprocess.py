@@ -10,9 +10,9 @@ process reads and writes; output order is input order. Writing is atomic: an int
 leaves no token file that opens as complete.
 
 Each document is written as Megatron-LM's tools/preprocess_data.py writes it with the same tokenizer: the
-tokenizer's beginning-of-text id first where it has one (Tokenizer.bos_id: a Llama tokenizer.json's `<s>` /
-`<|begin_of_text|>`, which Megatron's HuggingFaceTokenizer gets from transformers' default encoding; `--no_bos`
-leaves it out), the text's ids, then its end-of-document id (`--noappend_eod` leaves it out).
+tokenizer's beginning-of-text id first where it has one (Tokenizer.bos_id: the `<s>` / `<|begin_of_text|>` a
+tokenizer.json's post-processor puts first, which Megatron's HuggingFaceTokenizer gets from transformers' default
+encoding; `--no_bos` leaves it out), the text's ids, then its end-of-document id (`--noappend_eod` leaves it out).
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ import numpy as np
 import tqdm
 from absl import flags
 
+from t5x_like import checks
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.data.tokenizer_files import tokenizer_record
-from t5x_like import validate
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 
 FLAGS = flags.FLAGS
@@ -128,11 +128,11 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
                workers: int = 1, decode_errors: str = "strict", progress: bool = False) -> dict:
     """Tokenizes `inputs` into the token file `output_prefix` (each document after the tokenizer's beginning-of-text
     id when `bos` and it has one); returns its metadata plus timing."""
-    validate.positive_int("--workers", workers)
-    validate.output_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
+    checks.positive_int("--workers", workers)
+    checks.output_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
     paths = formats.expand_inputs(inputs)
     refuse_writing_over_inputs(output_prefix, paths)
-    tokenizer = validate.tokenizer("--tokenizer", tokenizer_path)
+    tokenizer = checks.tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
     add_bos = bos and tokenizer.bos_id is not None
     metadata = {"tokenizer": tokenizer_record(tokenizer), "append_eod": append_eod, "add_bos": add_bos,
@@ -207,7 +207,8 @@ def define_flags() -> None:
     flags.DEFINE_list("json_keys", ["text"], "JSON keys whose values (joined by a blank line) form a document.")
     flags.DEFINE_bool("append_eod", True, "Append the tokenizer's end-of-document id to every document.")
     flags.DEFINE_bool("no_bos", False, "Leave out the beginning-of-text id that otherwise opens every document when "
-                      "the tokenizer has one (a Llama tokenizer.json's <s> / <|begin_of_text|>).")
+                      "the tokenizer has one (a tokenizer whose post-processor puts a BOS such as <s> or "
+                      "<|begin_of_text|> first).")
     flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2) - 1), "Tokenizer processes.")
     flags.DEFINE_enum("decode_errors", "strict", ["strict", "replace"],
                       "Bytes that are not UTF-8: stop with an error naming file:line, or replace with U+FFFD.")

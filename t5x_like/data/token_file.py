@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from t5x_like.errors import UserError
-from t5x_like.run_lock import pid_running
+from t5x_like.run.lock import pid_running
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

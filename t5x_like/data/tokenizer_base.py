@@ -12,7 +12,6 @@ import numpy as np
 
 from t5x_like.errors import UserError
 
-
 EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "[SEP]")  # GPT-2/NeoX/Qwen2, Llama 3, Llama 2/Mistral/T5, BERT
 
 
@@ -26,7 +25,7 @@ class Tokenizer:
     bos_id: int | None = None
     """The beginning-of-text id the tokenizer's own users get before every text (`encode_prompt`; a Llama
     tokenizer.json's post-processor puts it first, as transformers encodes), None where it adds none (GPT-2,
-    GPT-NeoX, sentencepiece, CPM). Evaluation puts it before the texts it scores (t5x_like/evaluation/),
+    GPT-NeoX, sentencepiece, CPM). Evaluation puts it before the texts it scores (t5x_like/eval/),
     preprocess before each document (`encode_documents(add_bos=True)`), as Megatron's preprocess_data.py does."""
 
     def encode(self, text: str) -> list[int]:

@@ -28,11 +28,11 @@ import tokenizers
 from absl import app, flags, logging
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from t5x_like import checks
 from t5x_like.data import formats
 from t5x_like.data.cpm_tokenizer import CPM_TRANSLATION, import_jieba
 from t5x_like.data.tokenizer import WORDPIECE_SPECIAL_TOKENS, bert_wordpiece
 from t5x_like.data.tokenizer_base import EOD_TOKENS
-from t5x_like import validate
 from t5x_like.errors import UserError, exit_on_user_error
 
 FLAGS = flags.FLAGS
@@ -194,9 +194,9 @@ def train(texts: Iterable[str], kind: str, vocab_size: int, output: str, *, min_
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
-    validate.positive_int("--vocab_size", FLAGS.vocab_size)
-    validate.positive_int("--min_count", FLAGS.min_count)
-    validate.output_file("--output", FLAGS.output)
+    checks.positive_int("--vocab_size", FLAGS.vocab_size)
+    checks.positive_int("--min_count", FLAGS.min_count)
+    checks.output_file("--output", FLAGS.output)
     texts = formats.read_documents(formats.expand_inputs(FLAGS.input), FLAGS.format, FLAGS.json_keys,
                                    FLAGS.decode_errors)
     size = train(texts, FLAGS.type, FLAGS.vocab_size, FLAGS.output, min_count=FLAGS.min_count,

@@ -14,9 +14,9 @@ from jax.sharding import PartitionSpec
 import models
 from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_scores
 from models.layers import FP8_STATE
-from t5x_like import beam_search
 from t5x_like.errors import UserError
-from t5x_like.features import (DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS)
+from t5x_like.features import DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
+from t5x_like.inference import beam_search
 
 Batch = dict[str, jax.Array]
 
@@ -227,7 +227,7 @@ class LanguageModel:
     def beam_search(self, params: Any, tokens: jax.Array, valid: jax.Array, *, num_beams: int, max_new_tokens: int,
                     eod_id: int, length_penalty: float, cache_layout: tuple[Any, Any]) -> jax.Array:
         """The best beam's ids [batch, max_new_tokens] (eod_id after its end) for prompts as in decode;
-        t5x_like/beam_search.py scores and stops. `cache_layout` is for batch·num_beams rows."""
+        t5x_like/inference/beam_search.py scores and stops. `cache_layout` is for batch·num_beams rows."""
         rows, prompt_length = tokens.shape[0] * num_beams, tokens.shape[1]
         tokens, valid = jnp.repeat(tokens, num_beams, axis=0), jnp.repeat(valid, num_beams, axis=0)
         logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))

@@ -8,12 +8,11 @@ import jax
 import jax.numpy as jnp
 
 import models
-from t5x_like import beam_search
 from t5x_like.errors import UserError
-from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
-                               DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS)
-
-from t5x_like.lm.base import (Batch, Lengths, LanguageModel)
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
+                               DECODER_TARGET_TOKENS)
+from t5x_like.inference import beam_search
+from t5x_like.lm.base import Batch, LanguageModel, Lengths
 
 
 class DecoderOnlyLM(LanguageModel):

@@ -8,13 +8,12 @@ import jax
 import jax.numpy as jnp
 
 import models
-from t5x_like import beam_search
 from t5x_like.errors import UserError
-from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS,
-                               DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS, DECODER_START_ID, ENCODER_INPUT_TOKENS,
-                               ENCODER_POSITIONS, ENCODER_SEGMENT_IDS)
-
-from t5x_like.lm.base import (Batch, Lengths, LanguageModel)
+from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
+                               DECODER_START_ID, DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_POSITIONS,
+                               ENCODER_SEGMENT_IDS)
+from t5x_like.inference import beam_search
+from t5x_like.lm.base import Batch, LanguageModel, Lengths
 
 
 class EncoderDecoderLM(LanguageModel):

@@ -8,11 +8,9 @@ import jax.numpy as jnp
 
 import models
 from t5x_like.errors import UserError
-from t5x_like.features import (CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS,
-                               ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS, ENCODER_TARGET_TOKENS,
-                               ENCODER_TOKEN_TYPES, NO_LABEL)
-
-from t5x_like.lm.base import (Batch, Lengths, LanguageModel, cross_entropy_sums, variables)
+from t5x_like.features import (CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS,
+                               ENCODER_SEGMENT_IDS, ENCODER_TARGET_TOKENS, ENCODER_TOKEN_TYPES, NO_LABEL)
+from t5x_like.lm.base import Batch, LanguageModel, Lengths, cross_entropy_sums, variables
 
 
 class EncoderOnlyLM(LanguageModel):
@@ -90,4 +88,4 @@ class EncoderOnlyLM(LanguageModel):
 
     def max_prompt_length(self, max_new_tokens: int) -> None:
         raise UserError(f"{self.config.family} is an encoder-only model: it does not generate text; use a "
-                        "decoder-only or encoder-decoder checkpoint, or `t5x_like.eval --task=classification`.")
+                        "decoder-only or encoder-decoder checkpoint, or `t5x_like.eval.cli --task=classification`.")

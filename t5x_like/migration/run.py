@@ -38,7 +38,7 @@ RUN_ROWS = (
         megatron=("--vocab-file", "--merge-file", "--tokenizer-type"),
         neox=("vocab_file", "merge_file", "tokenizer_type")),
     Row(("TOKENIZER",), "HuggingFaceTokenizer's folder (with tokenizer.json, as transformers saves it: download a Hub "
-        "name first), or SentencePieceTokenizer's / Llama2Tokenizer's .model", megatron=("--tokenizer-model",)),
+        "name first), or the .model file of a sentencepiece tokenizer type", megatron=("--tokenizer-model",)),
     Row(("overrides.vocab_size",), "with no tokenizer (NullTokenizer's ids); a tokenizer's own size otherwise",
         megatron=("--vocab-size",)),
     Row(("model_config.remat_policy",), "'full'; Megatron's selective recomputation is 'minimal'",
@@ -48,8 +48,8 @@ RUN_ROWS = (
         neox=("train_epochs",)),
 )
 NO_READER = {
-    "TikTokenizer": "tiktoken files (Llama 3's tokenizer.model) have no reader here: set TOKENIZER to the model's "
-                    "tokenizer.json (its Hugging Face folder has one)",
+    "TikTokenizer": "tiktoken files (a tokenizer.model of base64 tokens and their ranks) have no reader here: set "
+                    "TOKENIZER to the model's tokenizer.json (its Hugging Face folder has one)",
     "NullTokenizer": "token ids without text (mock data): the vocabulary is --vocab-size's; set DATA_PATH to token "
                      "files",
 }

@@ -32,6 +32,7 @@ TOOL_PAGES = {
     "docs/troubleshooting.md": Page(),
     "docs/benchmarks.md": Page(),
     "docs/testing.md": Page(),
+    "docs/design.md": Page(),
     "docs/add_a_family.md": Page(),
     "docs/add_an_objective.md": Page(),
 }

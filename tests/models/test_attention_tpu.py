@@ -229,12 +229,13 @@ def quickstart_losses(synthetic_source):
     """Losses of two train steps of quickstart.gin (GPT-2 tiny, fp32) at 128 tokens with packed
     rows, on a data=2 x tensor=2 mesh, for one ATTENTION value."""
     from t5x_like import compile as compile_tool
-    from t5x_like import gin_cli, run_config, training  # noqa: F401 (gin's configurables)
+    from t5x_like.config import configurables, frontend  # noqa: F401 (gin's configurables)
     from t5x_like.experiment import build_experiment
+    from t5x_like.run import loop  # noqa: F401 (gin's configurables)
 
     def run(implementation, steps=2):
         gin.clear_config()
-        gin_cli.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", "SEQ_LEN=128",
+        frontend.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", "SEQ_LEN=128",
                                              "DATA_PARALLEL=2", "TENSOR_PARALLEL=2", f"ATTENTION='{implementation}'"],
                         [])
         with gin.unlock_config():
@@ -279,14 +280,15 @@ def v5p_compile():
     """Compile one train step of quickstart.gin's GPT-2 tiny (4 heads of 64) for v5p:2x2x1 (4 chips,
     data parallel), 4 sequences of `length` tokens in bf16: (report, compiled executable)."""
     from t5x_like import compile as compile_tool
-    from t5x_like import gin_cli, run_config, training  # noqa: F401 (gin's configurables)
+    from t5x_like.config import configurables, frontend  # noqa: F401 (gin's configurables)
+    from t5x_like.run import loop  # noqa: F401 (gin's configurables)
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     devices = compile_tool.target_devices("v5p:2x2x1")
 
     def run(implementation, length, gin_file="quickstart.gin", overrides=""):
         gin.clear_config()
-        gin_cli.parse_gin([gin_file], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", f"SEQ_LEN={length}",
+        frontend.parse_gin([gin_file], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", f"SEQ_LEN={length}",
                                        "DTYPE='bfloat16'", f"ATTENTION='{implementation}'",
                                        f"model_config.overrides={{'max_len': {length}{overrides}}}"], [])
         return compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))

@@ -9,7 +9,9 @@ import pytest
 
 import configs
 import models
-from models.gpt2 import GPT2, GPT2Config
+from models import layers
+from models.gpt2 import GPT2, GPT2Block, GPT2Config
+from tests.models.layers.references import TOL, block_params, param_paths
 
 SMALL = GPT2Config(vocab_size=300, max_len=32, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
                    dropout_rate=0.0, attention_dropout_rate=0.0)
@@ -76,6 +78,23 @@ def test_scanned_and_unrolled_layers_compute_the_same():
     a = apply(SMALL, scanned, tokens)
     b = apply(unrolled_config, unrolled, tokens)
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_block_is_layer_norms_biased_attention_and_a_gelu_tanh_mlp_in_sequence():
+    """GPT2Block: h = x + attn(ln_1 x), then h + mlp(ln_2 h), every projection with its bias, GELU(tanh)."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 32)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    params = block_params(GPT2Block(SMALL, True), x, positions)
+    assert param_paths(params) == {
+        "ln_1/scale", "ln_1/bias", "ln_2/scale", "ln_2/bias", "mlp/fc_kernel", "mlp/fc_bias", "mlp/proj_kernel",
+        "mlp/proj_bias", *(f"attn/{p}_{w}" for p in ("query", "key", "value", "out") for w in ("kernel", "bias"))}
+    norm = layers.LayerNorm(SMALL.layer_norm_eps)
+    attention = layers.Attention(4, 8, 0.02, 0.02, qkv_bias=True, out_bias=True)
+    mlp = layers.MLP(64, "gelu_tanh", 0.02, 0.02, use_bias=True)
+    h = x + attention.apply({"params": params["attn"]}, norm.apply({"params": params["ln_1"]}, x))
+    expected = h + mlp.apply({"params": params["mlp"]}, norm.apply({"params": params["ln_2"]}, h))
+    got, _ = GPT2Block(SMALL, True).apply({"params": params}, x, None, positions)
+    np.testing.assert_allclose(got, expected, **TOL)
 
 
 def test_remat_policies_keep_gradients():

@@ -1,12 +1,15 @@
-"""models/llama.py: the config's checks, its FLOPs with a sliding window, and the parameter tree of each variant
-(logits against transformers are tests/t5x_like/convert/test_llama.py's)."""
+"""models/llama.py: the config's checks, its FLOPs with a sliding window, the block it composes and the parameter
+tree of each variant (logits against transformers are tests/t5x_like/convert/test_llama.py's)."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.llama import Llama, LlamaConfig
+from models import layers
+from models.llama import Llama, LlamaBlock, LlamaConfig
+from tests.models.layers.references import TOL, block_params, param_paths
 
 TINY = LlamaConfig(vocab_size=300, num_layers=2, num_heads=4, num_key_value_heads=2, embed_dim=32, mlp_dim=48,
                    max_len=64, vocab_pad_multiple=128)
@@ -48,3 +51,25 @@ def test_parameter_tree_of_each_variant(fields, has_out, has_bias):
     assert flat["blocks/mlp/gate_kernel"] == (2, 32, 48) and flat["blocks/ln_1/scale"] == (2, 32)
     assert ("blocks/attn/query_bias" in flat) == has_bias and "blocks/attn/out_bias" not in flat
     assert "blocks/mlp/fc_bias" not in flat and "ln_f/bias" not in flat
+
+
+@pytest.mark.parametrize("fields", [{}, dict(qkv_bias=True, sliding_window=3)])
+def test_a_block_is_rms_norms_rotary_grouped_attention_and_swiglu_in_sequence(fields):
+    """LlamaBlock: h = x + attn(ln_1 x), then h + mlp(ln_2 h); RMSNorm, rotary attention over 2 key/value heads
+    (Qwen2's biases on query, key and value; Mistral's window), proj(silu(gate x) * fc x), no other biases."""
+    config = dataclasses.replace(TINY, **fields)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 6, 32)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    params = block_params(LlamaBlock(config, True), x, positions)
+    biases = {f"attn/{p}_bias" for p in ("query", "key", "value")} if config.qkv_bias else set()
+    assert param_paths(params) == {"ln_1/scale", "ln_2/scale", "mlp/gate_kernel", "mlp/fc_kernel", "mlp/proj_kernel",
+                                   *(f"attn/{p}_kernel" for p in ("query", "key", "value", "out")), *biases}
+    assert params["attn"]["key_kernel"].shape == (32, 2, 8)
+    norm = layers.RMSNorm(config.layer_norm_eps)
+    attention = layers.Attention(4, 8, 0.02, 0.02, num_kv_heads=2, qkv_bias=config.qkv_bias,
+                                 rotary=layers.Rotary(8), window=config.sliding_window)
+    mlp = layers.MLP(48, "silu", 0.02, 0.02, gated=True)
+    h = x + attention.apply({"params": params["attn"]}, norm.apply({"params": params["ln_1"]}, x), positions=positions)
+    expected = h + mlp.apply({"params": params["mlp"]}, norm.apply({"params": params["ln_2"]}, h))
+    got, _ = LlamaBlock(config, True).apply({"params": params}, x, None, positions)
+    np.testing.assert_allclose(got, expected, **TOL)

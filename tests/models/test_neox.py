@@ -12,12 +12,15 @@ import pytest
 
 import configs
 import models
-from models.neox import NeoX, NeoXConfig
+from models import layers
+from models.neox import NeoX, NeoXBlock, NeoXConfig
+from tests.models.layers.references import TOL, block_params, param_paths
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
-from t5x_like.convert import mapping, neox as convert_neox  # noqa: E402
+from t5x_like.convert import mapping
+from t5x_like.convert import neox as convert_neox  # noqa: E402
 
 LOGITS_ATOL = 1e-4  # fp32, logits of magnitude ~10
 
@@ -120,6 +123,33 @@ def test_init_follows_neox_small_and_wang_init():
     assert np.std(params["embed_out"]["embedding"]) == pytest.approx(small, rel=0.05)
     override = dataclasses.replace(config, init_std=0.02)
     assert override.input_init_std == 0.02 and override.output_init_std == wang
+
+
+def test_a_block_is_a_parallel_or_sequential_residual_of_its_layers():
+    """NeoXBlock: x + attn(ln_1 x) + mlp(ln_2 x), or with use_parallel_residual=False h = x + attn(ln_1 x), then
+    h + mlp(ln_2 h); rotary attention and an exact-GELU MLP, biases everywhere. The two residuals differ."""
+    config = NeoXConfig(vocab_size=300, max_len=32, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
+                        rotary_pct=0.5)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 32)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(3, 8), (2, 5))
+    params = block_params(NeoXBlock(config, True), x, positions)
+    assert param_paths(params) == {
+        "ln_1/scale", "ln_1/bias", "ln_2/scale", "ln_2/bias", "mlp/fc_kernel", "mlp/fc_bias", "mlp/proj_kernel",
+        "mlp/proj_bias", *(f"attn/{p}_{w}" for p in ("query", "key", "value", "out") for w in ("kernel", "bias"))}
+    norm = layers.LayerNorm(config.layer_norm_eps)
+    attention = layers.Attention(4, 8, 0.1, 0.1, qkv_bias=True, out_bias=True, rotary=layers.Rotary(4))
+    mlp = layers.MLP(64, "gelu", 0.1, 0.1, use_bias=True)
+    attended = x + attention.apply({"params": params["attn"]}, norm.apply({"params": params["ln_1"]}, x),
+                                   positions=positions)
+    expected = {parallel: attended + mlp.apply({"params": params["mlp"]}, norm.apply(
+        {"params": params["ln_2"]}, x if parallel else attended)) for parallel in (True, False)}
+    for parallel in (True, False):
+        block = NeoXBlock(dataclasses.replace(config, use_parallel_residual=parallel), True)
+        got, _ = block.apply({"params": params}, x, None, positions)
+        np.testing.assert_allclose(got, expected[parallel], **TOL, err_msg=f"parallel={parallel}")
+    assert not np.allclose(expected[True], expected[False], atol=1e-3)
+    assert ", parallel residual," in config.summary()
+    assert "parallel" not in dataclasses.replace(config, use_parallel_residual=False).summary()
 
 
 def test_config_errors_name_the_fix():

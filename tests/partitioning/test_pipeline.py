@@ -17,8 +17,10 @@ from models.llama import LlamaConfig
 from models.neox import NeoXConfig
 from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
-from t5x_like import checkpoints, optim, training
+from t5x_like import optim
+from t5x_like.checkpoint import store
 from t5x_like.experiment import build_experiment, pipeline_stack
+from t5x_like.run import loop
 from tests.support.pipeline import saved_and_restored
 
 pytestmark = pytest.mark.integration
@@ -106,9 +108,9 @@ def test_train_resumes_a_plain_checkpoint_on_a_pipeline(tmp_path, synthetic_sour
     the uninterrupted plain run's losses (same parameter and optimizer-state layout)."""
     model_dir = str(tmp_path / "run")
     common = dict(model_dir=model_dir, log_every=1, data_source=synthetic_source)
-    training.train(train_steps=3, experiment=functools.partial(experiment, make_mesh(data=8), "data_parallel"),
+    loop.train(train_steps=3, experiment=functools.partial(experiment, make_mesh(data=8), "data_parallel"),
                 **common)
-    training.train(train_steps=6, experiment=functools.partial(
+    loop.train(train_steps=6, experiment=functools.partial(
         experiment, make_mesh(data=2, stage=2, fsdp=2), "fsdp", schedule=(2, 2, 2)), **common)
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"loss"' in line]
@@ -137,7 +139,7 @@ def test_gpipe_moves_activations_not_weights():
     module = pipelined(CONFIG, 4, 4, 1, BATCH, partitioner.batch_shards)
     tokens = jax.ShapeDtypeStruct((BATCH, SEQ_LEN), "int32", sharding=partitioner.batch_sharding())
     boxed = jax.eval_shape(module.init, jax.random.PRNGKey(0), jax.numpy.zeros((1, SEQ_LEN), "int32"))
-    params = checkpoints.with_shardings(nn.meta.unbox(boxed)["params"],
+    params = store.with_shardings(nn.meta.unbox(boxed)["params"],
                                         partitioner.shardings(nn.get_partition_spec(boxed))["params"])
     with partitioner.activate():
         grad = jax.jit(jax.grad(lambda p, t: module.apply({"params": p}, t).mean()))

@@ -178,7 +178,7 @@ GCLOUD = r'''#!/usr/bin/env bash
 # command on every worker at once, as the user's shell there, with none of the local environment.
 # On a real pod, jax reads the coordinator, process count and process id from the TPU VM metadata,
 # which a CPU machine lacks: each worker gets the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-# JAX_PROCESS_ID variables that t5x_like.distributed reads instead, and CPU devices (JAX_PLATFORMS,
+# JAX_PROCESS_ID variables that t5x_like.cluster.processes reads instead, and CPU devices (JAX_PLATFORMS,
 # XLA_FLAGS). T5X_LIKE_CACHE shares this machine's builtin corpus so that no worker rebuilds it.
 set -euo pipefail
 die() { echo "gcloud stand-in: $*" >&2; exit 1; }

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from t5x_like import distributed
+from t5x_like.cluster import processes
 
 pytestmark = pytest.mark.system
 
@@ -65,7 +65,7 @@ def test_tpu_install_copies_the_tree_to_every_worker_and_installs_tpu_extras(tmp
   # The packing command really packs the working tree (and not the ignored venv).
   subprocess.run(pack, check=True, timeout=60)
   listing = subprocess.run(['tar', '-tzf', scp[5]], capture_output=True, text=True, check=True).stdout
-  assert 't5x_like/distributed.py' in listing.split() and 'scripts/tpu_pod.sh' in listing.split()
+  assert 't5x_like/cluster/processes.py' in listing.split() and 'scripts/tpu_pod.sh' in listing.split()
   assert '.venv/' not in listing
 
 
@@ -144,8 +144,8 @@ def test_slurm_sbatch_dry_run_derives_the_coordinator(tmp_path):
   result = _run('slurm_gpu.sbatch', '--dry_run', *TRAIN_ARGS, env=_fake_slurm(tmp_path, tasks=16))
   [srun] = _commands(result)
   assert srun[:2] == ['srun', '--kill-on-bad-exit=1']
-  # The same coordinator t5x_like.distributed derives from this job inside an srun step.
-  expected = distributed.detect_cluster(None, None, None, {
+  # The same coordinator t5x_like.cluster.processes derives from this job inside an srun step.
+  expected = processes.detect_cluster(None, None, None, {
       'SLURM_JOB_ID': '1234', 'SLURM_STEP_NODELIST': 'gpu-[003-30000]', 'SLURM_NTASKS': '16',
       'SLURM_PROCID': '0', 'SLURM_LOCALID': '0'}).coordinator_address
   assert _option(srun, '--coordinator_address') == expected == 'gpu-003:62674'

@@ -1,38 +1,51 @@
 """One tiny configuration per registered family (models.FAMILIES), the lengths its kind reads, and batches for it.
 
 Tests that check something every family must do (train, shard, save, convert) take the family's model from here,
-so the suite compiles one model per family where it used to compile dozens of near-identical ones, and a new
-family joins those tests by adding its line (tests/t5x_like/test_every_family.py fails until it does).
-Sizes: 2 layers; the decoder-only families 64 wide with 8 heads of 8 (Llama: 4 key/value heads) and an MLP of 128,
-so tensor=8 splits them; T5 and BERT 32 wide with 4 heads of 8 and an MLP of 64. A 256-id vocabulary padded to a
-multiple of 128, float32, no dropout.
+so the suite compiles one model per family where it used to compile dozens of near-identical ones. Nothing here
+names a family: a family's tiny model is its smallest preset (configs/<family>.py; so its own options, e.g. T5
+v1.1's gated MLP and untied head) at its kind's sizes, and a new family joins those tests as soon as it registers.
+Sizes: 2 layers; the decoder-only families 64 wide with 8 heads of 8 (4 key/value heads where the family groups
+them) and an MLP of 128, so tensor=8 splits them; encoder-decoders and encoders 32 wide with 4 heads of 8 and an
+MLP of 64. A 256-id vocabulary padded to a multiple of 128, float32, no dropout.
 """
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 
+import configs
 import models
-from models.bert import BertConfig, RobertaConfig
-from models.gpt2 import GPT2Config
-from models.llama import LlamaConfig
-from models.neox import NeoXConfig
-from models.t5 import T5Config
 
 VOCAB = 256
 SIZES = dict(vocab_size=VOCAB, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64, dropout_rate=0.0,
              vocab_pad_multiple=128, dtype="float32")
 DECODER = dict(SIZES, max_len=16, attention_dropout_rate=0.0, num_heads=8, embed_dim=64, mlp_dim=128)
 ENCODER = dict(SIZES, max_len=32, attention_dropout_rate=0.0)
+SHAPES = {"decoder_only": DECODER, "encoder_decoder": SIZES, "encoder_only": ENCODER}
+"""kind -> the sizes of its tiny models."""
 
-TINY: dict[str, models.FamilyConfig] = {
-    "gpt2": GPT2Config(**DECODER),
-    "neox": NeoXConfig(**DECODER),
-    "llama": LlamaConfig(**DECODER, num_key_value_heads=4),
-    "t5": T5Config(**SIZES, num_decoder_layers=2, d_kv=8, feed_forward="gated-gelu", tie_word_embeddings=False),
-    "bert": BertConfig(**ENCODER),
-    "roberta": RobertaConfig(**{**ENCODER, "max_len": 34}),
-}
+
+def smallest_preset(family: str) -> dict:
+    """The values of the family's preset with the fewest layers, then the narrowest (the first such)."""
+    presets = [configs.get_model_config(name).to_dict() for name in configs.PRESETS]
+    return min((p for p in presets if p["family"] == family), key=lambda p: (p["num_layers"], p["embed_dim"]))
+
+
+def tiny(family: str) -> models.FamilyConfig:
+    """The family's smallest preset at its kind's sizes, with what those sizes imply for the fields a family
+    may have: half as many key/value heads as heads, a decoder stack as deep as the encoder's, heads as wide as
+    embed_dim / num_heads, and positions past the padding id's offset."""
+    entry = models.FAMILIES[family]
+    fields = {f.name for f in dataclasses.fields(entry.config)}
+    values = {**smallest_preset(family), **SHAPES[entry.kind]}
+    implied = {"num_key_value_heads": values["num_heads"] // 2, "num_decoder_layers": values["num_layers"],
+               "d_kv": values["embed_dim"] // values["num_heads"],
+               "max_len": values.get("max_len", 0) + values.get("position_offset", 0)}
+    return models.config_from_dict({**values, **{k: v for k, v in implied.items() if k in fields}})
+
+
+TINY: dict[str, models.FamilyConfig] = {family: tiny(family) for family in models.FAMILIES}
 """family -> its tiny config."""
 
 LENGTHS = {"decoder_only": {"targets": 16}, "encoder_decoder": {"inputs": 16, "targets": 8},

@@ -1,4 +1,4 @@
-"""The train step (t5x_like.trainer) run in-process on a mesh: a tiny GPT-2, its batches, and a loop over them.
+"""The train step (t5x_like.step_fns) run in-process on a mesh: a tiny GPT-2, its batches, and a loop over them.
 tests/t5x_like/test_trainer.py and the tests that compare other settings with it (FP8, T5) share these.
 The train() loop's helpers are in tests/support/training.py."""
 import logging

@@ -1,4 +1,4 @@
-"""train() (t5x_like.training) in-process on a tiny GPT-2, and what a run leaves in its directory (the losses it
+"""train() (t5x_like.run.loop) in-process on a tiny GPT-2, and what a run leaves in its directory (the losses it
 logged, its last checkpoint's parameters). tests/t5x_like/test_train.py and the tests that resume or compare
 other runs with it (T5, scan layouts) share these. The train step's helpers are in tests/support/trainer.py."""
 import functools
@@ -9,8 +9,10 @@ import jax
 
 from models.gpt2 import GPT2Config
 from partitioning import make_mesh
-from t5x_like import checkpoints, optim, training
+from t5x_like import optim
+from t5x_like.checkpoint import store
 from t5x_like.experiment import build_experiment
+from t5x_like.run import loop
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
@@ -26,7 +28,7 @@ def experiment(mesh=None, total_steps=20, **settings):
 
 def run(model_dir, source, *, steps, mesh=None, total_steps=20, settings=None, **kwargs):
     kwargs = dict(dict(checkpoint_every=10, eval_every=0, log_every=1), **kwargs)
-    return training.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
+    return loop.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
                        experiment=experiment(mesh, total_steps, **(settings or {})), **kwargs)
 
 
@@ -36,5 +38,5 @@ def losses(model_dir):
 
 
 def params_at(model_dir):
-    _, step = checkpoints.locate(str(model_dir))
-    return step, jax.device_get(checkpoints.restore_params(str(model_dir), None))
+    _, step = store.locate(str(model_dir))
+    return step, jax.device_get(store.restore_params(str(model_dir), None))

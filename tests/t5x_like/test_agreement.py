@@ -1,9 +1,10 @@
-"""t5x_like.agreement and distributed's start-up messages, in-process (the real processes are in
+"""t5x_like.cluster.agreement and distributed's start-up messages, in-process (the real processes are in
 test_multihost_faults.py and test_distributed.py)."""
 import gin
 import pytest
 
-from t5x_like import agreement, cluster, distributed
+from t5x_like.cluster import agreement, peers, processes
+from t5x_like.config import bindings
 
 
 def test_differences_name_the_setting_both_values_and_the_process():
@@ -36,7 +37,7 @@ def test_run_facts_hold_the_gin_macros_the_data_files_and_the_checkpoint(tmp_pat
     (tmp_path / "data" / "corpus.bin").write_bytes(b"x" * 3_000_000)  # longer than the two MiB read
     (tmp_path / "data" / "corpus.idx").write_bytes(b"index")
     (tmp_path / "tok.json").write_text("{}")
-    facts = agreement.run_facts(7, ["data/corpus", "tok.json", None])
+    facts = agreement.run_facts(7, ["data/corpus", "tok.json", None], bindings.every_binding())
     assert facts["TRAIN_STEPS"] == "20" and facts["DATA_PATH"] == "'data/corpus'"
     assert facts["the checkpoint to resume"] == "step 7" and "jax" in facts["versions"]
     assert facts["file data/corpus.bin"].startswith("3,000,000 bytes, sha256 ")
@@ -45,11 +46,11 @@ def test_run_facts_hold_the_gin_macros_the_data_files_and_the_checkpoint(tmp_pat
     with open(tmp_path / "data" / "corpus.bin", "r+b") as f:  # the same size, another last MiB
         f.seek(2_900_000)
         f.write(b"y")
-    assert agreement.run_facts(7, ["data/corpus"])["file data/corpus.bin"] != before
+    assert agreement.run_facts(7, ["data/corpus"], {})["file data/corpus.bin"] != before
 
 
 def test_one_process_agrees_with_itself():
-    assert not cluster.active()
+    assert not peers.active()
     agreement.agree({"TRAIN_STEPS": "20"})  # returns at once
 
 
@@ -60,7 +61,7 @@ def test_one_process_agrees_with_itself():
     (4, 2, "process 2: process 0 (the coordinator at 10.0.0.1:8476) or another of the 4 processes did not connect"),
 ])
 def test_a_missing_process_is_named_as_far_as_this_process_can_tell(count, me, says):
-    message = distributed.not_connected_message(distributed.ClusterSpec("flags", "10.0.0.1:8476", count, me), 9)
+    message = processes.not_connected_message(processes.ClusterSpec("flags", "10.0.0.1:8476", count, me), 9)
     assert message.startswith(says) and message.endswith("raise --initialization_timeout_seconds (now 9) if some "
                                                          "start later.")
 
@@ -68,4 +69,4 @@ def test_a_missing_process_is_named_as_far_as_this_process_can_tell(count, me, s
 @pytest.mark.parametrize("flag", ["initialization_timeout", "heartbeat_timeout_seconds"])
 def test_timeouts_must_be_positive(flag):
     with pytest.raises(ValueError, match=r"timeout_seconds=0: must be >= 1"):
-        distributed.initialize(**{flag: 0})
+        processes.initialize(**{flag: 0})

@@ -39,11 +39,14 @@ def call_cli(cli: str, argv: list[str]) -> int | str | None:
     if cli in ("train", "compile"):
         import gin
 
-        from t5x_like import cli as cli_flags, compile as compile_cli, gin_cli, train
+        from t5x_like import compile as compile_cli
+        from t5x_like import train
+        from t5x_like.config import cli as cli_flags
+        from t5x_like.config import frontend
         train.FLAGS.unparse_flags()
         gin.clear_config()
         cli_flags.parse_flags([cli, *argv])
-        main = train.main if cli == "train" else exit_on_user_error(gin_cli.plain_user_errors(compile_cli.main))
+        main = train.main if cli == "train" else exit_on_user_error(frontend.plain_user_errors(compile_cli.main))
         argv = []
     elif cli in ("preprocess", "train_tokenizer"):
         from absl import flags
@@ -53,7 +56,7 @@ def call_cli(cli: str, argv: list[str]) -> int | str | None:
         flags.FLAGS([cli, *argv])
         main, argv = module.main, []
     else:
-        module = {"generate": "t5x_like.generate", "eval": "t5x_like.eval", "convert": "t5x_like.convert.__main__",
+        module = {"generate": "t5x_like.generate", "eval": "t5x_like.eval.cli", "convert": "t5x_like.convert.__main__",
                   "plot": "t5x_like.plot"}[cli]
         main = exit_on_user_error(__import__(module, fromlist=["main"]).main)
     try:
@@ -104,12 +107,13 @@ def write_run(model_dir: str, steps: dict[int, float], tokenizer: str | None = N
     """A MODEL_DIR whose checkpoints (written as train writes them, checksums included) hold random
     parameters; a NaN value for a step puts NaN into one of its parameters."""
     from models.gpt2 import GPT2Config
-    from t5x_like import checkpoints, inference
+    from t5x_like.checkpoint import store
+    from t5x_like.inference import loading
 
     config = GPT2Config(**CONFIG)
-    abstract, _ = inference.abstract_params(config)
+    abstract, _ = loading.abstract_params(config)
     leaves, treedef = jax.tree.flatten(abstract)
-    ckpt = checkpoints.Checkpointer(model_dir, keep=10)
+    ckpt = store.Checkpointer(model_dir, keep=10)
     for step, poison in steps.items():
         keys = jax.random.split(jax.random.PRNGKey(step), len(leaves))
         params = [0.1 * jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves)]
@@ -190,21 +194,21 @@ def test_the_older_step_the_error_names_reads(runs, tmp_path):
 
 
 def test_restore_from_a_damaged_checkpoint_is_refused_too(runs):
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
 
-    with pytest.raises(checkpoints.CorruptCheckpointError, match="checkpoints/2 is damaged: .*checksum mismatch"):
-        checkpoints.restore_params(runs["flipped"], None)
+    with pytest.raises(store.CorruptCheckpointError, match="checkpoints/2 is damaged: .*checksum mismatch"):
+        store.restore_params(runs["flipped"], None)
 
 
 def test_from_hf_checkpoints_carry_checksums(runs, tmp_path):
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
     from t5x_like.convert import hf
 
     step_dir = hf.from_hf(runs["hf"], str(tmp_path / "imported"))
-    assert checkpoints.verify_manifest(step_dir)
+    assert store.verify_manifest(step_dir)
     flip_a_byte(step_dir)
-    with pytest.raises(checkpoints.CorruptCheckpointError, match="checksum mismatch.*no older step"):
-        checkpoints.restore_params(str(tmp_path / "imported"), None)
+    with pytest.raises(store.CorruptCheckpointError, match="checksum mismatch.*no older step"):
+        store.restore_params(str(tmp_path / "imported"), None)
 
 
 # ---------------------------------------------------------------- the table of bad inputs
@@ -513,14 +517,14 @@ def test_bad_inputs_of_the_data_tools_are_one_error_line(runs, tmp_path, cli):
 def test_a_refused_output_leaves_the_checkpoint_as_it_was(runs, tmp_path):
     """`convert to-torch RUN RUN/checkpoints/2/params/_METADATA` wrote over a file of the checkpoint; now refused,
     the step still verifies (every file's checksum) and reads."""
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
 
     values = placeholders(runs, str(tmp_path))
     step = os.path.join(values["run"], "checkpoints", "2")
     for argv in (["to-torch", values["good"], os.path.join(step, "params", "_METADATA")],
                  ["to-hf", values["good"], step], ["to-hf", values["good"], values["run"]]):
         assert judge("convert", argv)[0] == "clear"
-    assert checkpoints.verify_manifest(step)
+    assert store.verify_manifest(step)
     assert judge("convert", ["to-torch", values["run"], str(tmp_path / "state.pt")])[0] == "silent"
 
 
@@ -576,11 +580,11 @@ def test_outputs_go_into_new_folders_made_before_the_work(runs, tmp_path):
 
 def test_a_mistake_in_the_extra_gin_file_names_its_line(tmp_path, monkeypatch):
     """T5X_LIKE_EXTRA_GIN's file is checked as --gin_file's are."""
-    from t5x_like import gin_cli
+    from t5x_like.config import frontend
 
     extra = tmp_path / "extra.gin"
     extra.write_text("train.log_every = 5\nmodel_config.overrides = {'num_layers': 1,\n")
-    monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(extra))
+    monkeypatch.setenv(frontend.EXTRA_GIN_ENV, str(extra))
     outcome, line = judge("train", [a.format(tmp=tmp_path) for a in QUICK])
     assert (outcome, line) == ("clear", f"error: {extra}:2: `{{` is never closed (the file ends inside it); add the `}}`.")
 
@@ -711,25 +715,26 @@ def inject(fault: str) -> None:
     The size limit is RLIMIT_FSIZE (EFBIG, "File too large"), standing in for a full disk (ENOSPC), which needs
     a mounted filesystem of limited size: both fail the same writes with an errno."""
     import resource
-    from t5x_like import checkpoints
+
+    from t5x_like.checkpoint import store
 
     if fault == "full_at_start":
         resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))
     elif fault == "full_after_first_checkpoint":
-        finalise = checkpoints.Checkpointer._on_finalise
+        finalise = store.Checkpointer._on_finalise
 
         def _on_finalise(self):
             finalise(self)
             resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
-        checkpoints.Checkpointer._on_finalise = _on_finalise
+        store.Checkpointer._on_finalise = _on_finalise
     else:  # removed once step 4's files are written, before orbax commits them (earlier, orbax may write them anew)
-        finalise = checkpoints.Checkpointer._on_finalise
+        finalise = store.Checkpointer._on_finalise
 
         def remove_then_finalise(self):
             if self._saving == 4:
                 shutil.rmtree(self.directory, ignore_errors=True)
             finalise(self)
-        checkpoints.Checkpointer._on_finalise = remove_then_finalise
+        store.Checkpointer._on_finalise = remove_then_finalise
 
 
 def last_line(stderr: str) -> str:
@@ -750,7 +755,7 @@ def last_line(stderr: str) -> str:
 def test_a_storage_fault_while_training_is_one_line(tmp_path, compile_cache, fault, expected):
     """A full disk at start or mid-run, or checkpoints/ removed during an async save: one line naming the path and
     the fix (no orbax or tensorstore traceback), the last good checkpoint intact (every checksum)."""
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
 
     done = train_with_fault(fault, tmp_path, compile_cache)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -759,7 +764,7 @@ def test_a_storage_fault_while_training_is_one_line(tmp_path, compile_cache, fau
     assert all(part.format(cwd=tmp_path) in line for part in expected), line
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
     if fault == "full_after_first_checkpoint":
-        assert checkpoints.verify_manifest(str(tmp_path / "run" / "checkpoints" / "2"))
+        assert store.verify_manifest(str(tmp_path / "run" / "checkpoints" / "2"))
     if fault == "full_at_start":
         assert not os.path.exists(tmp_path / "run")
 
@@ -791,7 +796,7 @@ def test_a_read_only_checkpoints_folder_ends_the_run_after_its_line(tmp_path, co
 def test_storage_faults_are_read_from_what_orbax_and_tensorstore_raise(runs, tmp_path):
     """The errors a full disk, a removed folder and a read-only folder raised in real runs (tensorstore's status
     text, a Python OSError) give the path and the fix; a damaged newest step is passed over."""
-    from t5x_like import storage
+    from t5x_like.checkpoint import storage
 
     step = "/r/checkpoints/4.orbax-checkpoint-tmp/params.orbax-checkpoint-tmp/ocdbt.process_0"
     full = ValueError(f'RESOURCE_EXHAUSTED: Error writing "b/0.0" in OCDBT database at local file "{step}/": Failed '
@@ -823,7 +828,8 @@ def test_storage_faults_are_read_from_what_orbax_and_tensorstore_raise(runs, tmp
 
 
 if __name__ == "__main__" and sys.argv[1] == "train_with_fault":  # the subprocess of train_with_fault
-    from t5x_like import cli, train
+    from t5x_like import train
+    from t5x_like.config import cli
     from t5x_like.errors import run_absl_app
 
     inject(sys.argv[2])

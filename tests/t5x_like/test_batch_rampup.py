@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from partitioning import make_mesh
-from t5x_like import gin_cli
+from t5x_like.config import frontend
 from t5x_like.data import make_source
 from t5x_like.data.rampup import BatchRampup, batch_rampup
 from t5x_like.data.token_file import TokenFileWriter
@@ -91,7 +91,7 @@ def test_a_run_counted_in_epochs_cannot_ramp_up():
     gin.clear_config()
     try:
         with pytest.raises(UserError, match=r"EPOCHS=2 with BATCH_SIZE_RAMPUP: a pass over the data is no whole number"):
-            gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='unused'", "EPOCHS=2", "BATCH_SIZE_RAMPUP=(4, 4, 64)"],
+            frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='unused'", "EPOCHS=2", "BATCH_SIZE_RAMPUP=(4, 4, 64)"],
                               [])
     finally:
         gin.clear_config()

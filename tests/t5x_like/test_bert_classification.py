@@ -14,16 +14,17 @@ import pytest
 
 from models.bert import BertConfig
 from partitioning import make_mesh
-from t5x_like import eval as eval_cli
-from t5x_like import checkpoints, optim, training
+from t5x_like import optim
+from t5x_like.checkpoint import store
 from t5x_like.data import load_tokenizer, make_source
 from t5x_like.data.objectives.classification import classification_examples, encode_pair, read_labelled
 from t5x_like.data.objectives.mlm import mlm_vocabulary
 from t5x_like.errors import UserError
+from t5x_like.eval import cli as eval_cli
 from t5x_like.experiment import build_experiment
+from t5x_like.features import CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS, ENCODER_TOKEN_TYPES
 from t5x_like.lm import make_lm
-from t5x_like.features import (CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS,
-                               ENCODER_TOKEN_TYPES)
+from t5x_like.run import loop
 
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "away", "it", "was", "red", "blue", "big",
          "small", "tree", "house", "river", "stone", "alpha", "omega"]
@@ -142,7 +143,7 @@ def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_
         optimizer=optim.make_optimizer(learning_rate=2e-3, warmup_steps=5, total_steps=80, weight_decay=0.01),
         feature_lengths=LENGTHS)
     with caplog.at_level("WARNING"):
-        training.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
+        loop.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
                     eval_every=40, eval_steps=6, log_every=20, checkpoint_every=40)
     said = [r.getMessage() for r in caplog.records if "EVAL_STEPS=6" in r.getMessage()]
     assert len(said) == 1 and "holds only 5 global batches" in said[0]
@@ -192,10 +193,10 @@ def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):
     experiment = functools.partial(
         build_experiment, model=config, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=8,
         optimizer=optim.make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=2), feature_lengths=LENGTHS)
-    training.train(model_dir=str(tmp_path / name), train_steps=2, data_source=source, experiment=experiment,
+    loop.train(model_dir=str(tmp_path / name), train_steps=2, data_source=source, experiment=experiment,
                 restore_from=restore_from, checkpoint_every=2, log_every=1)
-    info = checkpoints.read_model_info(str(tmp_path / name))
-    return checkpoints.restore_params(str(tmp_path / name), checkpoints.stored_param_shapes(str(tmp_path / name))), info
+    info = store.read_model_info(str(tmp_path / name))
+    return store.restore_params(str(tmp_path / name), store.stored_param_shapes(str(tmp_path / name))), info
 
 
 @pytest.mark.integration
@@ -203,7 +204,7 @@ def test_restore_from_a_masked_lm_checkpoint_keeps_the_encoder_and_starts_the_cl
                                                                                                   tmp_path):
     mlm = dataclasses.replace(CONFIG, head="mlm", num_labels=2, labels=())
     pretrained = nn.meta.unbox(make_lm(mlm).init(jax.random.key(7), LENGTHS))
-    checkpoints.save_params(str(tmp_path / "mlm"), 0, pretrained, {"config": dataclasses.asdict(mlm),
+    store.save_params(str(tmp_path / "mlm"), 0, pretrained, {"config": dataclasses.asdict(mlm),
                                                                      "tokenizer": tokenizer_path})
     params, info = restored_run(tmp_path, "cls", CONFIG, str(tmp_path / "mlm"), tokenizer_path, ["neg", "pos"])
     assert info["config"]["head"] == "classification" and info["config"]["labels"] == ["neg", "pos"]
@@ -215,7 +216,7 @@ def test_restore_from_a_masked_lm_checkpoint_keeps_the_encoder_and_starts_the_cl
     three = make_lm(dataclasses.replace(CONFIG, num_labels=3, labels=("neg", "pos", "odd")))
     abstract, _ = three.abstract_params()
     replicated = jax.sharding.NamedSharding(make_mesh(data=1, devices=jax.devices()[:1]), jax.sharding.PartitionSpec())
-    restored, fresh = checkpoints.restore_pretrained(
+    restored, fresh = store.restore_pretrained(
         str(tmp_path / "cls"), jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
                                             abstract), ("mlm_head", "classifier_head"))
     assert fresh == ["classifier_head"] and set(restored) == set(shared)

@@ -1,11 +1,11 @@
-"""t5x_like/checkpoints.py's saving options (its restore, integrity and layout are tested through the trainer in
+"""t5x_like/checkpoint/store.py's saving options (its restore, integrity and layout are tested through the trainer in
 test_reliability.py, test_train.py and test_golden_checkpoints.py)."""
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning import make_mesh
-from t5x_like import checkpoints
+from t5x_like.checkpoint import store
 
 
 def saved_slices(tmp_path, monkeypatch, params) -> list[tuple[int, ...]]:
@@ -16,7 +16,7 @@ def saved_slices(tmp_path, monkeypatch, params) -> list[tuple[int, ...]]:
     monkeypatch.setattr(jax.lax, "slice_in_dim", lambda x, *a, **k: cut.append(x.shape) or slice_in_dim(x, *a, **k))
     replicated = NamedSharding(make_mesh(data=8), PartitionSpec())
     params = {name: jax.device_put(value, replicated) for name, value in params.items()}
-    ckpt = checkpoints.Checkpointer(str(tmp_path / "run"))
+    ckpt = store.Checkpointer(str(tmp_path / "run"))
     try:
         ckpt.save(1, params=params, train_state={"step": np.int32(1), "opt_state": {}},
                   data_state={}, model={})
@@ -35,6 +35,6 @@ def test_small_replicated_arrays_are_written_whole_and_large_ones_split_among_re
     rng = np.random.default_rng(0)
     small = {"kernel": rng.normal(size=(64, 96)).astype(np.float32), "bias": np.arange(96, dtype=np.float32)}
     assert saved_slices(tmp_path / "small", monkeypatch, small) == []
-    rows = 8 * checkpoints.REPLICA_PARALLEL_MIN_BYTES // (4 * 1024)  # 8 replicas' shares of the minimum each
+    rows = 8 * store.REPLICA_PARALLEL_MIN_BYTES // (4 * 1024)  # 8 replicas' shares of the minimum each
     large = {"embedding": rng.normal(size=(rows, 1024)).astype(np.float32)}
     assert saved_slices(tmp_path / "large", monkeypatch, large) == [(rows, 1024)] * 8

@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from t5x_like import compile as compile_tool
-from t5x_like import gin_cli, run_config, training  # noqa: F401 (gin's configurables)
+from t5x_like.config import frontend
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 
@@ -22,10 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture
 def quickstart():
-    """Parse quickstart.gin (GPT-2 tiny, fp32) with extra bindings, as the CLI does."""
+    """Parse quickstart.gin (GPT-2 tiny, fp32) with extra bindings, as the CLI does: the run's settings."""
     def parse(*bindings):
         gin.clear_config()
-        gin_cli.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, f"BATCH_SIZE={BATCH}",
+        return frontend.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, f"BATCH_SIZE={BATCH}",
                                               f"SEQ_LEN={SEQ_LEN}", *bindings], [])
     yield parse
     gin.clear_config()
@@ -59,10 +59,10 @@ def peak_rss_growth(fn) -> int:
 def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
     """The state on device 0 is exactly state_bytes_per_device; a step's resident-memory rise, per
     device, is temp_bytes_per_device within a factor of 1.5 (measured: 1.00)."""
-    quickstart("FSDP_PARALLEL=2")
+    settings = quickstart("FSDP_PARALLEL=2")
     devices = jax.devices()
-    report, step = compile_tool.compile_step(devices, None)
-    exp = build_experiment(mesh=compile_tool.mesh_for(devices))
+    report, step = compile_tool.compile_step(devices, None, settings)
+    exp = build_experiment(mesh=compile_tool.mesh_for(devices, settings))
     state, num_params = exp.init_state(), exp.num_params
     with exp.partitioner.activate():
         on_device_0 = sum(shard.data.nbytes for x in jax.tree.leaves(state) for shard in x.addressable_shards
@@ -86,8 +86,7 @@ def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
 
 @pytest.mark.system
 def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path):
-    quickstart("FSDP_PARALLEL=2")
-    fsdp2, _ = compile_tool.compile_step(jax.devices(), None)
+    fsdp2, _ = compile_tool.compile_step(jax.devices(), None, quickstart("FSDP_PARALLEL=2"))
     output = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "t5x_like.compile", "--gin_file=quickstart.gin", "--topology=cpu:8",
                            f"--gin.BATCH_SIZE={BATCH}", f"--gin.SEQ_LEN={SEQ_LEN}", "--gin.FSDP_PARALLEL=8",
@@ -104,7 +103,7 @@ def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path
 
 
 def test_a_state_that_does_not_fit_fails_before_compiling(quickstart, monkeypatch):
-    quickstart("FSDP_PARALLEL=8")
+    quickstart("FSDP_PARALLEL=8")  # compile_step reads the settings of the configuration parsed
     monkeypatch.setattr(compile_tool, "compile_or_explain", lambda *a: pytest.fail("compiled although it cannot fit"))
     with pytest.raises(compile_tool.DoesNotFit, match=r"needs 0.01 GiB per device but a device has 0.00 GiB.*"
                                                       "FSDP_PARALLEL"):
@@ -114,8 +113,8 @@ def test_a_state_that_does_not_fit_fails_before_compiling(quickstart, monkeypatc
 def test_tpu_topology_compiles_without_tpus(quickstart):
     pytest.importorskip("libtpu", reason="needs libtpu (pip install 'jax[tpu]')")
     devices = compile_tool.target_devices("v5e:2x2")
-    quickstart("FSDP_PARALLEL=4")
-    report, _ = compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))
+    settings = quickstart("FSDP_PARALLEL=4")
+    report, _ = compile_tool.compile_step(devices, compile_tool.device_memory(devices, None), settings)
     assert report["device_kind"] == "TPU v5 lite" and report["device_memory_bytes"] == 16 << 30
     assert report["fits"] and report["state_bytes_per_device"] < report["argument_bytes_per_device"]
     assert report["step_seconds_at_peak"] == pytest.approx(report["analytic_flops_per_step"] / (4 * 197e12))
@@ -133,8 +132,8 @@ def test_two_tpu_slices_compile_with_a_dcn_data_axis(quickstart):
     assert {d.slice_index for d in mesh.devices[:4].flat} == {0} and {d.slice_index for d in mesh.devices[4:].flat} == {1}
     with pytest.raises(UserError, match="DCN_DATA_PARALLEL=4 multiply to 4, but the devices form 2 slices"):
         make_mesh(data=8, dcn_data=4, devices=devices)
-    quickstart("DATA_PARALLEL=8", "DCN_DATA_PARALLEL=2")
-    report, _ = compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))
+    settings = quickstart("DATA_PARALLEL=8", "DCN_DATA_PARALLEL=2")
+    report, _ = compile_tool.compile_step(devices, compile_tool.device_memory(devices, None), settings)
     assert report["devices"] == 8 and report["fits"]
 
 

@@ -1,4 +1,4 @@
-"""t5x_like.distributed: job detection (in-process) and real two-process runs (subprocesses).
+"""t5x_like.cluster.processes: job detection (in-process) and real two-process runs (subprocesses).
 
 Run as a script, this file is the worker of the two-process tests:
 `python test_distributed.py MODE PORT PROCESS_ID`.
@@ -17,7 +17,7 @@ import jax
 import pytest
 from jax.experimental import multihost_utils
 
-from t5x_like import cluster, distributed
+from t5x_like.cluster import peers, processes
 
 _LAUNCH_VARS = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'JAX_COORDINATOR_PORT')
 
@@ -32,8 +32,8 @@ def _slurm_env(**overrides: str) -> dict[str, str]:
 
 
 def test_explicit_flags_give_the_spec():
-    spec = distributed.detect_cluster('10.0.0.1:8476', 4, 3, {})
-    assert spec == distributed.ClusterSpec('flags', '10.0.0.1:8476', 4, 3)
+    spec = processes.detect_cluster('10.0.0.1:8476', 4, 3, {})
+    assert spec == processes.ClusterSpec('flags', '10.0.0.1:8476', 4, 3)
 
 
 @pytest.mark.parametrize('given, missing', [
@@ -43,7 +43,7 @@ def test_explicit_flags_give_the_spec():
 ])
 def test_partial_flags_name_what_is_missing(given, missing):
     with pytest.raises(ValueError, match=f'but not {missing}. Set all of'):
-        distributed.detect_cluster(*given, {})
+        processes.detect_cluster(*given, {})
 
 
 @pytest.mark.parametrize('given, message', [
@@ -53,54 +53,54 @@ def test_partial_flags_name_what_is_missing(given, missing):
 ])
 def test_bad_flags_are_rejected(given, message):
     with pytest.raises(ValueError, match=message):
-        distributed.detect_cluster(*given, {})
+        processes.detect_cluster(*given, {})
 
 
 def test_one_process_needs_no_initialisation():
-    assert distributed.detect_cluster('10.0.0.1:8476', 1, 0, {}) is None
-    assert distributed.detect_cluster(None, None, None, _slurm_env(SLURM_NTASKS='1', SLURM_PROCID='0')) is None
+    assert processes.detect_cluster('10.0.0.1:8476', 1, 0, {}) is None
+    assert processes.detect_cluster(None, None, None, _slurm_env(SLURM_NTASKS='1', SLURM_PROCID='0')) is None
 
 
 def test_nothing_detected_means_single_process():
-    assert distributed.detect_cluster(None, None, None, {'HOME': '/root'}) is None
+    assert processes.detect_cluster(None, None, None, {'HOME': '/root'}) is None
 
 
 def test_jax_environment_variables():
     env = {'JAX_COORDINATOR_ADDRESS': 'host0:1234', 'JAX_NUM_PROCESSES': '8', 'JAX_PROCESS_ID': '5'}
-    spec = distributed.detect_cluster(None, None, None, env)
+    spec = processes.detect_cluster(None, None, None, env)
     assert (spec.coordinator_address, spec.num_processes, spec.process_id) == ('host0:1234', 8, 5)
     assert spec.source == 'JAX_* environment variables'
 
 
 def test_partial_jax_environment_is_an_error():
     with pytest.raises(ValueError, match='not JAX_NUM_PROCESSES, JAX_PROCESS_ID'):
-        distributed.detect_cluster(None, None, None, {'JAX_COORDINATOR_ADDRESS': 'host0:1234'})
+        processes.detect_cluster(None, None, None, {'JAX_COORDINATOR_ADDRESS': 'host0:1234'})
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' is not an integer"):
-        distributed.detect_cluster(None, None, None, {'JAX_COORDINATOR_ADDRESS': 'h:1',
+        processes.detect_cluster(None, None, None, {'JAX_COORDINATOR_ADDRESS': 'h:1',
                                                       'JAX_NUM_PROCESSES': 'two', 'JAX_PROCESS_ID': '0'})
 
 
 def test_slurm_step_gives_coordinator_count_and_rank():
-    spec = distributed.detect_cluster(None, None, None, _slurm_env())
+    spec = processes.detect_cluster(None, None, None, _slurm_env())
     # jax's convention: port 61440 + job id % 4096 -> 61440 + 1234.
-    assert spec == distributed.ClusterSpec('SLURM', 'gpu-003:62674', 2, 1)
+    assert spec == processes.ClusterSpec('SLURM', 'gpu-003:62674', 2, 1)
 
 
 def test_slurm_port_can_be_overridden():
-    spec = distributed.detect_cluster(None, None, None, _slurm_env(JAX_COORDINATOR_PORT='29500'))
+    spec = processes.detect_cluster(None, None, None, _slurm_env(JAX_COORDINATOR_PORT='29500'))
     assert spec.coordinator_address == 'gpu-003:29500'
 
 
 def test_slurm_without_srun_is_not_detected():
     env = _slurm_env()
     del env['SLURM_LOCALID']  # the batch script itself, not a task of an srun step
-    assert distributed.detect_cluster(None, None, None, env) is None
+    assert processes.detect_cluster(None, None, None, env) is None
 
 
 def test_precedence_flags_then_jax_env_then_slurm():
     env = _slurm_env(JAX_COORDINATOR_ADDRESS='envhost:1', JAX_NUM_PROCESSES='3', JAX_PROCESS_ID='2')
-    assert distributed.detect_cluster('flaghost:2', 5, 4, env).coordinator_address == 'flaghost:2'
-    assert distributed.detect_cluster(None, None, None, env).coordinator_address == 'envhost:1'
+    assert processes.detect_cluster('flaghost:2', 5, 4, env).coordinator_address == 'flaghost:2'
+    assert processes.detect_cluster(None, None, None, env).coordinator_address == 'envhost:1'
 
 
 @pytest.mark.parametrize('nodelist, first', [
@@ -112,7 +112,7 @@ def test_precedence_flags_then_jax_env_then_slurm():
     ('a[08-10]-ib,b1', 'a08-ib'),
 ])
 def test_first_slurm_host(nodelist, first):
-    assert distributed.first_slurm_host(nodelist) == first
+    assert processes.first_slurm_host(nodelist) == first
 
 
 @pytest.mark.parametrize('tasks, visible, local_ids', [
@@ -124,26 +124,26 @@ def test_slurm_one_gpu_per_process_only_with_several_tasks_per_node(tasks, visib
     env = _slurm_env(SLURM_NTASKS=tasks, SLURM_LOCALID='3')
     if visible is not None:
         env['CUDA_VISIBLE_DEVICES'] = visible
-    assert distributed.detect_cluster(None, None, None, env).local_device_ids == local_ids
+    assert processes.detect_cluster(None, None, None, env).local_device_ids == local_ids
     # The same holds when the coordinator comes from flags (the sbatch script passes them).
-    assert distributed.detect_cluster('gpu-003:1', 16, 1, env).local_device_ids == local_ids
+    assert processes.detect_cluster('gpu-003:1', 16, 1, env).local_device_ids == local_ids
 
 
 @pytest.fixture
 def cloud_tpu_vm(monkeypatch):
     """Pretends this machine has TPU chips attached and libtpu installed."""
-    monkeypatch.setattr(distributed.glob, 'glob', lambda pattern: ['/dev/accel0'] if 'accel' in pattern else [])
-    monkeypatch.setattr(distributed.importlib.util, 'find_spec', lambda name: object())
+    monkeypatch.setattr(processes.glob, 'glob', lambda pattern: ['/dev/accel0'] if 'accel' in pattern else [])
+    monkeypatch.setattr(processes.importlib.util, 'find_spec', lambda name: object())
 
 
 def test_cloud_tpu_vm_is_left_to_jax_cluster_detection(cloud_tpu_vm):
-    spec = distributed.detect_cluster(None, None, None, {})
-    assert spec == distributed.ClusterSpec('Cloud TPU VM (jax cluster detection)')
-    assert distributed.detect_cluster(None, None, None, {'JAX_PLATFORMS': 'cpu'}) is None
+    spec = processes.detect_cluster(None, None, None, {})
+    assert spec == processes.ClusterSpec('Cloud TPU VM (jax cluster detection)')
+    assert processes.detect_cluster(None, None, None, {'JAX_PLATFORMS': 'cpu'}) is None
 
 
 def test_no_tpu_without_chips():
-    assert distributed.detect_cluster(None, None, None, {'JAX_PLATFORMS': 'tpu'}) is None
+    assert processes.detect_cluster(None, None, None, {'JAX_PLATFORMS': 'tpu'}) is None
 
 
 @pytest.fixture
@@ -160,20 +160,20 @@ def jax_initialize_calls(monkeypatch):
 def test_initialize_on_a_tpu_vm_lets_jax_detect_everything(cloud_tpu_vm, jax_initialize_calls,
                                                            monkeypatch):
     monkeypatch.delenv('JAX_PLATFORMS')  # conftest's 'cpu' would rule the TPU out
-    distributed.initialize(initialization_timeout=60)
+    processes.initialize(initialization_timeout=60)
     [call] = jax_initialize_calls
     assert call['coordinator_address'] is None and call['cluster_detection_method'] is None
     # jax's own timeouts abort with a C++ stack dump: they come after ours, which name the process
-    assert call['initialization_timeout'] == 60 + distributed.BACKSTOP_S
-    assert call['heartbeat_timeout_seconds'] == cluster.jax_heartbeat_timeout(100) > 100
+    assert call['initialization_timeout'] == 60 + processes.BACKSTOP_S
+    assert call['heartbeat_timeout_seconds'] == peers.jax_heartbeat_timeout(100) > 100
 
 
 def test_initialize_under_slurm_keeps_all_local_gpus_with_one_task_per_node(jax_initialize_calls,
                                                                              monkeypatch):
     for name, value in _slurm_env(SLURM_LOCALID='0').items():
         monkeypatch.setenv(name, value)
-    distributed.initialize()
-    distributed.initialize()  # a second call sees jax initialised and returns
+    processes.initialize()
+    processes.initialize()  # a second call sees jax initialised and returns
     [call] = jax_initialize_calls
     assert call['coordinator_address'] == 'gpu-003:62674' and call['process_id'] == 1
     # jax's own SLURM detection would pin this process to GPU SLURM_LOCALID; we switch it off.
@@ -190,19 +190,19 @@ def test_the_arguments_we_pass_exist_in_this_jax():
 def test_single_process_initialize_and_primary(monkeypatch):
     for name in _LAUNCH_VARS + ('SLURM_JOB_ID',):
         monkeypatch.delenv(name, raising=False)
-    distributed.initialize()
-    distributed.initialize()  # idempotent
+    processes.initialize()
+    processes.initialize()  # idempotent
     assert not jax.distributed.is_initialized()
-    assert distributed.is_primary()
+    assert processes.is_primary()
 
 
 def test_a_peer_failure_python_swallows_is_raised_again_without_a_traceback(monkeypatch, capsys):
     """The watching thread raises PeerFailed in the main thread; landing in a __del__ (or a gc callback, as it
     did under jax's _xla_gc_callback in CI), Python would print "Exception ignored ... Traceback" and go on. It
     is raised again, at the main thread's next instruction outside it, and nothing is printed."""
-    watching = cluster.Cluster(None, process_id=1, num_processes=2, heartbeat_timeout=10, coordinator='x:1')
-    monkeypatch.setattr(cluster, '_cluster', watching)
-    monkeypatch.setattr(sys, 'unraisablehook', functools.partial(cluster._drop_lost_interrupt,
+    watching = peers.Cluster(None, process_id=1, num_processes=2, heartbeat_timeout=10, coordinator='x:1')
+    monkeypatch.setattr(peers, '_cluster', watching)
+    monkeypatch.setattr(sys, 'unraisablehook', functools.partial(peers._drop_lost_interrupt,
                                                                  previous=sys.unraisablehook))
     in_del = threading.Event()
 
@@ -214,7 +214,7 @@ def test_a_peer_failure_python_swallows_is_raised_again_without_a_traceback(monk
     thread = threading.Thread(target=lambda: (in_del.wait(5), watching._interrupt_main_thread()), daemon=True)
     thread.start()
     deadline = time.monotonic() + 5
-    with pytest.raises(cluster.PeerFailed):
+    with pytest.raises(peers.PeerFailed):
         Collected()  # collected at once
         while time.monotonic() < deadline:
             time.sleep(0.01)
@@ -273,7 +273,7 @@ def test_two_processes_sum_a_global_array(tmp_path):
 @pytest.mark.parametrize('victim, signum, named, within_s', [
     (1, signal.SIGKILL, 'process 1 died: its connection to process 0 closed', 5),
     (0, signal.SIGKILL, 'process 0 (the coordinator, 127.0.0.1:', 5),
-    (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + cluster.INTERRUPT_S + 3),
+    (1, signal.SIGSTOP, 'process 1 stopped responding: no heartbeat for 5 s', 5 + 1 + peers.INTERRUPT_S + 3),
 ], ids=['worker_dies', 'coordinator_dies', 'worker_hangs'])
 @pytest.mark.system
 def test_a_dead_process_makes_the_other_exit_naming_it(tmp_path, victim, signum, named, within_s):
@@ -316,14 +316,14 @@ def _global_sum(process_id: int) -> float:
     return float(jax.jit(jax.numpy.sum)(array))
 
 
-@cluster.stop_together  # as the CLIs' mains are
+@peers.stop_together  # as the CLIs' mains are
 def _worker(mode: str, port: str, process_id: int) -> None:
-    distributed.initialize(f'127.0.0.1:{port}', 2, process_id, initialization_timeout=30,
+    processes.initialize(f'127.0.0.1:{port}', 2, process_id, initialization_timeout=30,
                            heartbeat_timeout_seconds=5)
     total = _global_sum(process_id)
     print(f'RESULT process={jax.process_index()} processes={jax.process_count()} '
           f'devices={jax.device_count()} local={jax.local_device_count()} '
-          f'primary={distributed.is_primary()} sum={total}')
+          f'primary={processes.is_primary()} sum={total}')
     if mode == 'sum':
         multihost_utils.sync_global_devices('end')
         return

@@ -1,4 +1,4 @@
-"""t5x_like.eval: the WikiText detokenizer, strided windows, and WikiText / LAMBADA / token-file numbers
+"""t5x_like.eval.cli: the WikiText detokenizer, strided windows, and WikiText / LAMBADA / token-file numbers
 of a converted model against independent torch computations written here."""
 import json
 import re
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from partitioning import Partitioner, make_mesh
-from t5x_like import eval as evaluation
-from t5x_like.evaluation import scoring, wikitext
-from t5x_like import inference
 from t5x_like.errors import UserError
+from t5x_like.eval import cli as evaluation
+from t5x_like.eval import scoring, wikitext
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
+from t5x_like.inference import loading
 from tests.support.shared_data import shared_file
 
 SEQ_LEN, STRIDE = 32, 8
@@ -72,7 +72,7 @@ def converted(tmp_path_factory, random_hf_gpt2):
 
 
 def reference_detokenize(s):
-    """Megatron-LM's wikitext_detokenizer, step by step (independent of t5x_like.eval)."""
+    """Megatron-LM's wikitext_detokenizer, step by step (independent of t5x_like.eval.cli)."""
     s = s.replace("s '", "s'")
     for sep in "-,.":
         s = s.replace(f" @{sep}@ ", sep)
@@ -179,9 +179,9 @@ def test_accuracy_counts_a_row_only_when_every_target_is_the_argmax(converted):
     import models
 
     checkpoint, _, _ = converted
-    config, _ = inference.read_config(str(checkpoint))
+    config, _ = loading.read_config(str(checkpoint))
     partitioner = Partitioner(make_mesh(), "fsdp_tensor")
-    params = inference.restore_sharded(str(checkpoint), config, partitioner)
+    params = loading.restore_sharded(str(checkpoint), config, partitioner)
     inputs = np.random.default_rng(0).integers(0, 50257, (2, 8)).astype(np.int32)
     with partitioner.activate():
         logits = jax.jit(lambda p, t: models.build_model(config).apply({"params": p}, t))(params, inputs)

@@ -22,8 +22,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
-from t5x_like import eval as evaluation  # noqa: E402
-from t5x_like.evaluation.wikitext import wikitext_detokenize  # noqa: E402
+from t5x_like.eval import cli as evaluation  # noqa: E402
+from t5x_like.eval.wikitext import wikitext_detokenize  # noqa: E402
 from tests.support.environment import cpu_env  # noqa: E402
 from tests.support.hf_models import bos_tokenizer, random_model  # noqa: E402
 from tests.support.shared_data import shared_file  # noqa: E402
@@ -71,12 +71,12 @@ def guide_nll(model, ids: list[int], max_length: int, stride: int) -> tuple[floa
 
 
 def test_the_tokenizer_names_the_bos_its_post_processor_puts_first(llama):
-    from t5x_like import inference
     from t5x_like.data.tokenizer import load_tokenizer
+    from t5x_like.inference import loading
 
     root, tokenizer, _ = llama
-    config, _ = inference.read_config(str(root / "ours"))
-    ours = inference.checkpoint_tokenizer(str(root / "ours"), config)
+    config, _ = loading.read_config(str(root / "ours"))
+    ours = loading.checkpoint_tokenizer(str(root / "ours"), config)
     assert ours.bos_id == tokenizer.bos_token_id == tokenizer("Hi").input_ids[0]
     assert ours.encode("Hi") == tokenizer("Hi", add_special_tokens=False).input_ids
     neox = shared_file("gpt-neox-20b-tokenizer", "20B_tokenizer.json")
@@ -87,7 +87,7 @@ def test_the_tokenizer_names_the_bos_its_post_processor_puts_first(llama):
 def test_wikitext_equals_the_transformers_guide_with_bos_and_without_it(llama):
     """As a user runs it, from the folder with relative paths: the CLI's numbers and summary; then --no_bos."""
     root, tokenizer, model = llama
-    done = subprocess.run([sys.executable, "-m", "t5x_like.eval", "--task=wikitext", "--checkpoint=ours",
+    done = subprocess.run([sys.executable, "-m", "t5x_like.eval.cli", "--task=wikitext", "--checkpoint=ours",
                            "--data=wiki.txt", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}", "--batch_size=4",
                            "--output=results/wikitext.json"],
                           cwd=root, env=cpu_env(1), capture_output=True, text=True, timeout=300)
@@ -155,15 +155,15 @@ def lm_pairs(llama):
     from lm_eval.models.huggingface import HFLM
 
     from partitioning import Partitioner, make_mesh
-    from t5x_like import inference
-    from t5x_like.harness.model import CheckpointLM
+    from t5x_like.eval.harness.model import CheckpointLM
+    from t5x_like.inference import loading
 
     root, _, _ = llama
     checkpoint = str(root / "ours")
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     partitioner = Partitioner(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor")
-    params = inference.restore_sharded(checkpoint, config, partitioner)
-    tokenizer = inference.checkpoint_tokenizer(checkpoint, config)
+    params = loading.restore_sharded(checkpoint, config, partitioner)
+    tokenizer = loading.checkpoint_tokenizer(checkpoint, config)
     pairs = {}
     for add_bos_token in (None, False):
         theirs = HFLM(pretrained=str(root / "Llama-tiny"), batch_size=4, device="cpu", dtype="float32",

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from t5x_like import eval as evaluation
-from t5x_like.evaluation import seq2seq
 from t5x_like import generate
 from t5x_like.data import load_tokenizer, make_source
+from t5x_like.eval import cli as evaluation
+from t5x_like.eval import seq2seq
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")

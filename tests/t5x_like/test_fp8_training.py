@@ -16,8 +16,10 @@ from etils import epath
 import models
 from models.gpt2 import GPT2Config
 from partitioning import make_mesh
-from t5x_like import checkpoints, inference, resume
+from t5x_like.checkpoint import store
 from t5x_like.convert import hf
+from t5x_like.inference import loading
+from t5x_like.run import resume
 from tests.support.trainer import CONFIG as MESH_CONFIG
 from tests.support.trainer import batches, experiment, run
 
@@ -95,7 +97,7 @@ def test_every_mesh_and_accumulation_give_the_same_numbers(synthetic_source):
 
 
 def stored_train_state_keys(model_dir, step):
-    directory = epath.Path(model_dir) / checkpoints.CHECKPOINT_SUBDIR / str(step) / "train_state"
+    directory = epath.Path(model_dir) / store.CHECKPOINT_SUBDIR / str(step) / "train_state"
     return set(dict(ocp.StandardCheckpointHandler().metadata(directory)))
 
 
@@ -116,10 +118,10 @@ def test_resume_is_exact_and_an_fp8_checkpoint_converts(synthetic_source, tmp_pa
     fresh = lambda: jax.tree.map(lambda x: x.copy(), initial)  # noqa: E731 (train_step donates its state)
     straight, want = steps(fresh(), data)
     half, first = steps(fresh(), data[:3])
-    ckpt = checkpoints.Checkpointer(str(tmp_path / "run"), async_save=False)
+    ckpt = store.Checkpointer(str(tmp_path / "run"), async_save=False)
     ckpt.save(3, params=half.params, train_state=resume.train_state_item(half), data_state={}, model=model_info)
     assert "fp8_state" in stored_train_state_keys(tmp_path / "run", 3)
-    restored, _ = resume.restore_state(ckpt, 3, fresh(), exp.shardings)  # every field overwritten
+    restored, _ = resume.restore_newest(ckpt, fresh(), exp.shardings, on_corrupt="stop")  # every field overwritten
     resumed, second = steps(restored, data[3:])
     assert first + second == want  # bitwise
     for name in ("params", "opt_state", "fp8_state"):
@@ -132,10 +134,10 @@ def test_resume_is_exact_and_an_fp8_checkpoint_converts(synthetic_source, tmp_pa
     ckpt.close()
     hf.to_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    config, _ = inference.read_config(str(tmp_path / "run"))
+    config, _ = loading.read_config(str(tmp_path / "run"))
     assert config.matmul_dtype == "fp8"
     tokens = np.random.default_rng(0).integers(0, 256, (2, 16)).astype(np.int32)
-    params = jax.device_get(checkpoints.restore_params(str(tmp_path / "run"), None))
+    params = jax.device_get(store.restore_params(str(tmp_path / "run"), None))
     ours = models.build_model(config).apply({"params": params}, tokens)[..., :256]
     with torch.no_grad():
         theirs = loaded(torch.tensor(tokens, dtype=torch.long)).logits.numpy()

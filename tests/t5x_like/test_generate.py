@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from partitioning import Partitioner, make_mesh
-from t5x_like import inference
 from t5x_like import generate
+from t5x_like.inference import loading
 from tests.support.shared_data import shared_file, shared_file_if_present
 
 EOD = 50256
@@ -38,9 +38,9 @@ def converted(tmp_path_factory, random_hf_gpt2):
 @pytest.fixture(scope="module")
 def loaded(converted):
     checkpoint, _ = converted
-    config, _ = inference.read_config(str(checkpoint))
+    config, _ = loading.read_config(str(checkpoint))
     partitioner = Partitioner(make_mesh(data=4, tensor=2), "fsdp_tensor")
-    return config, inference.restore_sharded(str(checkpoint), config, partitioner), partitioner
+    return config, loading.restore_sharded(str(checkpoint), config, partitioner), partitioner
 
 
 PROMPTS = [[464, 1748, 286], list(range(1000, 1009)), [31, 7, 1999, 2, 50, 311, 4, 8000, 9, 10, 11, 12, 13, 1, 2, 3, 77]]
@@ -93,9 +93,9 @@ def test_top_p_sampling_on_the_mesh_draws_what_one_device_draws(converted, loade
     """Top-p alone sorts and sums the whole vocabulary, which the data x tensor mesh splits over devices (a
     running sum over the split never finished when compiled at XLA's cheapest level, the suite's)."""
     checkpoint, _ = converted
-    config, _ = inference.read_config(str(checkpoint))
+    config, _ = loading.read_config(str(checkpoint))
     one = Partitioner(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor")
-    single = (config, inference.restore_sharded(str(checkpoint), config, one), one)
+    single = (config, loading.restore_sharded(str(checkpoint), config, one), one)
     settings = generate.Sampling(temperature=1.0, top_p=0.9)
     drawn = generator(loaded, settings).generate(PROMPTS, seed=3)
     assert drawn == generator(single, settings).generate(PROMPTS, seed=3)

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import generate, prompts
+from t5x_like import generate
+from t5x_like.inference import prompts
 
 
 @pytest.mark.parametrize("penalty", [1.3, 0.7])

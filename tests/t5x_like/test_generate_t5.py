@@ -5,7 +5,8 @@ greedy and with 4 beams (length penalties 1.0 and 0.6), rows stopping at EOS."""
 import pytest
 
 from partitioning import Partitioner, make_mesh
-from t5x_like import generate, inference
+from t5x_like import generate
+from t5x_like.inference import loading
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
@@ -33,9 +34,9 @@ def converted(tmp_path_factory):
     path = tmp_path_factory.mktemp("t5")
     model.save_pretrained(path / "hf")
     checkpoint = hf.from_hf(str(path / "hf"), str(path / "ours"))
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     partitioner = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor")
-    return (config, inference.restore_sharded(checkpoint, config, partitioner), partitioner), model
+    return (config, loading.restore_sharded(checkpoint, config, partitioner), partitioner), model
 
 
 def ours(loaded, eos_id, **beams):

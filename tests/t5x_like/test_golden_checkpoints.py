@@ -11,19 +11,31 @@ import jax
 import numpy as np
 import pytest
 
+import models
 from partitioning import make_mesh
-from t5x_like import inference, metrics, optim, training
+from t5x_like import metrics, optim
 from t5x_like.convert import hf
 from t5x_like.data import make_source
 from t5x_like.experiment import build_experiment
+from t5x_like.inference import loading
 from t5x_like.lm import make_lm
+from t5x_like.run import loop
+from tests.support import families
 
 pytestmark = pytest.mark.integration
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-RUNS = {"gpt2": ("causal_lm", {"targets": 16}), "neox": ("causal_lm", {"targets": 16}),
-        "t5": ("span_corruption", {"inputs": 16, "targets": 8}), "bert": ("mlm", {"inputs": 16}),
-        "roberta": ("mlm", {"inputs": 16})}
+CHECKPOINTS = sorted(path.name for path in GOLDEN.iterdir() if (path / "checkpoints").is_dir())
+"""The golden checkpoints, a folder each, named after the family whose model it holds."""
+OBJECTIVES = {"decoder_only": "causal_lm", "encoder_decoder": "span_corruption", "encoder_only": "mlm"}
+"""kind -> the objective its golden runs trained (on tests/support/families.py's LENGTHS of the kind)."""
+
+
+def golden_run(name: str):
+    """(model config, objective, feature lengths) of the golden checkpoint `name`, as its own records say."""
+    config, _ = loading.read_config(str(GOLDEN / name))
+    kind = models.family_of(config).kind
+    return config, OBJECTIVES[kind], dict(families.LENGTHS[kind])
 
 
 def expected(name: str, prefix: str) -> dict[str, np.ndarray]:
@@ -31,10 +43,14 @@ def expected(name: str, prefix: str) -> dict[str, np.ndarray]:
         return {k[len(prefix):]: stored[k] for k in stored.files if k.startswith(prefix)}
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_golden_checkpoints_are_named_after_their_families():
+    assert CHECKPOINTS and all(golden_run(name)[0].family == name for name in CHECKPOINTS)
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
 def test_scores_and_hugging_face_tensors_are_those_of_the_code_that_wrote_them(name):
     checkpoint = str(GOLDEN / name)
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     params = hf.restore_on_host(checkpoint, config)
     scores = jax.jit(make_lm(config).score)(params, expected(name, "input/"))
     for key, want in expected(name, "score/").items():
@@ -46,13 +62,12 @@ def test_scores_and_hugging_face_tensors_are_those_of_the_code_that_wrote_them(n
         np.testing.assert_array_equal(tensors[key], want[key], err_msg=f"{name}: {key}")
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", CHECKPOINTS)
 def test_training_resumes_to_the_same_loss(name, tmp_path, monkeypatch):
-    objective, lengths = RUNS[name]
-    config, _ = inference.read_config(str(GOLDEN / name))
+    config, objective, lengths = golden_run(name)
     shutil.copytree(GOLDEN / name / "checkpoints", tmp_path / "run" / "checkpoints")
     monkeypatch.chdir(GOLDEN)  # the corpus is named as the run named it
-    training.train(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2, log_every=1, eval_every=0,
+    loop.train(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2, log_every=1, eval_every=0,
                 data_source=functools.partial(make_source, objective=objective, data_path="data/corpus"),
                 experiment=functools.partial(
                     build_experiment, model=config, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4, optimizer=optim.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=3),

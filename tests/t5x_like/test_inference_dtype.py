@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_like import inference
+from t5x_like.inference import loading
 from tests.support.cli import run_cli
 from tests.support.shared_data import shared_file
 
@@ -49,7 +49,7 @@ def test_a_float16_checkpoint_evaluates_in_float32_on_cpu_and_says_so(workdir):
     results = {}
     for name, extra in (("fp16", []), ("fp32", []), ("fp16", ["--dtype=float16"])):
         output = f"{name}{''.join(extra)}.json"
-        done = run_cli("t5x_like.eval", ["--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
+        done = run_cli("t5x_like.eval.cli", ["--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
                                          "--seq_len=64", "--stride=32", "--batch_size=4", f"--output={output}", *extra],
                        workdir, devices=1)
         notes = [line for line in done.stderr.splitlines() if line.startswith("compute dtype:")]
@@ -77,10 +77,10 @@ def flags(checkpoint: Path, dtype: str | None = None) -> argparse.Namespace:
 
 
 def test_dtype_flag_overrides_and_other_devices_keep_the_recorded_dtype(workdir, monkeypatch, capsys):
-    assert inference.compute_config(flags(workdir / "fp16"), announce=True).dtype == "float32"
+    assert loading.compute_config(flags(workdir / "fp16"), announce=True).dtype == "float32"
     assert NOTE.format(workdir / "fp16") in capsys.readouterr().err
-    assert inference.compute_config(flags(workdir / "fp16", "float16"), announce=True).dtype == "float16"
-    assert inference.compute_config(flags(workdir / "fp32", "bfloat16"), announce=True).dtype == "bfloat16"
-    monkeypatch.setattr(inference.jax, "default_backend", lambda: "gpu")
-    assert inference.compute_config(flags(workdir / "fp16"), announce=True).dtype == "float16"
+    assert loading.compute_config(flags(workdir / "fp16", "float16"), announce=True).dtype == "float16"
+    assert loading.compute_config(flags(workdir / "fp32", "bfloat16"), announce=True).dtype == "bfloat16"
+    monkeypatch.setattr(loading.jax, "default_backend", lambda: "gpu")
+    assert loading.compute_config(flags(workdir / "fp16"), announce=True).dtype == "float16"
     assert "compute dtype" not in capsys.readouterr().err

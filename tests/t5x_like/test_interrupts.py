@@ -71,7 +71,7 @@ def test_ctrl_c_during_an_eval_is_one_line_and_writes_no_result(tmp_path):
                            "'mlp_dim': 64}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=cpu_env(1))
     assert done.returncode == 0, done.stderr[-3000:]
-    running = Running(["t5x_like.eval", "--task=wikitext", "--checkpoint=run", "--data=text.txt", "--seq_len=32",
+    running = Running(["t5x_like.eval.cli", "--task=wikitext", "--checkpoint=run", "--data=text.txt", "--seq_len=32",
                        "--output=eval.json"], tmp_path)
     running.wait_for(lambda: "wikitext:" in running.stderr)  # scoring
     assert running.ctrl_c() == 130, running.stderr[-3000:]

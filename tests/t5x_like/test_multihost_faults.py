@@ -1,5 +1,5 @@
 """Faults of one process in a two-process train job (real processes, gloo over 127.0.0.1): every process
-stops within seconds, and its last line names the process and the fault (t5x_like/agreement.py).
+stops within seconds, and its last line names the process and the fault (t5x_like/cluster/agreement.py).
 
 The multi-process cases of the bad-input sweep (tests/t5x_like/test_bad_input.py holds the single-process
 ones): a configuration error on one process, processes given different settings, a process that never

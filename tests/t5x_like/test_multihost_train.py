@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from t5x_like import checkpoint_integrity, checkpoints
+from t5x_like.checkpoint import integrity, store
 from tests.support.cli import REPO, free_port, wait_for_step
 from tests.support.environment import cpu_env
 from tests.support.multihost import ARGS
@@ -104,9 +104,9 @@ def test_two_processes_equal_one_process(tmp_path):
         step_dir = tmp_path / "multi" / "checkpoints" / step
         manifests = [json.loads((step_dir / name).read_text())["files"]
                      for name in ("checksums.json", "checksums.process_1.json")]
-        assert {checkpoint_integrity.writer_of(f) for f in manifests[0]} == {0}
-        assert {checkpoint_integrity.writer_of(f) for f in manifests[1]} == {1} and len(manifests[1]) >= 2
-        assert checkpoints.verify_manifest(str(step_dir))
+        assert {integrity.writer_of(f) for f in manifests[0]} == {0}
+        assert {integrity.writer_of(f) for f in manifests[1]} == {1} and len(manifests[1]) >= 2
+        assert store.verify_manifest(str(step_dir))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

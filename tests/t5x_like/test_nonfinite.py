@@ -3,10 +3,11 @@ and which mean the state itself is bad (stopping after `in_a_row`)."""
 import numpy as np
 import pytest
 
-from t5x_like import nonfinite, trainer
+from t5x_like import step_fns
+from t5x_like.run import nonfinite
 
 PARAMS = {"dense": {"kernel": np.zeros(2), "bias": np.zeros(2)}}
-DYNAMIC = trainer.LossScaleConfig(initial_scale_power=32, min_scale=1.0)
+DYNAMIC = step_fns.LossScaleConfig(initial_scale_power=32, min_scale=1.0)
 
 
 def step_values(loss: float, scale: float | None, skipped: bool = True) -> dict:
@@ -35,7 +36,7 @@ def test_overflows_at_the_minimum_scale_mean_a_bad_state():
         check(3, step_values(10.5, 1.0), OVERFLOW)
 
 
-@pytest.mark.parametrize("loss_scale, loss", [(trainer.LossScaleConfig(static_scale=1024.0), 10.5),
+@pytest.mark.parametrize("loss_scale, loss", [(step_fns.LossScaleConfig(static_scale=1024.0), 10.5),
                                               (DYNAMIC, float("nan"))])
 def test_a_static_scale_or_a_nonfinite_loss_is_not_the_scalers_to_handle(loss_scale, loss):
     check = nonfinite.NonfiniteCheck(PARAMS, "stop", in_a_row=2, loss_scale=loss_scale)

@@ -5,8 +5,10 @@ import gin
 import numpy as np
 import pytest
 
-from t5x_like import gin_cli, plot, run_config, training  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like import plot  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like.config import configurables, frontend  # noqa: F401 (run_config, training: gin's configurables)
 from t5x_like.errors import UserError
+from t5x_like.run import loop  # noqa: F401 (run_config, training: gin's configurables)
 
 pytest.importorskip("matplotlib", reason="the plot command needs matplotlib (pip install -e .)")
 
@@ -18,11 +20,11 @@ def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     for name, lr in (("lr2e-3", 2e-3), ("lr1e-2", 1e-2)):
         gin.clear_config()
-        gin_cli.parse_gin(["quickstart.gin"], [
+        frontend.parse_gin(["quickstart.gin"], [
             f"MODEL_DIR='{root / name}'", "TRAIN_STEPS=6", "WARMUP_STEPS=2", "BATCH_SIZE=8", "SEQ_LEN=16",
             f"LEARNING_RATE={lr}", "EVAL_EVERY=3", "EVAL_STEPS=1", "CHECKPOINT_EVERY=6", "train.log_every=1",
             "model_config.overrides={'num_layers': 1, 'embed_dim': 64, 'mlp_dim': 128}"], [])
-        training.train()
+        loop.train()
     gin.clear_config()
     return root / "lr2e-3", root / "lr1e-2"
 

@@ -16,7 +16,8 @@ import pytest
 
 from models.gpt2 import GPT2Config
 from partitioning import make_mesh
-from t5x_like import checkpoint_integrity, checkpoints, metrics, nonfinite, optim, run_lock, training
+from t5x_like import metrics, optim
+from t5x_like.checkpoint import integrity, store
 from t5x_like.convert import hf
 from t5x_like.data import make_source
 from t5x_like.data.loader import DataChangedError
@@ -24,6 +25,7 @@ from t5x_like.data.token_file import TokenFileError, TokenFileWriter, open_token
 from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
+from t5x_like.run import lock, loop, nonfinite
 from tests.support.environment import cpu_env
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=1, num_heads=2, embed_dim=32, mlp_dim=64,
@@ -41,7 +43,7 @@ def experiment(total_steps=8, **settings):
 
 def run(model_dir, source, *, steps, total_steps=8, settings=None, **kwargs):
     kwargs = dict(dict(checkpoint_every=2, keep_checkpoints=5, eval_every=0, log_every=1), **kwargs)
-    return training.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
+    return loop.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
                        experiment=experiment(total_steps, **(settings or {})), **kwargs)
 
 
@@ -50,7 +52,7 @@ def loss_rows(model_dir):
 
 
 def final_params(model_dir):
-    return jax.device_get(checkpoints.restore_params(str(model_dir), None))
+    return jax.device_get(store.restore_params(str(model_dir), None))
 
 
 def saved_steps(model_dir):
@@ -163,7 +165,7 @@ def damaged_copy(reference, tmp_path, damage):
                                             "written"), (os.remove, r"missing \(deleted\?\)")])
 def test_a_damaged_latest_checkpoint_is_detected_and_named(reference, tmp_path, caplog, damage, reason):
     model_dir, step_dir, name = damaged_copy(reference, tmp_path, damage)
-    ckpt = checkpoints.Checkpointer(str(model_dir))
+    ckpt = store.Checkpointer(str(model_dir))
     try:
         with caplog.at_level(logging.INFO):
             assert ckpt.restore_newest(params=None, train_state=None, on_corrupt="fallback")[0] == 6
@@ -188,7 +190,7 @@ def test_on_corrupt_checkpoint_stop_names_the_step_file_and_the_older_checkpoint
     data_file = os.path.join(model_dir, "checkpoints", "8", "data", "metadata")
     with open(data_file, "w") as f:
         f.write('{"step": 8, "position": {"index": 1')
-    with pytest.raises(checkpoints.CorruptCheckpointError,
+    with pytest.raises(store.CorruptCheckpointError,
                        match=r"checkpoints/8 is damaged: data/metadata: \d+ bytes.*previous checkpoint is step 6: "
                              r"set train.on_corrupt_checkpoint='fallback'"):
         run(model_dir, synthetic_source, steps=8, on_corrupt_checkpoint="stop")
@@ -201,10 +203,10 @@ def test_a_data_position_from_another_step_is_detected(reference, tmp_path):
     step_dir = os.path.join(model_dir, "checkpoints", "8")
     with open(os.path.join(step_dir, "data", "metadata"), "w") as f:
         json.dump({"step": 6, "position": {"index": 6}}, f)
-    checkpoint_integrity.write_manifest(step_dir)  # consistent checksums: only the step check can tell
-    ckpt = checkpoints.Checkpointer(str(model_dir))
+    integrity.write_manifest(step_dir)  # consistent checksums: only the step check can tell
+    ckpt = store.Checkpointer(str(model_dir))
     try:
-        with pytest.raises(checkpoints.CorruptCheckpointError, match=r"saved at steps \(6, 8\)"):
+        with pytest.raises(store.CorruptCheckpointError, match=r"saved at steps \(6, 8\)"):
             ckpt.restore(8, params=None, train_state=None)
     finally:
         ckpt.close()
@@ -251,11 +253,11 @@ def test_skipping_stops_when_the_state_itself_gives_nonfinite_losses(synthetic_s
 
 
 def all_checkpoints_finite(model_dir) -> None:
-    ckpt = checkpoints.Checkpointer(str(model_dir))
+    ckpt = store.Checkpointer(str(model_dir))
     try:
         for step in saved_steps(model_dir):
             params, state, _ = ckpt.restore(step, params=None, train_state=None)  # raises on non-finite values
-            assert not checkpoints.nonfinite_paths({"params": params, "opt_state": state["opt_state"]}), step
+            assert not store.nonfinite_paths({"params": params, "opt_state": state["opt_state"]}), step
     finally:
         ckpt.close()
 
@@ -298,7 +300,7 @@ def test_a_checkpoint_holding_nan_is_never_trained_from(reference, tmp_path, cap
     """As an older version could write: a NaN state, checksummed and consistent, is still refused."""
     model_dir = tmp_path / "poisoned"
     shutil.copytree(reference[0], model_dir)
-    ckpt = checkpoints.Checkpointer(str(model_dir), keep=10)
+    ckpt = store.Checkpointer(str(model_dir), keep=10)
     try:
         params, state, position = ckpt.restore(8, params=None, train_state=None)
         poisoned = jax.tree.map(lambda x: x * np.float32(np.nan), params)
@@ -314,8 +316,8 @@ def test_a_checkpoint_holding_nan_is_never_trained_from(reference, tmp_path, cap
 # --- one trainer per MODEL_DIR --------------------------------------------------------------------------
 
 def test_a_second_trainer_on_a_locked_model_dir_is_refused(synthetic_source, tmp_path):
-    with run_lock.RunLock(str(tmp_path)):
-        with pytest.raises(run_lock.RunLockedError, match=rf"is in use by another trainer: .*'pid': {os.getpid()}"
+    with lock.RunLock(str(tmp_path)):
+        with pytest.raises(lock.RunLockedError, match=rf"is in use by another trainer: .*'pid': {os.getpid()}"
                                                           r".*delete .*run.lock"):
             run(tmp_path, synthetic_source, steps=2)
     assert not os.path.exists(tmp_path / "run.lock")  # released
@@ -323,7 +325,7 @@ def test_a_second_trainer_on_a_locked_model_dir_is_refused(synthetic_source, tmp
 
 
 def write_lock(model_dir, host, pid, age_s=0.0):
-    path = os.path.join(model_dir, run_lock.LOCK_FILE)
+    path = os.path.join(model_dir, lock.LOCK_FILE)
     with open(path, "w") as f:
         json.dump({"host": host, "pid": pid, "started": "2026-01-01T00:00:00+00:00"}, f)
     os.utime(path, (os.path.getmtime(path) - age_s,) * 2)
@@ -333,25 +335,25 @@ def write_lock(model_dir, host, pid, age_s=0.0):
 def test_stale_locks_are_replaced_and_live_ones_kept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    write_lock(tmp_path, run_lock.socket.gethostname(), dead.pid)  # this host, pid gone
-    with run_lock.RunLock(str(tmp_path)):
+    write_lock(tmp_path, lock.socket.gethostname(), dead.pid)  # this host, pid gone
+    with lock.RunLock(str(tmp_path)):
         pass
     write_lock(tmp_path, "another-host", 1, age_s=3600)  # no heartbeat for an hour
-    with run_lock.RunLock(str(tmp_path)):
+    with lock.RunLock(str(tmp_path)):
         pass
     write_lock(tmp_path, "another-host", 1, age_s=5)  # alive elsewhere
-    with pytest.raises(run_lock.RunLockedError, match="another-host"):
-        run_lock.RunLock(str(tmp_path)).acquire()
+    with pytest.raises(lock.RunLockedError, match="another-host"):
+        lock.RunLock(str(tmp_path)).acquire()
 
 
 def test_the_lock_heartbeat_refreshes_the_file(tmp_path):
-    lock = run_lock.RunLock(str(tmp_path), heartbeat_s=0.05)
-    with lock:
-        os.utime(lock.path, (1.0, 1.0))
+    held = lock.RunLock(str(tmp_path), heartbeat_s=0.05)
+    with held:
+        os.utime(held.path, (1.0, 1.0))
         deadline = __import__("time").time() + 5
-        while os.path.getmtime(lock.path) < 2.0 and __import__("time").time() < deadline:
+        while os.path.getmtime(held.path) < 2.0 and __import__("time").time() < deadline:
             __import__("time").sleep(0.05)
-        assert os.path.getmtime(lock.path) > 2.0
+        assert os.path.getmtime(held.path) > 2.0
 
 
 # --- run records --------------------------------------------------------------------------------------

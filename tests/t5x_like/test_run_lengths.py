@@ -10,22 +10,24 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_like import checkpoints, gin_cli, metrics, run_config, training  # noqa: F401 (gin configurables)
+from t5x_like import metrics
+from t5x_like.checkpoint import store
+from t5x_like.config import frontend
 from t5x_like.data import make_source
 from t5x_like.errors import UserError
 from tests.support.training import run
 
 
 def saved_steps(model_dir) -> list[int]:
-    folder = os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR)
+    folder = os.path.join(model_dir, store.CHECKPOINT_SUBDIR)
     return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
 
 
 def test_save_steps_are_kept_beside_the_newest_and_step_0_is_the_initial_state(synthetic_source, tmp_path):
     run(tmp_path / "run", synthetic_source, steps=6, checkpoint_every=2, keep_checkpoints=1, save_steps=[0, 1, 3])
     assert saved_steps(tmp_path / "run") == [0, 1, 3, 6]
-    initial = checkpoints.restore_params(str(tmp_path / "run" / "checkpoints" / "0"), None)
-    last = checkpoints.restore_params(str(tmp_path / "run"), None)
+    initial = store.restore_params(str(tmp_path / "run" / "checkpoints" / "0"), None)
+    last = store.restore_params(str(tmp_path / "run"), None)
     assert not any(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(last)))
     run(tmp_path / "run", synthetic_source, steps=10, checkpoint_every=2, keep_checkpoints=1, save_steps=[0, 1, 3])
     assert saved_steps(tmp_path / "run") == [0, 1, 3, 10]  # a resumed run keeps them too
@@ -58,10 +60,14 @@ QUICKSTART = ["quickstart.gin"]
 
 
 def parsed(*bindings: str) -> dict:
-    """The run's lengths after gin_cli parses quickstart.gin with `bindings`, as train and --print_config do."""
+    """The run's lengths after the gin front-end parses quickstart.gin with `bindings`, as train and --print_config
+    do: the macros train() is called with, which the settings the front-end hands down repeat."""
     gin.clear_config()
-    gin_cli.parse_gin(QUICKSTART, ["MODEL_DIR='unused'", *bindings], [])
-    return {name: gin.query_parameter(f"%{name}") for name in ("TRAIN_STEPS", "EVAL_EVERY", "CHECKPOINT_EVERY")}
+    settings = frontend.parse_gin(QUICKSTART, ["MODEL_DIR='unused'", *bindings], [])
+    lengths = {name: gin.query_parameter(f"%{name}") for name in ("TRAIN_STEPS", "EVAL_EVERY", "CHECKPOINT_EVERY")}
+    assert lengths == {"TRAIN_STEPS": settings.train_steps, "EVAL_EVERY": settings.eval_every,
+                       "CHECKPOINT_EVERY": settings.checkpoint_every}
+    return lengths
 
 
 def one_pass(batch_size: int) -> int:

@@ -13,8 +13,10 @@ from etils import epath
 
 from models.gpt2 import GPT2Config
 from partitioning import Partitioner, make_mesh
-from t5x_like import checkpoints, inference, optim
+from t5x_like import optim
+from t5x_like.checkpoint import store
 from t5x_like.errors import UserError
+from t5x_like.inference import loading
 from t5x_like.lm import make_lm
 from tests.support import t5_training, training
 
@@ -48,7 +50,7 @@ def unroll(params):
 
 
 def saved_names(path) -> set[str]:
-    directory, step = checkpoints.locate(str(path))
+    directory, step = store.locate(str(path))
     metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(directory) / str(step) / "params")
     return {getattr(key, "key", "") for keys, _ in jax.tree_util.tree_flatten_with_path(dict(metadata))[0]
             for key in keys}
@@ -67,40 +69,40 @@ def test_parameters_restore_exactly_across_scan_layers(tmp_path, family):
     config, lengths = FAMILIES[family]
     scanned = init_params(scan(config, True), lengths)
     partitioner = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor")
-    checkpoints.save_params(str(tmp_path / "scanned"), 0, scanned, {"config": dataclasses.asdict(config)})
+    store.save_params(str(tmp_path / "scanned"), 0, scanned, {"config": dataclasses.asdict(config)})
 
-    unrolled = inference.restore_sharded(str(tmp_path / "scanned"), scan(config, False), partitioner)
+    unrolled = loading.restore_sharded(str(tmp_path / "scanned"), scan(config, False), partitioner)
     assert_same(unrolled, unroll(scanned))
-    abstract, specs = inference.abstract_params(scan(config, False))
+    abstract, specs = loading.abstract_params(scan(config, False))
     for got, want in zip(jax.tree.leaves(unrolled), jax.tree.leaves(partitioner.shardings(specs))):
         assert got.sharding == want
 
-    checkpoints.save_params(str(tmp_path / "unrolled"), 0, unrolled, {"config": dataclasses.asdict(config)})
+    store.save_params(str(tmp_path / "unrolled"), 0, unrolled, {"config": dataclasses.asdict(config)})
     names = saved_names(tmp_path / "unrolled")
     assert "blocks" in names and not any(name.startswith("block_") for name in names)
-    assert checkpoints.verify_manifest(str(tmp_path / "unrolled" / "checkpoints" / "0"))
-    assert_same(inference.restore_sharded(str(tmp_path / "unrolled"), scan(config, True), partitioner), scanned)
+    assert store.verify_manifest(str(tmp_path / "unrolled" / "checkpoints" / "0"))
+    assert_same(loading.restore_sharded(str(tmp_path / "unrolled"), scan(config, True), partitioner), scanned)
 
 
 def test_a_checkpoint_saved_unrolled_by_an_earlier_version_restores_either_way(tmp_path):
     scanned = init_params(scan(GPT2, True), {"targets": 16})
-    manager = checkpoints._manager(str(tmp_path / "checkpoints"), async_save=False)
+    manager = store._manager(str(tmp_path / "checkpoints"), async_save=False)
     manager.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(unroll(scanned)),
                                             model=ocp.args.JsonSave({"config": dataclasses.asdict(GPT2)})))
     manager.wait_until_finished()
     manager.close()
     partitioner = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor")
-    assert_same(inference.restore_sharded(str(tmp_path), scan(GPT2, True), partitioner), scanned)
-    assert_same(inference.restore_sharded(str(tmp_path), scan(GPT2, False), partitioner), unroll(scanned))
+    assert_same(loading.restore_sharded(str(tmp_path), scan(GPT2, True), partitioner), scanned)
+    assert_same(loading.restore_sharded(str(tmp_path), scan(GPT2, False), partitioner), unroll(scanned))
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_a_checkpoint_of_another_depth_is_refused_in_one_line(tmp_path, scan_layers):
-    checkpoints.save_params(str(tmp_path), 0, init_params(GPT2, {"targets": 16}), {"config": {}})
+    store.save_params(str(tmp_path), 0, init_params(GPT2, {"targets": 16}), {"config": {}})
     shallower = dataclasses.replace(GPT2, num_layers=2, scan_layers=scan_layers)
     with pytest.raises(UserError, match=r"holds another model .* parameter blocks/.* is \(3, .* here; restore it "
                                         r"with the model config it records") as raised:
-        inference.restore_sharded(str(tmp_path), shallower, Partitioner(make_mesh(data=8), "fsdp_tensor"))
+        loading.restore_sharded(str(tmp_path), shallower, Partitioner(make_mesh(data=8), "fsdp_tensor"))
     assert "\n" not in str(raised.value)
 
 
@@ -131,7 +133,7 @@ def test_adafactor_from_one_checkpoint_trains_alike_scanned_and_unrolled(tmp_pat
     """RESTORE_FROM one checkpoint, 5 Adafactor steps scanned and unrolled: the same losses (1e-5)."""
     config, lengths = FAMILIES[family]
     pretrained = str(tmp_path / "pretrained")
-    checkpoints.save_params(pretrained, 0, init_params(scan(config, True), lengths),
+    store.save_params(pretrained, 0, init_params(scan(config, True), lengths),
                             {"config": dataclasses.asdict(config)})
     source = synthetic_source if family == "gpt2" else t5_training.span_corruption
     for scan_layers in (True, False):

@@ -13,12 +13,15 @@ import pytest
 
 from models.neox import NeoXConfig
 from partitioning import make_mesh
-from t5x_like import checkpoints, gin_cli, run_config, training  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like.checkpoint import store  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like.config import configurables, frontend  # noqa: F401 (run_config, training: gin's configurables)
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_LOSS_WEIGHTS
+from t5x_like.run import loop  # noqa: F401 (run_config, training: gin's configurables)
 from tests.support.cli import REPO
 from tests.support.environment import cpu_env
 from tests.support.training import experiment, losses, params_at, run
+
 
 @pytest.fixture(scope="module")
 def straight_and_half(tmp_path_factory, synthetic_source):
@@ -95,7 +98,7 @@ def test_sigterm_saves_a_restorable_checkpoint(synthetic_source, tmp_path):
     one_device = make_mesh(data=1, devices=jax.devices()[:1])
     result = run(tmp_path, TerminatedAtFifthBatch, steps=20, mesh=one_device)
     assert result.stopped_by_signal == signal.SIGTERM and result.step == 5
-    assert checkpoints.locate(str(tmp_path))[1] == 5
+    assert store.locate(str(tmp_path))[1] == 5
     assert run(tmp_path, synthetic_source, steps=8, mesh=one_device).step == 8  # resumes from it
 
 
@@ -119,7 +122,7 @@ def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
 def test_bad_configs_fail_fast(synthetic_source, tmp_path, kwargs, match):
     sizes = kwargs.pop("mesh_sizes")
     with pytest.raises(ValueError, match=match):
-        training.train(model_dir=str(tmp_path), train_steps=4, data_source=synthetic_source,
+        loop.train(model_dir=str(tmp_path), train_steps=4, data_source=synthetic_source,
                     experiment=experiment(make_mesh(**sizes), 4, **kwargs))
 
 
@@ -132,11 +135,11 @@ def clean_gin():
 
 def test_missing_required_macro_names_the_flag(clean_gin):
     with pytest.raises(UserError, match=r"MODEL_DIR is required: pass --gin.MODEL_DIR="):
-        gin_cli.parse_gin(["quickstart.gin"], [], [])
+        frontend.parse_gin(["quickstart.gin"], [], [])
 
 
 def test_bad_mesh_product_names_the_macros(clean_gin):
-    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
+    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
     with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL"):
         gin.query_parameter("build_experiment.mesh").scoped_configurable_fn()
 
@@ -163,6 +166,6 @@ def test_cli_quickstart_writes_metrics_tensorboard_config_and_checkpoints(tmp_pa
     assert "model: gpt2: 4 layers, width 256, 4 heads x 64" in done.stderr
     assert os.listdir(model_dir / "tensorboard")
     assert sorted(os.listdir(model_dir / "checkpoints")) == ["2", "4"]
-    info = checkpoints.read_model_info(str(model_dir))
+    info = store.read_model_info(str(model_dir))
     assert info["config"]["num_layers"] == 4 and info["tokenizer"]
     assert "step 4/4 (100.0%)" in done.stderr and "ETA" in done.stderr

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from models.gpt2 import GPT2Config
-from t5x_like import describe, experiment, gin_cli, run_config, run_dir, training  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like import experiment
+from t5x_like.config import configurables, describe, frontend
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
+from t5x_like.run import directory, loop
 from tests.support.environment import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,13 +91,14 @@ def test_a_mesh_larger_than_the_one_cpu_device_says_how_to_simulate_devices(tmp_
 def test_print_config_without_model_dir_describes_the_run(clean_gin):
     """train.py's parse (MODEL_DIR may stay unset under --print_config): the description says training needs it and
     reads no checkpoint; an unset MODEL_DIR is still an error for training (test_train.py)."""
-    gin_cli.parse_gin(["quickstart.gin"], ["TRAIN_STEPS=1000", "optim.make_optimizer.min_learning_rate=1e-5"], [],
-                      may_stay_unset=("MODEL_DIR",))
-    text = describe.describe_run()
+    settings = frontend.parse_gin(["quickstart.gin"], ["TRAIN_STEPS=1000",
+                                                     "optim.make_optimizer.min_learning_rate=1e-5"], [],
+                                  may_stay_unset=("MODEL_DIR",))
+    text = describe.describe_run(settings)
     assert "MODEL_DIR = None" in text and "#   MODEL_DIR unset: training needs it" in text
     assert "floor 1e-05 (min_learning_rate, absolute; min_learning_rate_ratio is ignored)" in text
     gin.clear_config()
-    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='runs/given'"], [], may_stay_unset=("MODEL_DIR",))
+    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='runs/given'"], [], may_stay_unset=("MODEL_DIR",))
     assert gin.query_parameter("%MODEL_DIR") == "runs/given"
 
 
@@ -124,34 +127,34 @@ def test_an_unquoted_string_is_one_line_naming_the_quoting(tmp_path):
 ])
 def test_unquoted_strings_say_how_to_quote(clean_gin, binding, hint):
     with pytest.raises(UserError, match=hint.replace('"', '.').replace("'", ".")):
-        gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", binding], [])
+        frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", binding], [])
 
 
 def test_quoted_values_references_and_numbers_parse(clean_gin):
-    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "RULES='fsdp'", "LEARNING_RATE=1e-3",
+    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "RULES='fsdp'", "LEARNING_RATE=1e-3",
                                          "DATA_SPLIT=\"98,2,0\"", "build_experiment.loss_scale=@trainer.LossScaleConfig()"], [])
     assert gin.query_parameter("%RULES") == "fsdp" and gin.query_parameter("%LEARNING_RATE") == 1e-3
 
 
 def test_an_unknown_parameter_is_a_user_error(clean_gin):
     with pytest.raises(UserError, match="--gin.train.lr=0.1: Configurable 'train' doesn't have a parameter named 'lr'"):
-        gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "train.lr=0.1"], [])
+        frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "train.lr=0.1"], [])
 
 
 def test_unknown_macro_is_a_user_error(clean_gin):
     with pytest.raises(UserError, match="no gin file defines the macro BACTH_SIZE"):
-        gin_cli.parse_gin(["quickstart.gin"], ["BACTH_SIZE = 4", "MODEL_DIR = '/tmp/x'"], [])
+        frontend.parse_gin(["quickstart.gin"], ["BACTH_SIZE = 4", "MODEL_DIR = '/tmp/x'"], [])
 
 
 def test_command_line_overrides_merge_with_the_files(clean_gin):
-    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "model_config.overrides={'dropout_rate': 0.05}",
+    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "model_config.overrides={'dropout_rate': 0.05}",
                                          "model_config.overrides={'mlp_dim': 512}"], [])
     assert gin.query_parameter("model_config.overrides") == {
         "dropout_rate": 0.05, "attention_dropout_rate": 0.0, "mlp_dim": 512}
-    config = run_config.model_config()
+    config = configurables.model_config()
     assert (config.dropout_rate, config.attention_dropout_rate, config.mlp_dim) == (0.05, 0.0, 512)
     with gin.unlock_config():
-        gin_cli.apply_bindings(["model_config.overrides=None"])  # None clears them
+        frontend.apply_bindings(["model_config.overrides=None"])  # None clears them
     assert gin.query_parameter("model_config.overrides") is None
 
 
@@ -160,14 +163,16 @@ def test_the_tiny_model_takes_the_corpus_tokenizers_vocabulary(clean_gin, tmp_pa
     made_with = {"path": "20B_tokenizer.json", "sha256": "0" * 64, "vocab_size": 50277, "eod_id": 0}
     with TokenFileWriter(prefix, token_dtype(50277), {"tokenizer": made_with}) as writer:
         writer.write(np.tile(np.arange(50000, 50277), 40), np.full(40, 277))
-    gin_cli.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_PATH='{prefix}'"], [])
-    assert run_config.model_config().vocab_size == 50277
-    assert "vocab 50277 (padded to 50304)" in describe.describe_run()
+    settings = frontend.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_PATH='{prefix}'"], [])
+    assert configurables.model_config().vocab_size == 50277
+    assert "vocab 50277 (padded to 50304)" in describe.describe_run(settings)
 
 
 def test_operative_config_is_written_to_model_dir(clean_gin, tmp_path):
-    gin_cli.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
-    run_dir.write_config(str(tmp_path), 0)
+    settings = frontend.parse_gin(["quickstart.gin"],
+                                  [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
+    directory.write_config(str(tmp_path), 0, settings)
+    assert (tmp_path / "config.gin").read_text() == gin.config_str()
     text = (tmp_path / "operative_config.gin").read_text()
     assert "make_optimizer.weight_decay = 0.01" in text and "make_optimizer.b2 = 0.95" in text
     gin.clear_config()
@@ -192,18 +197,19 @@ def test_resuming_a_different_model_names_the_gin_line_to_add():
 
 
 def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tmp_path):
-    gin_cli.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
+    frontend.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
     with pytest.raises(UserError) as raised:
-        gin_cli.plain_user_errors(training.train)()
+        frontend.plain_user_errors(loop.train)()
     assert str(raised.value) == (
         "model_config (preset 'gpt2_tiny', overrides {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0, "
         "'num_heads': 5}): embed_dim 256 is not divisible by num_heads 5; choose a head count that divides the width.")
 
 
 def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_model(clean_gin, tmp_path):
-    gin_cli.parse_gin(["quickstart.gin"],
-                    [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
-    text = describe.describe_run()
+    settings = frontend.parse_gin(["quickstart.gin"],
+                                  [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
+    assert settings.mesh_sizes["fsdp"] == 16 and settings.mesh_sizes["tensor"] == 2
+    text = describe.describe_run(settings)
     assert ("#   mesh not checked on this machine's 8 devices (FSDP_PARALLEL=16 TENSOR_PARALLEL=2: the mesh needs 32 "
             "devices, but only 8 are present; to run it on this CPU, simulate 32 devices") in text
     assert "vocab 8192 (padded to 8192)" in text and "5,322,240 parameters" in text
@@ -213,44 +219,45 @@ def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_mod
 def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path, random_hf_gpt2):
     import jax
 
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
     from t5x_like.convert import hf
 
     random_hf_gpt2(0.1).save_pretrained(tmp_path / "hf")  # 2 layers, width 36, 50257 ids, 40 positions
     hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "imported"))
-    gin_cli.parse_gin(["quickstart.gin"], [
+    settings = frontend.parse_gin(["quickstart.gin"], [
         f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=0",
         "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
-    assert "#     num_layers = 2" in describe.describe_run()
-    assert training.train().step == 0
-    saved = checkpoints.read_model_info(str(tmp_path / "finetune"))["config"]
+    assert "#     num_layers = 2" in describe.describe_run(settings)
+    assert loop.train(run_settings=settings).step == 0
+    saved = store.read_model_info(str(tmp_path / "finetune"))["config"]
     assert (saved["num_layers"], saved["embed_dim"], saved["vocab_size"], saved["max_len"]) == (2, 36, 50257, 40)
     assert (saved["dropout_rate"], saved["dtype"]) == (0.0, "float32")  # quickstart's own choices
-    got = jax.device_get(checkpoints.restore_params(str(tmp_path / "finetune"), None))
-    want = jax.device_get(checkpoints.restore_params(str(tmp_path / "imported"), None))
+    got = jax.device_get(store.restore_params(str(tmp_path / "finetune"), None))
+    want = jax.device_get(store.restore_params(str(tmp_path / "imported"), None))
     jax.tree.map(np.testing.assert_array_equal, got, want)
     # extended with the same command and more steps: MODEL_DIR's checkpoint wins, with the model it records
     gin.clear_config()
-    gin_cli.parse_gin(["quickstart.gin"], [
+    settings = frontend.parse_gin(["quickstart.gin"], [
         f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=2",
         "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
-    described = describe.describe_run()
+    described = describe.describe_run(settings)
     assert "#     embed_dim = 36" in described and f"#   resumes from {tmp_path / 'finetune'}" in described
-    assert training.train().step == 2
-    assert checkpoints.read_model_info(str(tmp_path / "finetune"))["config"] == saved
+    assert loop.train(run_settings=settings).step == 2
+    assert "TRAIN_STEPS = 2" in (tmp_path / "finetune" / "config.gin").read_text()
+    assert store.read_model_info(str(tmp_path / "finetune"))["config"] == saved
 
 
 def test_the_extra_gin_file_of_the_environment_has_the_last_word(clean_gin, tmp_path, monkeypatch):
     """T5X_LIKE_EXTRA_GIN (docs/configure.md): parsed after --gin_file and --gin.NAME=VALUE, its overrides merged."""
     extra = tmp_path / "last.gin"
     extra.write_text("TRAIN_STEPS = 2\nmodel_config.overrides = {'mlp_dim': 64}\n")
-    monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(extra))
-    gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPS=500",
+    monkeypatch.setenv(frontend.EXTRA_GIN_ENV, str(extra))
+    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPS=500",
                                          "model_config.overrides={'dropout_rate': 0.05}"], [])
     assert gin.query_parameter("%TRAIN_STEPS") == 2
     assert gin.query_parameter("model_config.overrides") == {
         "dropout_rate": 0.05, "attention_dropout_rate": 0.0, "mlp_dim": 64}
     gin.clear_config()
-    monkeypatch.setenv(gin_cli.EXTRA_GIN_ENV, str(tmp_path / "missing.gin"))
-    with pytest.raises(UserError, match=f"{gin_cli.EXTRA_GIN_ENV}=.*missing.gin: no such file"):
-        gin_cli.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'"], [])
+    monkeypatch.setenv(frontend.EXTRA_GIN_ENV, str(tmp_path / "missing.gin"))
+    with pytest.raises(UserError, match=f"{frontend.EXTRA_GIN_ENV}=.*missing.gin: no such file"):
+        frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='/tmp/x'"], [])

@@ -12,7 +12,7 @@ import pytest
 
 from models.neox import NeoXConfig
 from partitioning import make_mesh
-from t5x_like import optim, trainer
+from t5x_like import optim, step_fns
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
 from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, batches, compiled_after_first_step, experiment, run
@@ -93,8 +93,8 @@ class MegatronGradScaler:
 
 
 def test_loss_scale_update_rules():
-    config = trainer.LossScaleConfig(initial_scale_power=4, window=2, hysteresis=2, min_scale=4.0)
-    scale = trainer.LossScale.create(config)
+    config = step_fns.LossScaleConfig(initial_scale_power=4, window=2, hysteresis=2, min_scale=4.0)
+    scale = step_fns.LossScale.create(config)
     scale = scale.update(np.bool_(False), config)  # first overflow: hysteresis absorbs it
     assert float(scale.scale) == 16.0 and int(scale.hysteresis_left) == 1
     scale = scale.update(np.bool_(False), config)  # second: halve
@@ -113,8 +113,8 @@ def test_loss_scale_update_rules():
 @pytest.mark.parametrize("hysteresis, window", [(1, 3), (2, 4), (3, 2)])
 def test_the_loss_scale_moves_as_megatrons_grad_scaler(hysteresis, window):
     """Megatron's --initial-loss-scale 2**32 start, then a random run of overflows and finite steps."""
-    config = trainer.LossScaleConfig(initial_scale_power=32, window=window, hysteresis=hysteresis, min_scale=1.0)
-    ours, megatron = trainer.LossScale.create(config), MegatronGradScaler(2.0 ** 32, 1.0, window, hysteresis)
+    config = step_fns.LossScaleConfig(initial_scale_power=32, window=window, hysteresis=hysteresis, min_scale=1.0)
+    ours, megatron = step_fns.LossScale.create(config), MegatronGradScaler(2.0 ** 32, 1.0, window, hysteresis)
     overflows = [True] * 20 + list(np.random.default_rng(hysteresis).random(200) < 0.3)
     scales = []
     for overflow in overflows:
@@ -129,7 +129,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     """A scale too large for float16 (2**24 times the mean loss) overflows: those steps are skipped and
     the scale halves (hysteresis 1) until it fits, then training goes on."""
     data = batches(synthetic_source, 8)
-    loss_scale = trainer.LossScaleConfig(initial_scale_power=24, window=1000, hysteresis=1)
+    loss_scale = step_fns.LossScaleConfig(initial_scale_power=24, window=1000, hysteresis=1)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
     history, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="float16"),
                      loss_scale=loss_scale)
@@ -159,7 +159,7 @@ def test_deepspeeds_fp16_section_skips_what_deepspeed_would(synthetic_source):
     data = batches(synthetic_source, 3)
     config = dataclasses.replace(CONFIG, dtype="float16")
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
-    loss_scale = trainer.LossScaleConfig(initial_scale_power=16, window=1000, hysteresis=2)
+    loss_scale = step_fns.LossScaleConfig(initial_scale_power=16, window=1000, hysteresis=2)
     exp = experiment(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
     state = exp.init_state()
     batch = exp.global_batch(data[0])
@@ -272,10 +272,10 @@ def test_train_step_on_a_linear_model_equals_numpy(accum):
     model: parameters, and every metric, against numpy; float32, 1e-5 relative."""
     schedule = optax.linear_schedule(0.5, 0.0, 4)
     tx = optax.sgd(schedule)
-    config = trainer.StepConfig(grad_accum_steps=accum, z_loss=0.1)
-    step = jax.jit(trainer.make_train_step(LinearLM(), tx, schedule, config))
+    config = step_fns.StepConfig(grad_accum_steps=accum, z_loss=0.1)
+    step = jax.jit(step_fns.make_train_step(LinearLM(), tx, schedule, config))
     w0, key = np.array([0.5, -1.0, 2.0], np.float32), jax.random.PRNGKey(7)
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
+    state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
                                rng=key)
     batch, w = linear_batch(), w0
     for i in range(2):
@@ -299,15 +299,15 @@ def test_a_nonfinite_loss_skips_the_linear_step_and_backs_off_the_loss_scale():
     an infinite target changes nothing but the step and the scale (hysteresis 1: halved at once)."""
     schedule = optax.constant_schedule(0.1)
     tx = optax.sgd(schedule)
-    scaling = trainer.LossScaleConfig(initial_scale_power=10, window=3, hysteresis=1, min_scale=1.0)
+    scaling = step_fns.LossScaleConfig(initial_scale_power=10, window=3, hysteresis=1, min_scale=1.0)
     w0 = np.array([0.5, -1.0, 2.0], np.float32)
-    make = lambda loss_scale: trainer.TrainState(  # noqa: E731
+    make = lambda loss_scale: step_fns.TrainState(  # noqa: E731
         step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}), rng=jax.random.PRNGKey(1),
         loss_scale=loss_scale)
-    scaled_step = jax.jit(trainer.make_train_step(LinearLM(), tx, schedule, trainer.StepConfig(loss_scale=scaling)))
-    plain_step = jax.jit(trainer.make_train_step(LinearLM(), tx, schedule, trainer.StepConfig()))
+    scaled_step = jax.jit(step_fns.make_train_step(LinearLM(), tx, schedule, step_fns.StepConfig(loss_scale=scaling)))
+    plain_step = jax.jit(step_fns.make_train_step(LinearLM(), tx, schedule, step_fns.StepConfig()))
     batch = linear_batch()
-    scaled, metrics = scaled_step(make(trainer.LossScale.create(scaling)), batch)
+    scaled, metrics = scaled_step(make(step_fns.LossScale.create(scaling)), batch)
     plain, _ = plain_step(make(None), batch)
     np.testing.assert_allclose(scaled.params["w"], plain.params["w"], rtol=1e-5)
     assert float(metrics["loss_scale"]) == 1024.0 and plain.loss_scale is None
@@ -327,7 +327,7 @@ def test_eval_step_sums_in_microbatches_equal_numpy():
             "accuracy_sum": (batch["weights"] * (np.abs(pred - batch["y"]) < 1)).sum(),
             "weight_sum": batch["weights"].sum()}
     for microbatches in (1, 2, 4):
-        got = jax.jit(trainer.make_eval_step(LinearLM(), microbatches))(params, batch)
+        got = jax.jit(step_fns.make_eval_step(LinearLM(), microbatches))(params, batch)
         assert {k: pytest.approx(float(v), rel=1e-5) for k, v in got.items()} == want, microbatches
 
 
@@ -344,15 +344,15 @@ def test_init_train_state_of_the_linear_model():
     second, optimizer state that keeps the parameters' logical names, loss scale only when configured."""
     tx = optax.adam(0.1)
     key = jax.random.PRNGKey(3)
-    state = trainer.init_train_state(LinearLMWithInit(), tx, key, {"targets": 3}, None)
+    state = step_fns.init_train_state(LinearLMWithInit(), tx, key, {"targets": 3}, None)
     params_key, dropout_key = jax.random.split(key)
     assert state.step.dtype == jnp.int32 and int(state.step) == 0
     np.testing.assert_array_equal(state.params["w"].value, jax.random.normal(params_key, (3,)))
     np.testing.assert_array_equal(jax.random.key_data(state.rng), jax.random.key_data(dropout_key))
     assert state.params["w"].names == ("embed",) and state.opt_state[0].mu["w"].names == ("embed",)
     assert state.loss_scale is None and state.fp8_state == {"scale": jnp.ones(1)}
-    scaled = trainer.init_train_state(LinearLMWithInit(), tx, key, {"targets": 3},
-                                      trainer.LossScaleConfig(initial_scale_power=5, hysteresis=3))
+    scaled = step_fns.init_train_state(LinearLMWithInit(), tx, key, {"targets": 3},
+                                      step_fns.LossScaleConfig(initial_scale_power=5, hysteresis=3))
     assert float(scaled.loss_scale.scale) == 32.0 and scaled.loss_scale.scale.dtype == jnp.float32
     assert int(scaled.loss_scale.good_steps) == 0 and int(scaled.loss_scale.hysteresis_left) == 3
 
@@ -371,11 +371,11 @@ class RecordingLinearLM(LinearLM):
 def test_train_step_passes_the_loss_settings_to_the_linear_model():
     tx = optax.sgd(optax.constant_schedule(0.1))  # a stateless optimizer has no leaves for leaf_finite to stack
     model = RecordingLinearLM()
-    config = trainer.StepConfig(grad_accum_steps=2, z_loss=0.5, cross_entropy="full_logits", loss_chunk_size=64)
+    config = step_fns.StepConfig(grad_accum_steps=2, z_loss=0.5, cross_entropy="full_logits", loss_chunk_size=64)
     w0 = np.array([0.5, -1.0, 2.0], np.float32)
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
+    state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
                                rng=jax.random.PRNGKey(0))
-    step = trainer.make_train_step(model, tx, optax.constant_schedule(0.1), config)
+    step = step_fns.make_train_step(model, tx, optax.constant_schedule(0.1), config)
     step(state, linear_batch())
     assert set(model.seen) == {("full_logits", 64, 0.5)}
     with pytest.raises(ValueError, match=r"a batch of 3 rows does not split into GRAD_ACCUM_STEPS=2; make the rows "
@@ -398,10 +398,10 @@ def test_fp8_state_of_the_linear_model_takes_its_gradient_maximum_over_microbatc
     the elementwise maximum over microbatches; a skipped step keeps the old state."""
     tx = optax.sgd(optax.constant_schedule(0.1))
     w0, s0 = np.array([0.5, -1.0, 2.0], np.float32), np.array([1.5], np.float32)
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
+    state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params={"w": w0}, opt_state=tx.init({"w": w0}),
                                rng=jax.random.PRNGKey(0), fp8_state={"s": s0})
-    step = jax.jit(trainer.make_train_step(Fp8LinearLM(), tx, optax.constant_schedule(0.1),
-                                           trainer.StepConfig(grad_accum_steps=accum)))
+    step = jax.jit(step_fns.make_train_step(Fp8LinearLM(), tx, optax.constant_schedule(0.1),
+                                           step_fns.StepConfig(grad_accum_steps=accum)))
     batch = linear_batch()
     new, _ = step(state, batch)
     xw = batch["x"] @ w0
@@ -416,10 +416,10 @@ def test_fp8_state_of_the_linear_model_takes_its_gradient_maximum_over_microbatc
 def test_a_static_loss_scale_never_changes_but_still_skips_overflows():
     """DeepSpeed's fp16 `loss_scale: 128` (Megatron's --loss-scale 128): the scale is 128 from the start and stays,
     through overflows (which are still skipped) and windows of finite steps; a negative one is refused."""
-    config = trainer.LossScaleConfig(initial_scale_power=16, window=1, hysteresis=1, static_scale=128.0)
-    scale = trainer.LossScale.create(config)
+    config = step_fns.LossScaleConfig(initial_scale_power=16, window=1, hysteresis=1, static_scale=128.0)
+    scale = step_fns.LossScale.create(config)
     for finite in (False, False, True, True, False):
         scale = scale.update(np.bool_(finite), config)
         assert float(scale.scale) == 128.0
     with pytest.raises(ValueError, match=r"trainer.LossScaleConfig.static_scale=-1: must be at least 0"):
-        trainer.LossScaleConfig(static_scale=-1.0)
+        step_fns.LossScaleConfig(static_scale=-1.0)

@@ -13,21 +13,12 @@ import numpy as np
 from t5x_like.data import loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
-from t5x_like.data.objectives.common import (RECORD_FORMATS, SourceRequest, combined_source, decoded,
-                                             encoder_lengths, jsonl_records, load_data_tokenizer, split_paths,
-                                             tsv_records)
+from t5x_like.data.objectives.common import (RECORD_FORMATS, SourceRequest, combined_source, decoded, encoder_lengths,
+                                             jsonl_records, load_data_tokenizer, split_paths, tsv_records)
 from t5x_like.data.objectives.mlm import MLM_SPECIAL_TOKENS, MLMVocabulary, mlm_vocabulary
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.errors import UserError
 from t5x_like.features import CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS, ENCODER_TOKEN_TYPES
-
-
-CLASSIFICATION_FIELDS = ("text", "text_pair", "label")
-
-
-BOOLQ_FIELDS = ("question", "passage", "label")
-"""SuperGLUE BoolQ's own JSONL: question and passage become text and text_pair, its true/false label the
-label (label list ['False', 'True'])."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,20 +84,20 @@ def default_labels(examples: Sequence[LabelledText]) -> list[str]:
     return sorted(found)
 
 
-def encode_pair(tokens: np.ndarray, pair: np.ndarray | None, vocab: MLMVocabulary, roberta_style: bool,
+def encode_pair(tokens: np.ndarray, pair: np.ndarray | None, vocab: MLMVocabulary, double_separator: bool,
                 length: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, token types) of [CLS] text [SEP] (pair [SEP]) cut longest-first to `length`; RoBERTa's
-    <s> text </s></s> pair </s> with one token type."""
-    separators = 1 if pair is None else (4 if roberta_style else 3)
+    """(ids, token types) of [CLS] text [SEP] (pair [SEP]) cut longest-first to `length`; with `double_separator`
+    (a vocabulary spelling them <s> / </s>, as RoBERTa's BPE) <s> text </s></s> pair </s>, of one token type."""
+    separators = 1 if pair is None else (4 if double_separator else 3)
     a, b = list(tokens), [] if pair is None else list(pair)
     while len(a) + len(b) + separators > length:
         (a if len(a) >= len(b) else b).pop()
     ids = [vocab.cls_id, *a, vocab.sep_id]
     types = [0] * len(ids)
     if pair is not None:
-        second = ([vocab.sep_id] if roberta_style else []) + b + [vocab.sep_id]
+        second = ([vocab.sep_id] if double_separator else []) + b + [vocab.sep_id]
         ids += second
-        types += [0 if roberta_style else 1] * len(second)
+        types += [0 if double_separator else 1] * len(second)
     return np.array(ids, np.int32), np.array(types, np.int32)
 
 
@@ -135,10 +126,10 @@ def classification_examples(path: str, tokenizer: Tokenizer, labels: Sequence[st
     examples = read_labelled(path)
     labels = list(labels) if labels else default_labels(examples)
     vocab = mlm_vocabulary(tokenizer)
-    roberta_style = tokenizer.token_to_id(MLM_SPECIAL_TOKENS[1][0]) is not None
+    double_separator = tokenizer.token_to_id(MLM_SPECIAL_TOKENS[1][0]) is not None
     texts = tokenizer.encode_batch([e.text for e in examples])
     pairs = tokenizer.encode_batch([e.text_pair or "" for e in examples])
-    ids = [encode_pair(np.array(t), np.array(p) if e.text_pair is not None else None, vocab, roberta_style, length)
+    ids = [encode_pair(np.array(t), np.array(p) if e.text_pair is not None else None, vocab, double_separator, length)
            for t, p, e in zip(texts, pairs, examples)]
     return ids, label_ids(examples, labels, path), labels
 

@@ -71,3 +71,14 @@ def t5_bucket_reference(relative_position, bidirectional, num_buckets, max_dista
 
 def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def param_paths(params) -> set[str]:
+    """'attn/query_kernel', ...: the paths of a parameter tree's leaves."""
+    return {"/".join(str(k.key) for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def block_params(block, x, positions, seed=0):
+    """A decoder block's parameters, unboxed and perturbed (so that zero-initialised biases show), initialised
+    on the residual stream x [batch, length, embed] at positions [batch, length] without segments."""
+    return perturbed(nn.meta.unbox(init(block, seed, x, None, positions)["params"]), seed + 1)

@@ -1,8 +1,7 @@
-"""models/layers/decoder.py: the shared decoder-only model composes its blocks from the config's options
-(norm, gated MLP and activation, biases, grouped key/value heads, rotary, parallel or sequential residual),
-each block is exactly its layers put together, and decoding positions are checked."""
+"""models/layers/decoder.py: the shared decoder-only model stacks the block class and applies the final norm
+its family names, with untied token tables by default and no option of its own; a DecoderBlock that composes
+nothing says so; decoding positions are checked. (Each family's own block: tests/models/test_<family>.py.)"""
 import dataclasses
-from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -16,89 +15,80 @@ from tests.models.layers.references import TOL, init
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaLike(DecoderOnlyConfig):
-    """Options other than GPT-2's and GPT-NeoX's: RMS norms, gated SiLU, no biases, 2 key/value heads."""
-
-    family: str = "llama_like"
+class ToyConfig(DecoderOnlyConfig):
+    family: str = "toy"
     vocab_size: int = 50
     num_layers: int = 2
     num_heads: int = 4
     embed_dim: int = 16
     mlp_dim: int = 24
     max_len: int = 8
-    num_kv_heads: int = 2
-    """A field where GPT-2 and GPT-NeoX have DecoderOnlyConfig's property (as many as num_heads)."""
-    use_parallel_residual: bool = False
+    vocab_pad_multiple: int = 64
     dropout_rate: float = 0.0
-    attention_dropout_rate: float = 0.0
-
-    mlp_activation: ClassVar[str] = "silu"
-    gated_mlp: ClassVar[bool] = True
-    norm: ClassVar[str] = "rms"
-    qkv_bias: ClassVar[bool] = False
-    out_bias: ClassVar[bool] = False
-    mlp_bias: ClassVar[bool] = False
-    input_init_std: ClassVar[float] = 0.1
-    output_init_std: ClassVar[float] = 0.05
 
     @property
-    def rotary(self):
-        return layers.Rotary(self.head_dim, 500000.0)
+    def input_init_std(self) -> float:
+        return 0.1
 
 
-class Model(layers.DecoderOnly):
-    def setup(self):
-        c = self.config
-        self.tokens = layers.Embed(c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), 0.1)
-        self.head = layers.Embed(c.padded_vocab_size, c.embed_dim, ("vocab", "embed"), 0.1)
+class ToyBlock(layers.DecoderBlock):
+    """A block of one residual ReLU MLP (no attention): the decoder takes whatever block its family names."""
 
-    def embed(self, tokens, positions):
-        return self.tokens(tokens)
+    @nn.compact
+    def __call__(self, x, segment_ids, positions):
+        return x + layers.MLP(self.config.mlp_dim, "relu", 0.1, 0.1, name="mlp")(x), None
 
-    def output_table(self):
-        return self.head.embedding
+
+class Toy(layers.DecoderOnly):
+    block = ToyBlock
+    final_norm = layers.RMSNorm
 
 
 def shapes(tree):
     return {jax.tree_util.keystr(path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def test_options_shape_the_blocks():
-    config = LlamaLike()
-    assert config.num_kv_heads == 2 and LlamaLike(num_kv_heads=4).num_kv_heads == 4
-    with pytest.raises(ValueError, match="num_kv_heads 3 does not divide num_heads 4"):
-        LlamaLike(num_kv_heads=3)
-    params = nn.meta.unbox(init(Model(config), 0, jnp.zeros((1, 8), jnp.int32))["params"])
-    blocks = shapes(params["blocks"])
-    assert blocks == {
-        "['attn']['query_kernel']": (2, 16, 4, 4), "['attn']['key_kernel']": (2, 16, 2, 4),
-        "['attn']['value_kernel']": (2, 16, 2, 4), "['attn']['out_kernel']": (2, 4, 4, 16),
-        "['ln_1']['scale']": (2, 16), "['ln_2']['scale']": (2, 16),
-        "['mlp']['fc_kernel']": (2, 16, 24), "['mlp']['gate_kernel']": (2, 16, 24),
-        "['mlp']['proj_kernel']": (2, 24, 16)}
-    assert shapes(params["ln_f"]) == {"['scale']": (16,)}
-    assert sorted(params) == ["blocks", "head", "ln_f", "tokens"]
-    e, m, kv = 16, 24, 2 * 4
-    assert config.matmul_params() == 2 * (2 * e * 16 + 2 * e * kv + 3 * e * m) + 50 * e
-    assert config.summary().startswith("llama_like: 2 layers, width 16, 4 heads x 4 (2 key/value heads) (rotary on 4)")
+def by_hand(config, params, tokens):
+    """The toy's logits from the layers: embed_in, each block's MLP residual, RMSNorm, embed_out, padding masked."""
+    x = params["embed_in"]["embedding"][tokens]
+    mlp = layers.MLP(config.mlp_dim, "relu", 0.1, 0.1)
+    for i in range(config.num_layers):
+        x = x + mlp.apply({"params": jax.tree.map(lambda p: p[i], params["blocks"]["mlp"])}, x)
+    x = layers.RMSNorm(config.layer_norm_eps).apply({"params": params["ln_f"]}, x)
+    logits = np.einsum("bte,ve->btv", x, params["embed_out"]["embedding"])
+    return np.where(np.arange(logits.shape[-1]) < config.vocab_size, logits, np.finfo(np.float32).min)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-def test_a_block_is_its_layers_put_together(parallel):
-    config = LlamaLike(use_parallel_residual=parallel)
-    block = layers.DecoderBlock(config, True)
-    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 16)), jnp.float32)
-    positions = jnp.broadcast_to(jnp.arange(5), (2, 5))
-    params = nn.meta.unbox(init(block, 1, x, None, positions)["params"])
-    attention = layers.Attention(4, 4, 0.1, 0.05, num_kv_heads=2, rotary=config.rotary, attention="xla")
-    mlp = layers.MLP(24, "silu", 0.1, 0.05, gated=True)
-    norm = layers.RMSNorm(config.layer_norm_eps)
-    attended = x + attention.apply({"params": params["attn"]}, norm.apply({"params": params["ln_1"]}, x),
-                                   positions=positions)
-    mlp_input = x if parallel else attended
-    expected = attended + mlp.apply({"params": params["mlp"]}, norm.apply({"params": params["ln_2"]}, mlp_input))
-    got, _ = block.apply({"params": params}, x, None, positions)
-    np.testing.assert_allclose(got, expected, **TOL)
+def test_the_decoder_stacks_the_family_block_and_final_norm():
+    config = ToyConfig()
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 8)), jnp.int32)
+    params = nn.meta.unbox(init(Toy(config), 0, tokens)["params"])
+    assert sorted(params) == ["blocks", "embed_in", "embed_out", "ln_f"]
+    assert shapes(params["blocks"]) == {"['mlp']['fc_kernel']": (2, 16, 24), "['mlp']['proj_kernel']": (2, 24, 16)}
+    assert shapes(params["ln_f"]) == {"['scale']": (16,)}  # RMSNorm: no bias
+    assert params["embed_in"]["embedding"].shape == params["embed_out"]["embedding"].shape == (64, 16)
+    assert np.std(params["embed_out"]["embedding"]) == pytest.approx(0.1, rel=0.1)
+    np.testing.assert_allclose(Toy(config).apply({"params": params}, tokens), by_hand(config, params, tokens), **TOL)
+    hidden, table = Toy(config).apply({"params": params}, tokens, return_hidden=True)
+    np.testing.assert_array_equal(table, params["embed_out"]["embedding"])
+
+
+def test_the_decoder_only_config_counts_an_ungated_mlp_and_causal_pairs():
+    config = ToyConfig()
+    e, m = 16, 24
+    assert config.mlp_params() == 2 * e * m
+    assert config.matmul_params() == 2 * (4 * e * e + 2 * e * m) + 50 * e
+    assert config.attention_pairs(8) == 32
+    assert config.summary().startswith("toy: 2 layers, width 16, 4 heads x 4, mlp 24, vocab 50")
+
+
+def test_a_block_that_composes_nothing_says_so():
+    class Empty(layers.DecoderBlock):
+        pass
+
+    x = jnp.zeros((1, 2, 16))
+    with pytest.raises(NotImplementedError, match="Empty must define __call__"):
+        init(Empty(ToyConfig(), True), 0, x, None, jnp.zeros((1, 2), jnp.int32))
 
 
 class Positions(nn.Module):

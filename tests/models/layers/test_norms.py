@@ -8,9 +8,9 @@ from models import layers
 from tests.models.layers.references import TOL, boxed, init, perturbed, values
 
 
-@pytest.mark.parametrize("name, centered", [("layer", True), ("rms", False)])
-def test_norm_matches_numpy(name, centered):
-    module = layers.NORMS[name](epsilon=1e-3)
+@pytest.mark.parametrize("norm, centered", [(layers.LayerNorm, True), (layers.RMSNorm, False)])
+def test_norm_matches_numpy(norm, centered):
+    module = norm(epsilon=1e-3)
     x = (np.random.default_rng(3).normal(size=(2, 3, 6)) * 4 + 1).astype(np.float32)
     variables = init(module, 0, x)
     params = boxed(variables)
@@ -22,7 +22,7 @@ def test_norm_matches_numpy(name, centered):
     y = x - x.mean(-1, keepdims=True) if centered else x
     y = y / np.sqrt(np.square(y).mean(-1, keepdims=True) + 1e-3) * p["scale"] + p.get("bias", 0.0)
     np.testing.assert_allclose(module.apply(variables, x), y, **TOL)
-    half = layers.NORMS[name](epsilon=1e-3, dtype=jnp.bfloat16)
+    half = norm(epsilon=1e-3, dtype=jnp.bfloat16)
     got = half.apply(variables, jnp.asarray(x, jnp.bfloat16))
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), y, rtol=2e-2, atol=2e-2)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from models import layers
+from models.llama import Llama3Rotary
 from tests.models.layers.references import boxed, init, rotary_reference, t5_bucket_reference
 
 
@@ -57,7 +58,7 @@ def test_llama3_scaled_frequencies_equal_transformers(head_dim, base, factor, or
                          rope_scaling=dict(rope_type="llama3", rope_theta=base, factor=factor, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=original))
     theirs, attention_scaling = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
-    ours = layers.Llama3Rotary(head_dim, base, factor, 1.0, 4.0, original).inverse_frequencies()
+    ours = Llama3Rotary(head_dim, base, factor, 1.0, 4.0, original).inverse_frequencies()
     np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), rtol=3e-7)
     assert attention_scaling == 1.0
     plain = np.asarray(layers.Rotary(head_dim, base).inverse_frequencies())

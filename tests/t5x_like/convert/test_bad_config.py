@@ -128,7 +128,7 @@ def test_a_config_json_that_cannot_be_right_is_one_line_and_writes_nothing(saved
     assert not os.path.exists(dst)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "neox", "t5", "bert"])
+@pytest.mark.parametrize("family", sorted({family for family, _, _ in CASES}))
 def test_the_unedited_models_import(saved, tmp_path, family):
     """The cases' models themselves import: each refusal above is the edited value's."""
     assert os.path.isdir(hf.from_hf(saved[family], str(tmp_path / "imported")))

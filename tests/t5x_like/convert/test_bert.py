@@ -16,11 +16,13 @@ torch = pytest.importorskip("torch", reason="needs the torch extra (torch, trans
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
 import models  # noqa: E402
-from t5x_like import inference, optim, trainer  # noqa: E402
+from t5x_like import optim  # noqa: E402
+from t5x_like import step_fns  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import bert, hf, mapping  # noqa: E402
 from t5x_like.features import (ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_SEGMENT_IDS,  # noqa: E402
                                ENCODER_TARGET_TOKENS, ENCODER_TOKEN_TYPES)
+from t5x_like.inference import loading  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
 
 LOGITS_ATOL = 1e-4
@@ -87,7 +89,7 @@ def hf_logits(model, tokens, mask, types):
 def test_from_hf_logits_equal_transformers_with_padding(hf_dir, tmp_path, scan_layers):
     src, model = hf_dir
     hf.from_hf(str(src), str(tmp_path), scan_layers=scan_layers)
-    config, _ = inference.read_config(str(tmp_path))
+    config, _ = loading.read_config(str(tmp_path))
     classifies = type(model).__name__.endswith("SequenceClassification")
     assert config.head == ("classification" if classifies else "mlm")
     assert (config.family, config.scan_layers) == (model.config.model_type, scan_layers)
@@ -123,7 +125,7 @@ def test_to_torch_state_dict_loads_strictly(hf_dir, tmp_path):
     state = torch.load(tmp_path / "model.pt", weights_only=True)
     fresh = type(model)(model.config).eval()
     fresh.load_state_dict(state, strict=True)
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     batch = padded_batch(config, seed=1)
     np.testing.assert_allclose(hf_logits(fresh, *batch), hf_logits(model, *batch), atol=0, rtol=0)
 
@@ -137,18 +139,18 @@ def test_to_hf_of_our_own_model_equals_ours(tmp_path):
 
     import flax.linen as nn
 
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
 
     tokens, mask, types = padded_batch(config, seed=2)
     params = nn.meta.unbox(jax.jit(models.build_model(config).init)(jax.random.PRNGKey(3), tokens)["params"])
-    checkpoints.save_params(str(tmp_path / "ours"), 7, params,
+    store.save_params(str(tmp_path / "ours"), 7, params,
                             {"config": dataclasses.asdict(config), "tokenizer": None})
     hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "hf"))
     loaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
     assert type(loaded).__name__ == "RobertaForSequenceClassification"
     assert loaded.config.id2label == {0: "no", 1: "maybe", 2: "yes"}
     hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "back"))
-    assert inference.read_config(str(tmp_path / "back"))[0].labels == ("no", "maybe", "yes")
+    assert loading.read_config(str(tmp_path / "back"))[0].labels == ("no", "maybe", "yes")
     np.testing.assert_allclose(hf_logits(loaded, tokens, mask, types), ours_logits(config, params, tokens, mask, types),
                                atol=LOGITS_ATOL, rtol=0)
 
@@ -165,7 +167,7 @@ def test_one_adamw_step_of_masked_lm_matches_torch(tmp_path):
     model = random_hf_model("BertForMaskedLM", seed=4)
     model.save_pretrained(tmp_path / "hf")
     hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path / "ours"), config))
     tokens, mask, types = padded_batch(config, seed=5)
     masked = (np.random.default_rng(6).random(tokens.shape) < 0.3) & (mask == 1)
@@ -175,9 +177,9 @@ def test_one_adamw_step_of_masked_lm_matches_torch(tmp_path):
 
     opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
                                b1=0.9, b2=0.999, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
+    state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
-    step = jax.jit(trainer.make_train_step(make_lm(config), opt.tx, opt.schedule, trainer.StepConfig()))
+    step = jax.jit(step_fns.make_train_step(make_lm(config), opt.tx, opt.schedule, step_fns.StepConfig()))
     new_state, metrics = step(state, batch)
 
     torch_model = random_hf_model("BertForMaskedLM", seed=4)
@@ -243,7 +245,7 @@ def test_googles_original_names_convert(tmp_path):
     save_file(state, str(tmp_path / "google" / "model.safetensors"))
     (tmp_path / "google" / "config.json").write_text((tmp_path / "modern" / "config.json").read_text())
     hf.from_hf(str(tmp_path / "google"), str(tmp_path / "ours"))
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     batch = padded_batch(config, seed=2)
     np.testing.assert_allclose(ours_logits(config, hf.restore_on_host(str(tmp_path / "ours"), config), *batch),
                                hf_logits(model, *batch), atol=LOGITS_ATOL, rtol=0)

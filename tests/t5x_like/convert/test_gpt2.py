@@ -18,11 +18,13 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 
 import models  # noqa: E402
 from models.gpt2 import GPT2Config  # noqa: E402
-from t5x_like import checkpoints, optim, trainer  # noqa: E402
-from t5x_like import inference  # noqa: E402
+from t5x_like import optim  # noqa: E402
+from t5x_like import step_fns  # noqa: E402
+from t5x_like.checkpoint import store  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import gpt2, hf, mapping  # noqa: E402
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+from t5x_like.inference import loading  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
 from tests.support.shared_data import shared_file
 
@@ -67,7 +69,7 @@ def hf_logits(model, tokens):
 def test_from_hf_logits_equal_transformers(hf_dir, tmp_path, tokens, scan_layers):
     src, model = hf_dir
     hf.from_hf(str(src), str(tmp_path), scan_layers=scan_layers)
-    config, tokenizer = inference.read_config(str(tmp_path))
+    config, tokenizer = loading.read_config(str(tmp_path))
     assert (config.scan_layers, config.vocab_size, config.padded_vocab_size, tokenizer) == (scan_layers, 50257,
                                                                                             50304, None)
     params = hf.restore_on_host(str(tmp_path), config)
@@ -98,7 +100,7 @@ def test_pytorch_bin_imports_like_safetensors(tmp_path, tokens):
     model.config.save_pretrained(tmp_path / "bin")  # an older HF layout: config.json + pytorch_model.bin
     torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     hf.from_hf(str(tmp_path / "bin"), str(tmp_path / "ours"))
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     ours = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), tokens)
     np.testing.assert_allclose(ours[..., :50257], hf_logits(model, tokens), atol=LOGITS_ATOL, rtol=0)
 
@@ -110,7 +112,7 @@ def our_random_checkpoint(path, scan_layers=True, tokenizer=None):
     params = nn.meta.unbox(jax.jit(models.build_model(config).init)(
         jax.random.PRNGKey(3), jnp.zeros((1, 4), jnp.int32))["params"])
     params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(4), x.shape), params)
-    checkpoints.save_params(str(path), 7, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
+    store.save_params(str(path), 7, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
     return config, params
 
 
@@ -154,7 +156,7 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     src, model = hf_dir
     lr, weight_decay, eps = 1e-3, 2.0, 1e-8  # decay moves a weight by lr·wd·w ≈ 4e-5: above the tolerance
     hf.from_hf(str(src), str(tmp_path))
-    config, _ = inference.read_config(str(tmp_path))
+    config, _ = loading.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))
     batch_tokens = np.random.default_rng(5).integers(0, 50257, (2, 13))
     batch = {DECODER_INPUT_TOKENS: batch_tokens[:, :-1], DECODER_TARGET_TOKENS: batch_tokens[:, 1:],
@@ -162,10 +164,10 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
 
     opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
                                b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
+    state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
-    step = jax.jit(trainer.make_train_step(make_lm(config), opt.tx, opt.schedule,
-                                           trainer.StepConfig(cross_entropy="full_logits")))
+    step = jax.jit(step_fns.make_train_step(make_lm(config), opt.tx, opt.schedule,
+                                           step_fns.StepConfig(cross_entropy="full_logits")))
     new_state, metrics = step(state, batch)
 
     torch_model = random_hf_model()
@@ -221,7 +223,7 @@ def test_checkpoint_without_model_config_is_refused(tmp_path):
     manager.close()
     with pytest.raises(ValueError, match="has no model config"):
         hf.to_hf(str(tmp_path), str(tmp_path / "hf"))
-    checkpoints.save_params(str(tmp_path / "empty"), 0, {"w": jnp.ones(3)}, {"config": None, "tokenizer": None})
+    store.save_params(str(tmp_path / "empty"), 0, {"w": jnp.ones(3)}, {"config": None, "tokenizer": None})
     with pytest.raises(ValueError, match="records no model config"):
         cli.main(["to-torch", str(tmp_path / "empty"), str(tmp_path / "x.pt")])
 
@@ -229,24 +231,24 @@ def test_checkpoint_without_model_config_is_refused(tmp_path):
 def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
     small = GPT2Config(vocab_size=300, max_len=16, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=8)
     with pytest.raises(ValueError, match=r"gpt2-bpe has 50257 ids but the model's vocab_size is 300"):
-        inference.open_tokenizer(str(shared_file("gpt2-bpe")), small)
+        loading.open_tokenizer(str(shared_file("gpt2-bpe")), small)
 
 
 @pytest.mark.integration
 def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_source):
     """RESTORE_FROM a from-hf checkpoint: the first step's loss is the converted model's loss."""
     from partitioning import make_mesh
-    from t5x_like import training
     from t5x_like.experiment import build_experiment
+    from t5x_like.run import loop
 
     src, _ = hf_dir
     hf.from_hf(str(src), str(tmp_path / "ours"))
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     experiment = functools.partial(
         build_experiment, model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2), batch_size=8,
         optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
         feature_lengths={"targets": 16})
-    training.train(model_dir=str(tmp_path / "run"), train_steps=1, data_source=synthetic_source, log_every=1,
+    loop.train(model_dir=str(tmp_path / "run"), train_steps=1, data_source=synthetic_source, log_every=1,
                 restore_from=str(tmp_path / "ours"), experiment=experiment)
     batch = next(synthetic_source("train", batch_size=8, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1))
     logits = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), batch[DECODER_INPUT_TOKENS])

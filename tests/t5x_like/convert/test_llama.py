@@ -17,10 +17,11 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 import configs  # noqa: E402
 import models  # noqa: E402
 from partitioning import Partitioner, make_mesh  # noqa: E402
-from t5x_like import generate, inference  # noqa: E402
+from t5x_like import generate  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, llama  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
+from t5x_like.inference import loading  # noqa: E402
 from tests.support.hf_models import VARIANTS, VOCAB, bos_tokenizer, random_model  # noqa: E402
 from tests.support.shared_data import needs_shared  # noqa: E402
 
@@ -46,7 +47,7 @@ def hf_logits(model, tokens):
 
 def test_from_hf_gives_transformers_logits(converted):
     variant, _, model, ours = converted
-    config, _ = inference.read_config(str(ours))
+    config, _ = loading.read_config(str(ours))
     expected = {k: getattr(config, k) for k in EXPECTED[variant]}
     assert (config.family, config.num_kv_heads, expected) == ("llama", 2, EXPECTED[variant])
     tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 40))  # longer than Mistral's window
@@ -75,9 +76,9 @@ def test_to_hf_gives_back_the_same_tensors(converted, tmp_path):
 
 def test_greedy_decoding_on_a_mesh_equals_transformers_generate(converted):
     variant, _, model, ours = converted
-    config, _ = inference.read_config(str(ours))
+    config, _ = loading.read_config(str(ours))
     partitioner = Partitioner(make_mesh(data=2, tensor=2, devices=jax.devices()[:4]), "fsdp_tensor")
-    params = inference.restore_sharded(str(ours), config, partitioner)
+    params = loading.restore_sharded(str(ours), config, partitioner)
     eod, new = VOCAB - 1, 32
     prompts = [[464 % VOCAB, 748, 286], list(range(100, 112)), [31, 7, 999 - 1, 2, 50, 311, 4, 800, 9, 10, 11]]
     ours_out = generate.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=new,
@@ -146,6 +147,7 @@ def llama_2_tokenizer(folder, corpus_dir):
     """A Llama 2-style tokenizer (a byte-fallback BPE sentencepiece model with Llama's `<unk>`, `<s>`, `</s>` at
     ids 0, 1, 2), trained on Python's help topics and loaded and saved as transformers does a Llama 2 folder's."""
     import pydoc_data.topics
+
     import sentencepiece
 
     corpus = corpus_dir / "corpus.txt"

@@ -18,12 +18,14 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 
 import models  # noqa: E402
 from partitioning import Partitioner, make_mesh  # noqa: E402
-from t5x_like import generate, inference, optim, trainer  # noqa: E402
+from t5x_like import step_fns  # noqa: E402
+from t5x_like import generate, optim  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, mapping, neox  # noqa: E402
 from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
+from t5x_like.inference import loading  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
 from tests.support.shared_data import shared_file, shared_file_if_present
 
@@ -55,7 +57,7 @@ def hf_logits(model, tokens):
 
 
 def assert_logits_equal_hf(checkpoint, model, tokens):
-    config, _ = inference.read_config(str(checkpoint))
+    config, _ = loading.read_config(str(checkpoint))
     ours = forward(config, hf.restore_on_host(str(checkpoint), config), tokens)
     np.testing.assert_allclose(ours[..., :VOCAB], hf_logits(model, tokens), atol=LOGITS_ATOL, rtol=0)
     assert (ours[..., VOCAB:] == np.finfo(np.float32).min).all()
@@ -97,7 +99,7 @@ def test_to_hf_and_to_torch_logits_equal_ours(random_hf_neox, tmp_path, tokens, 
     model = random_hf_neox(0.3, rotary_pct=1.0, parallel=parallel, seed=3, vocab_size=VOCAB)
     model.save_pretrained(tmp_path / "src")
     hf.from_hf(str(tmp_path / "src"), str(tmp_path / "ours"), step=7)
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     ours = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), tokens)[..., :VOCAB]
 
     hf.to_hf(str(tmp_path / "ours" / "checkpoints" / "7"), str(tmp_path / "hf"))
@@ -159,7 +161,7 @@ def test_from_neox_tensor_parallel_shards_give_transformers_logits(random_hf_neo
                           step=10)
     assert path.endswith("checkpoints/10")
     assert_logits_equal_hf(tmp_path / "ours", model, tokens)
-    recorded = inference.read_config(str(tmp_path / "ours"))[1]
+    recorded = loading.read_config(str(tmp_path / "ours"))[1]
     assert (recorded and load_tokenizer(recorded).sha256) == (tokenizer and load_tokenizer(tokenizer).sha256)
 
 
@@ -201,9 +203,9 @@ def test_greedy_generation_equals_transformers_generate(random_hf_neox, tmp_path
     model = random_hf_neox(0.3, seed=5, vocab_size=VOCAB)  # spread logits: no near-ties for argmax
     model.save_pretrained(tmp_path / "hf")
     hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"), scan_layers=False)
-    config, _ = inference.read_config(str(tmp_path / "ours"))
+    config, _ = loading.read_config(str(tmp_path / "ours"))
     partitioner = Partitioner(make_mesh(data=4, tensor=2), "fsdp_tensor")
-    params = inference.restore_sharded(str(tmp_path / "ours"), config, partitioner)
+    params = loading.restore_sharded(str(tmp_path / "ours"), config, partitioner)
     eod, new = 0, 8
     prompts = [[464, 1748, 286], list(range(1000, 1009)), [31, 7, 1999, 2, 50, 311, 4, 8000, 9, 10, 11]]
     ours = generate.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=new,
@@ -226,7 +228,7 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     src, model = hf_dir
     lr, weight_decay, eps = 1e-3, 2.0, 1e-8  # decay moves a weight by lr·wd·w ≈ 4e-5: above the tolerance
     hf.from_hf(str(src), str(tmp_path))
-    config, _ = inference.read_config(str(tmp_path))
+    config, _ = loading.read_config(str(tmp_path))
     params = jax.tree.map(jnp.asarray, hf.restore_on_host(str(tmp_path), config))
     batch_tokens = np.random.default_rng(5).integers(0, VOCAB, (2, 13))
     batch = {DECODER_INPUT_TOKENS: batch_tokens[:, :-1], DECODER_TARGET_TOKENS: batch_tokens[:, 1:],
@@ -235,9 +237,9 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
                                b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, decay_embeddings=True,
                                clip_grad_norm=1.0)
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
+    state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
-    step = jax.jit(trainer.make_train_step(make_lm(config), opt.tx, opt.schedule, trainer.StepConfig()))
+    step = jax.jit(step_fns.make_train_step(make_lm(config), opt.tx, opt.schedule, step_fns.StepConfig()))
     new_state, metrics = step(state, batch)
 
     torch_model = transformers.GPTNeoXForCausalLM.from_pretrained(src)

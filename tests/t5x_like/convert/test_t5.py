@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
 
-from t5x_like import inference  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf  # noqa: E402
+from t5x_like.inference import loading  # noqa: E402
 from tests.support import hf_models  # noqa: E402
 from tests.support.shared_data import SHARED_DATA, needs_shared, shared_file  # noqa: E402
 
@@ -45,7 +45,7 @@ def test_hf_ours_hf_is_lossless_and_transformers_loads_it(tmp_path, version):
     model = random_hf_model(version, vocab_size=128)
     model.save_pretrained(tmp_path / "hf")
     cli.main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")])
-    config, tokenizer = inference.read_config(str(tmp_path / "ours"))
+    config, tokenizer = loading.read_config(str(tmp_path / "ours"))
     assert (config.family, config.vocab_size, config.tie_word_embeddings, tokenizer) == (
         "t5", 128, version == "v1.0", None)
     cli.main(["to-hf", str(tmp_path / "ours"), str(tmp_path / "back")])
@@ -94,10 +94,10 @@ def test_spiece_tokenizer_and_the_32100_real_ids_go_both_ways(spiece_round_trip)
     """Ours: vocab_size 32100 (32000 pieces + 100 sentinels) padded to 32128, the tokenizer copied and
     recorded. HF again: 32128 rows, spiece.model byte for byte, a T5Tokenizer config with 100 extra ids."""
     model, tmp_path = spiece_round_trip
-    config, tokenizer_path = inference.read_config(str(tmp_path / "ours"))
+    config, tokenizer_path = loading.read_config(str(tmp_path / "ours"))
     assert (config.vocab_size, config.padded_vocab_size) == (32100, 32128)
     assert (Path(tokenizer_path) / "spiece.model").read_bytes() == SPIECE.read_bytes()
-    assert inference.open_tokenizer(tokenizer_path, config).vocab_size == 32000
+    assert loading.open_tokenizer(tokenizer_path, config).vocab_size == 32000
     hf_config = json.loads((tmp_path / "back" / "config.json").read_text())
     assert (hf_config["vocab_size"], hf_config["eos_token_id"], hf_config["tie_word_embeddings"]) == (32128, 1, False)
     assert (tmp_path / "back" / "spiece.model").read_bytes() == SPIECE.read_bytes()
@@ -139,7 +139,7 @@ def ours_logits(checkpoint: str, inputs, targets) -> np.ndarray:
     """Our model's logits over the real vocabulary, on one CPU device (fp32)."""
     from t5x_like.lm import make_lm
 
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     params = hf.restore_on_host(checkpoint, config)
     out = make_lm(config).module.apply({"params": params}, np.asarray(inputs), np.asarray(targets))
     return np.asarray(out)[..., :config.vocab_size]
@@ -150,9 +150,9 @@ def greedy_pair(checkpoint: str, model, prompts) -> tuple[list, list]:
     from partitioning import Partitioner, make_mesh
     from t5x_like import generate
 
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     partitioner = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor")
-    params = inference.restore_sharded(checkpoint, config, partitioner)
+    params = loading.restore_sharded(checkpoint, config, partitioner)
     got = generate.Generator(config, params, partitioner, eod_id=1, max_new_tokens=GREEDY_STEPS, batch_size=4,
                              settings=generate.Sampling(temperature=0.0)).generate(prompts)
     want = []
@@ -192,7 +192,7 @@ def test_transformers5_tied_unscaled_folder_converts(tmp_path):
     to-hf writes it as an untied head equal to shared.weight, which transformers loads with the same logits."""
     model = transformers5_folder(tmp_path / "hf", seed=4)
     checkpoint = hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     assert (config.tie_word_embeddings, config.scale_decoder_outputs) == (True, False)
     assert "lm_head" not in hf.restore_on_host(checkpoint, config)
     inputs, targets = np.random.default_rng(1).integers(1, 128, (2, 11)), np.arange(1, 15).reshape(2, 7)
@@ -224,7 +224,7 @@ def test_untied_v1_1_folders_keep_working(tmp_path, style):
         written.pop("scale_decoder_outputs", None)
         (tmp_path / "hf" / "config.json").write_text(json.dumps(written))
     checkpoint = hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     assert (config.tie_word_embeddings, config.scale_decoder_outputs) == (False, False)
     reloaded = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
     inputs, targets = np.random.default_rng(2).integers(1, 128, (2, 9)), np.arange(1, 11).reshape(2, 5)

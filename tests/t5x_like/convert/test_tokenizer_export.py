@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 
 import models  # noqa: E402
 from models.gpt2 import GPT2Config  # noqa: E402
-from t5x_like import checkpoints  # noqa: E402
+from t5x_like.checkpoint import store  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.data import train_tokenizer  # noqa: E402
 from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
@@ -36,7 +36,7 @@ def checkpoint(tmp_path_factory):
     config = GPT2Config(vocab_size=50304, max_len=16, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=16)
     params = nn.meta.unbox(jax.jit(models.build_model(config).init)(jax.random.PRNGKey(0),
                                                                      jnp.zeros((1, 4), jnp.int32))["params"])
-    checkpoints.save_params(str(path), 1, params, {"config": dataclasses.asdict(config), "tokenizer": None})
+    store.save_params(str(path), 1, params, {"config": dataclasses.asdict(config), "tokenizer": None})
     return str(path)
 
 
@@ -106,7 +106,7 @@ def test_to_hf_writes_the_recorded_tokenizer_after_its_files_are_gone(tmp_path):
     config = GPT2Config(vocab_size=50257, max_len=16, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=16)
     params = nn.meta.unbox(jax.jit(models.build_model(config).init)(jax.random.PRNGKey(0),
                                                                      jnp.zeros((1, 4), jnp.int32))["params"])
-    checkpoints.save_params(str(tmp_path / "run"), 3, params,
+    store.save_params(str(tmp_path / "run"), 3, params,
                             {"config": dataclasses.asdict(config), "tokenizer": tokenizer_record(ours)})
     shutil.rmtree(folder)
     cli.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
@@ -138,7 +138,7 @@ def test_t5_sentinels_are_added_tokens_of_a_byte_fallback_tokenizer(trained, tmp
                       embed_dim=8, mlp_dim=16, d_kv=4)
     params = nn.meta.unbox(jax.jit(models.build_model(config).init)(
         jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
-    checkpoints.save_params(str(tmp_path / "t5"), 1, params,
+    store.save_params(str(tmp_path / "t5"), 1, params,
                             {"config": dataclasses.asdict(config), "tokenizer": tokenizer_record(ours)})
     hf.to_hf(str(tmp_path / "t5"), str(tmp_path / "hf"))
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from t5x_like import resume
 from t5x_like.data import make_source
-from t5x_like.data.loader import PaddingRows
+from t5x_like.data.counted_rows import PaddingRows
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.errors import UserError
 from t5x_like.features import CLASSIFICATION_LABELS, DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, NO_LABEL
+from t5x_like.run import resume
 
 RAMPUP = BatchRampup(2, 2, 10, batch_size=8)  # 2, 2, 4, 6, then 8 rows: 10 / 3 samples per increment
 

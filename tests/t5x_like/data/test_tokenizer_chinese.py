@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import sentencepiece
 
-from t5x_like import inference
 from t5x_like.data import formats, load_tokenizer
 from t5x_like.data.tokenizer import bert_wordpiece
 from t5x_like.data.train_tokenizer import character_vocabulary, train_wordpiece, write_vocab_txt
 from t5x_like.errors import UserError
+from t5x_like.inference import loading
 from tests.support.cli import train_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -260,7 +260,7 @@ def test_from_hf_and_to_hf_keep_a_cpm_tokenizer(random_hf_gpt2, cpm_folder, tmp_
     for name in ("spiece.model", "tokenizer_config.json"):
         shutil.copy(cpm_folder / name, folder / name)
     hf.from_hf(str(folder), str(tmp_path / "ours"))
-    imported = load_tokenizer(inference.read_config(str(tmp_path / "ours"))[1])
+    imported = load_tokenizer(loading.read_config(str(tmp_path / "ours"))[1])
     assert type(imported).__name__ == "CpmTokenizer"
     assert imported.encode_batch(CPM_DOCUMENTS) == tokenizer.encode_batch(CPM_DOCUMENTS)
     hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"))
@@ -278,7 +278,7 @@ def test_from_hf_and_to_hf_keep_a_vocab_txt(random_hf_gpt2, tmp_path):
     folder = _hf_folder(random_hf_gpt2, tmp_path, len(vocab))
     write_vocab_txt(vocab, str(folder / "vocab.txt"), lowercase=False)
     hf.from_hf(str(folder), str(tmp_path / "ours"))
-    imported = load_tokenizer(inference.read_config(str(tmp_path / "ours"))[1])
+    imported = load_tokenizer(loading.read_config(str(tmp_path / "ours"))[1])
     assert imported.encode_batch(CHINESE) == load_tokenizer(folder / "vocab.txt").encode_batch(CHINESE)
     hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"))
     config = json.loads((tmp_path / "back" / "tokenizer_config.json").read_text())

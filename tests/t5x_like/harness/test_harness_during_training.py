@@ -9,19 +9,19 @@ from t5x_like.errors import UserError
 
 @pytest.fixture(scope="module")
 def evaluator_and_params(causal_checkpoint):
-    from t5x_like import inference
-    from t5x_like.harness.during_training import LmEvalDuringTraining, TrainingEvaluator
+    from t5x_like.eval.harness.during_training import LmEvalDuringTraining, TrainingEvaluator
+    from t5x_like.inference import loading
 
     checkpoint = str(causal_checkpoint / "ours")
-    config, _ = inference.read_config(checkpoint)
+    config, _ = loading.read_config(checkpoint)
     partitioner = Partitioner(make_mesh(data=2, tensor=2, devices=jax.devices()[:4]), "fsdp_tensor")
-    params = inference.restore_sharded(checkpoint, config, partitioner)
+    params = loading.restore_sharded(checkpoint, config, partitioner)
     settings = LmEvalDuringTraining(tasks="t5xl_choices, t5xl_answers", every=10, include_path="lm_eval_tasks",
                                     limit=4, batch_size=4)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(causal_checkpoint)
         patch.setenv("HF_DATASETS_OFFLINE", "1")
-        evaluator = TrainingEvaluator(settings, config, partitioner, inference.checkpoint_tokenizer(checkpoint, config))
+        evaluator = TrainingEvaluator(settings, config, partitioner, loading.checkpoint_tokenizer(checkpoint, config))
     return evaluator, params
 
 
@@ -50,7 +50,7 @@ def test_each_call_evaluates_the_parameters_it_is_given(evaluator_and_params):
     (dict(tasks="x", every=5, limit=0), "lm_eval_during_training.limit"),
 ])
 def test_bad_settings_are_one_line_in_gin_names(settings, message):
-    from t5x_like.harness.during_training import LmEvalDuringTraining
+    from t5x_like.eval.harness.during_training import LmEvalDuringTraining
 
     with pytest.raises(UserError, match=message):
         LmEvalDuringTraining(**settings).check()

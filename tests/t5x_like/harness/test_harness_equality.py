@@ -19,7 +19,7 @@ to 2.4e-4; measured: 1.2e-4 apart on an AMD EPYC with AVX-512, 2026-11-28, where
 
 def evaluate(root, lm):
     """simple_evaluate of the local tasks on `lm` from the folder the tasks' data_files are relative to."""
-    from t5x_like.harness import tasks
+    from t5x_like.eval.harness import tasks
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
@@ -29,13 +29,13 @@ def evaluate(root, lm):
 
 
 def ours(root, partitioner):
-    from t5x_like import inference
-    from t5x_like.harness.model import CheckpointLM
+    from t5x_like.eval.harness.model import CheckpointLM
+    from t5x_like.inference import loading
 
     checkpoint = str(root / "ours")
-    config, _ = inference.read_config(checkpoint)
-    params = inference.restore_sharded(checkpoint, config, partitioner)
-    tokenizer = inference.checkpoint_tokenizer(checkpoint, config)
+    config, _ = loading.read_config(checkpoint)
+    params = loading.restore_sharded(checkpoint, config, partitioner)
+    tokenizer = loading.checkpoint_tokenizer(checkpoint, config)
     return CheckpointLM(config, params, partitioner, tokenizer, batch_size=4, name=checkpoint)
 
 
@@ -144,7 +144,7 @@ def test_the_cli_on_two_processes_writes_lm_evals_results(causal_checkpoint, hf_
     port, procs = free_port(), []
     for i in range(2):
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "t5x_like.eval", "--task=lm_eval", "--checkpoint=ours",
+            [sys.executable, "-m", "t5x_like.eval.cli", "--task=lm_eval", "--checkpoint=ours",
              f"--lm_eval_tasks={','.join(NAMES)}", "--lm_eval_include_path=lm_eval_tasks", "--batch_size=4",
              "--lm_eval_log_samples", "--tensor_parallel=2", "--output=results/lm_eval.json",
              f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],

@@ -3,8 +3,8 @@ sequence's scored targets where scored_spans says they are."""
 import numpy as np
 import pytest
 
+from t5x_like.eval.harness import sequences as seqs
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
-from t5x_like.harness import sequences as seqs
 
 PREFIX = 999
 

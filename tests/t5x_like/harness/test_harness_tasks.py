@@ -1,4 +1,4 @@
-"""lm-eval called as t5x_like.harness.tasks calls it, from a user's folder outside any git repository."""
+"""lm-eval called as t5x_like.eval.harness.tasks calls it, from a user's folder outside any git repository."""
 import pytest
 
 
@@ -7,7 +7,7 @@ def test_lm_evals_git_describe_says_nothing_outside_a_repository(tmp_path, monke
     """simple_evaluate records `git describe` of the working directory (evaluator.get_git_commit_hash); git's
     `fatal: not a git repository` reaches the user's stderr unless tasks.quiet_git_describe is around the call."""
     evaluator = pytest.importorskip("lm_eval.evaluator")
-    from t5x_like.harness import tasks
+    from t5x_like.eval.harness import tasks
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # git looks in tmp_path only
@@ -82,7 +82,7 @@ def write_task(folder, yaml_text: str, docs: list[str]) -> None:
 def test_a_mistake_in_a_task_file_is_one_line_naming_the_file(tmp_path, monkeypatch, yaml_text, docs, says):
     pytest.importorskip("lm_eval")
     from t5x_like.errors import UserError
-    from t5x_like.harness import tasks
+    from t5x_like.eval.harness import tasks
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -99,7 +99,7 @@ def test_the_tasks_own_file_runs_and_an_error_in_our_model_is_not_called_the_tas
     """The good task file evaluates; an exception raised in t5x_like's code under lm-eval (the model it calls)
     is ours, and goes on as it is."""
     pytest.importorskip("lm_eval")
-    from t5x_like.harness import tasks
+    from t5x_like.eval.harness import tasks
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

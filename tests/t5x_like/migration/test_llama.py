@@ -7,11 +7,11 @@ steps through the train CLI as migrated, from a working directory of its own wit
 import dataclasses
 import json
 import math
+import pydoc_data.topics
 import shutil
 from pathlib import Path
 
 import numpy as np
-import pydoc_data.topics
 import pytest
 
 import configs
@@ -135,8 +135,8 @@ def test_flags_without_an_equivalent_are_listed_with_the_reason(tmp_path):
                          ("--apply-layernorm-1p", "the same function"),
                          ("--window-attn-skip-freq 4", "every layer has the window here"),
                          ("--kv-channels 64", "heads here are hidden size / heads = 128 wide"),
-                         ("--tokenizer-type TikTokenizer", "tiktoken files (Llama 3's tokenizer.model) have no "
-                                                           "reader here"),
+                         ("--tokenizer-type TikTokenizer", "tiktoken files (a tokenizer.model of base64 tokens "
+                                                           "and their ranks) have no reader here"),
                          ("--tokenizer-model tokenizer.model", "set TOKENIZER to the model's tokenizer.json")):
         assert f"{flag} (" in listed and reason in listed, flag
     assert out.value("TOKENIZER") is None and out.overrides["vocab_size"][0] == 131072
@@ -176,7 +176,8 @@ def test_megatron_lms_own_llama3_example_migrates(tmp_path, monkeypatch):
 def stand_in_tokenizer(folder: Path, vocab_size: int) -> None:
     """A tokenizer.json of `vocab_size` ids where the script's tokenizer folder is (the architecture's vocabulary
     is the tokenizer's size; the real ones are not downloaded here)."""
-    from tokenizers import Tokenizer, models as tokenizer_models
+    from tokenizers import Tokenizer
+    from tokenizers import models as tokenizer_models
 
     folder.mkdir(parents=True)
     vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"</s>": vocab_size - 1}
@@ -229,10 +230,10 @@ def test_a_tiny_llama_script_trains_as_migrated(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in rows if "loss" in row]
     assert len(losses) == 2 and all(np.isfinite(losses))
-    from t5x_like import checkpoints
+    from t5x_like.checkpoint import store
     from t5x_like.data.tokenizer import load_tokenizer
 
-    config = checkpoints.read_model_info(str(run))["config"]
+    config = store.read_model_info(str(run))["config"]
     assert {k: config[k] for k in ("family", "num_layers", "embed_dim", "num_key_value_heads", "rope_theta",
                                    "tie_word_embeddings", "qkv_bias", "vocab_size")} == dict(
         family="llama", num_layers=2, embed_dim=64, num_key_value_heads=2, rope_theta=500000.0,

@@ -11,7 +11,7 @@ from pathlib import Path
 import gin
 import pytest
 
-from t5x_like import gin_cli
+from t5x_like.config import frontend
 from t5x_like.migration import rows, translate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -56,7 +56,7 @@ def test_every_setting_of_ours_a_row_names_exists():
     import t5x_like.train  # noqa: F401 (registers the gin configurables)
 
     translate.load_translations()
-    macros = {m.name for m in gin_cli.read_macros(str(REPO / "gin" / "base.gin"))}
+    macros = {m.name for m in frontend.read_macros(str(REPO / "gin" / "base.gin"))}
     fields = model_fields()
     flags = {"generate": cli_flags("generate"), "train": {"--coordinator_address"}}
     missing = []

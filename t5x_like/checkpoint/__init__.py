@@ -1,0 +1,1 @@
+"""Checkpoints: orbax save/restore, integrity manifests, the canonical layout, storage faults."""

@@ -1,0 +1,1 @@
+"""Many processes: joining the job, agreeing on the configuration, stopping together when a peer fails."""

@@ -1,0 +1,48 @@
+"""EPOCHS: a run measured in passes over its training split, as fine-tuning recipes count (ModelCenter's BoolQ
+quickstart trains 5 epochs and evaluates the dev set after each; GPT2-Chinese's train.py --epochs 5 saves after
+each).
+
+Set, it decides the run's lengths before gin is finalised (the gin front-end, config/frontend.py, binds them), so
+every command that reads the run (train, --print_config, compile) sees the same numbers: TRAIN_STEPS = EPOCHS x the
+steps of one pass, ceil(training rows / BATCH_SIZE) (the last batch of a pass takes its missing rows from the next,
+shuffled, pass), and EVAL_EVERY and CHECKPOINT_EVERY become one pass (EVAL_EVERY = 0 keeps validation off). The
+rows are counted as training reads them (the objective's rows of DATA_PATH's training split; a blend's files added
+up).
+"""
+from __future__ import annotations
+
+import math
+
+from absl import logging
+
+from t5x_like import checks, data
+from t5x_like.config.settings import DataSettings
+from t5x_like.errors import UserError
+
+
+def steps_per_pass(epochs: int, settings: DataSettings) -> int:
+    """The steps of one pass over the training split `settings` read, for a run of `epochs` passes (checked)."""
+    checks.positive_int("EPOCHS", epochs, fix="or None to count the run in TRAIN_STEPS")
+    if settings.batch_size_rampup is not None:
+        raise UserError(f"EPOCHS={epochs} with BATCH_SIZE_RAMPUP: a pass over the data is no whole number of steps "
+                        "while the batch ramps up; set TRAIN_STEPS (and EVAL_EVERY, CHECKPOINT_EVERY) instead.")
+    rows = training_rows(settings)
+    batch = settings.batch_size
+    steps = math.ceil(rows / batch)
+    logging.info("EPOCHS=%d: %d training rows per pass, %d steps of BATCH_SIZE=%d each: TRAIN_STEPS=%d, validation "
+                 "and a checkpoint every %d steps", epochs, rows, steps, batch, epochs * steps, steps)
+    return steps
+
+
+def training_rows(settings: DataSettings) -> int:
+    """The rows of one pass over the training split, as data.make_source reads them."""
+    source = data.make_source("train", batch_size=settings.batch_size, feature_lengths=dict(settings.feature_lengths),
+                              seed=settings.seed, shard_index=0, shard_count=1, **settings.source)
+    try:
+        rows = getattr(source, "rows_per_epoch", None)
+    finally:
+        source.close()
+    if not rows:
+        raise UserError("EPOCHS counts passes over the training split, but this source's length is not known ahead "
+                        "(a TFDS stream): set TRAIN_STEPS instead.")
+    return rows

@@ -1,0 +1,126 @@
+"""The shape of the code (issue 42's measures, kept): rooms rather than one flat package, no file or function past
+its size, no import circle, family names only in the family's own files, gin read only by its front-end."""
+import ast
+import io
+import pathlib
+import re
+import tokenize
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("t5x_like", "models", "partitioning", "configs")
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_TOP_MODULES = 450, 60, 15
+NEAR_SYNONYMS = (("train", "trainer", "training"), ("validate", "validation"), ("eval", "evaluation"),
+                 ("checkpoint", "checkpoints"))
+GIN_CALLS = ("get_bindings", "query_parameter", "bind_parameter", "config_str", "parse_config", "unlock_config",
+             "operative_config_str", "parse_config_files_and_bindings")
+MAX_GIN_CALLS_OUTSIDE_FRONT_END = 4
+
+
+def sources() -> list[pathlib.Path]:
+    return sorted(p for package in PACKAGES for p in (REPO / package).rglob("*.py"))
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_runtime_is_in_rooms_with_one_name_per_idea():
+    top = sorted(p.stem for p in (REPO / "t5x_like").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= MAX_TOP_MODULES, top
+    rooms = {p.stem for p in (REPO / "t5x_like").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    for names in NEAR_SYNONYMS:
+        assert len(rooms & set(names)) <= 1, f"rooms named alike: {sorted(rooms & set(names))}"
+    assert not any(name.startswith("checkpoint_") for name in rooms), sorted(rooms)
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_file_or_function_is_too_long(path):
+    text = path.read_text()
+    assert text.count("\n") <= MAX_FILE_LINES, f"{path.relative_to(REPO)}: {text.count(chr(10))} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {length} lines"
+
+
+def module_level_imports(path: pathlib.Path) -> set[str]:
+    """The modules of ours `path` imports when it is imported (not inside functions)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name.split(".")[0] in PACKAGES}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in sources()}
+    return {name: {m for m in module_level_imports(path) if m in modules and m != name and not name.startswith(m + ".")}
+            for name, path in modules.items()}
+
+
+def cycle_from(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle among the modules (a package's __init__ reached from inside it does not count), or None."""
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return trail[trail.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, trail + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_no_import_circle():
+    assert cycle_from(import_graph()) is None
+
+
+def test_an_import_circle_is_found():
+    assert cycle_from({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def code_tokens(path: pathlib.Path) -> list[tokenize.TokenInfo]:
+    """The names and strings of a file's code: no comments, no docstrings (or other lone string statements)."""
+    text = path.read_text()
+    lone_strings = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            lone_strings.update(range(node.lineno, node.end_lineno + 1))
+    return [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+            if t.type in (tokenize.NAME, tokenize.STRING) and t.start[0] not in lone_strings]
+
+
+def family_files(family: str) -> set[pathlib.Path]:
+    return {REPO / "models" / f"{family}.py", REPO / "configs" / f"{family}.py",
+            REPO / "t5x_like" / "convert" / f"{family}.py"}
+
+
+@pytest.mark.parametrize("family", ["llama"])
+def test_only_a_familys_own_files_and_one_registry_name_it(family):
+    import models
+
+    others = {f for f in models.FAMILIES if f != family}
+    naming = sorted(str(p.relative_to(REPO)) for p in sources()
+                    if p not in family_files(family) and not any(p in family_files(other) for other in others)
+                    and any(re.search(rf"\b{family}\b", t.string, re.I) for t in code_tokens(p)))
+    assert len(naming) <= 1, naming
+
+
+def test_gin_bindings_are_read_and_written_by_the_front_end():
+    outside = [f"{p.relative_to(REPO)}:{t.start[0]}" for p in sources()
+               if not p.is_relative_to(REPO / "t5x_like" / "config")
+               for t in code_tokens(p) if t.type == tokenize.NAME and t.string in GIN_CALLS]
+    assert len(outside) <= MAX_GIN_CALLS_OUTSIDE_FRONT_END, outside
