@@ -1,8 +1,9 @@
 """Test-wide setup: 8 simulated CPU devices (set before jax is imported anywhere), the tiers and the rules every
 test keeps (tests/support/tiers.py), and fixtures many files share."""
-from tests.support.environment import configure_this_process, release_compiled
+from tests.support.environment import configure_this_process, release_compiled, single_device_programs_only_in_the_cache
 
 configure_this_process()
+single_device_programs_only_in_the_cache()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

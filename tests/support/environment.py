@@ -19,13 +19,7 @@ import os
 CHEAP_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0 " \
               "--xla_llvm_disable_expensive_passes=true"
 ISA = "--xla_cpu_max_isa=AVX2"
-# XLA's own list-order schedule instead of its concurrency-optimised one, in every process the suite runs: with the
-# latter, a multi-device program loaded from the compilation cache (below) can run its collectives in a different
-# order on each simulated device, and every device then waits for the others until XLA aborts the process
-# ("Termination timeout for `all reduce RendezvousKey...`"). It took a CI worker in test_bert_training's data x
-# tensor run: 6 of 6 runs from a warm cache aborted, 0 of 12 with this flag (a fresh compile passed either way).
-ORDERED_COLLECTIVES = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA} {ORDERED_COLLECTIVES}"
+XLA_CPU_FLAGS = f"{CHEAP_FLAGS} --xla_cpu_use_fusion_emitters=false {ISA}"
 # One JAX compilation cache for the suite, its workers and the processes its tests start (they inherit the
 # environment): the same small models are compiled by many tests, and a hit loads the executable instead. Every
 # program is kept, however quick to compile (test_eval + test_generate + test_lm 178 -> 167 s, one process, from an
@@ -46,6 +40,28 @@ def configure_this_process() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def single_device_programs_only_in_the_cache() -> None:
+    """Keep the workers' multi-device programs out of the compilation cache (compiled each time instead).
+
+    An 8-device program that XLA:CPU loads from the cache can run its collectives in another order on each
+    simulated device; each device then waits for the others until XLA aborts the process after 60 s
+    ("Termination timeout for `all reduce RendezvousKey...`"). It took a CI worker in test_bert_training's
+    data x tensor run: 6 of 6 runs from a warm cache aborted, 0 of 3 compiling it. (XLA's list-order scheduler,
+    --xla_cpu_enable_concurrency_optimized_scheduler=false, cured that program and broke another:
+    test_sequence_parallel then aborted 4 runs in 5 even when compiled.) The hook is jax's own cache-key
+    function: a program without a key is compiled and not written."""
+    from jax._src import compiler
+
+    keyed = compiler._get_cache_key
+
+    def key_for_single_device_programs(options, backend, computation, devices, *args, **kwargs):
+        if getattr(devices, "size", 1) > 1:
+            return None
+        return keyed(options, backend, computation, devices, *args, **kwargs)
+
+    compiler._get_cache_key = key_for_single_device_programs
 
 
 def release_compiled() -> None:
@@ -80,6 +96,6 @@ def cpu_env(devices: int, *, optimized: bool = False, **extra: str) -> dict[str,
     """The environment for a test's subprocess: `devices` simulated CPU devices, the suite's XLA flags, or with
     `optimized` XLA's full CPU optimisation, for a run whose steps cost more than compiling them (tens of steps of
     a quickstart-sized model: the quickstart T5's 30 steps 155 s -> 75 s)."""
-    flags = f"--xla_cpu_multi_thread_eigen=false {ISA} {ORDERED_COLLECTIVES}" if optimized else XLA_CPU_FLAGS
+    flags = f"--xla_cpu_multi_thread_eigen=false {ISA}" if optimized else XLA_CPU_FLAGS
     return dict(os.environ, JAX_PLATFORMS="cpu",
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {flags}", **extra)
