@@ -146,7 +146,7 @@ def write_inputs(args: argparse.Namespace, workdir: Path) -> None:
 def commands(task: str, args: argparse.Namespace, checkpoint: str, workdir: Path) -> dict[str, tuple[list[str], Path]]:
     """{'ours': (the CLI, its output file), 'transformers': (this script's reference child, its output file)}."""
     if task == "wikitext":
-        ours = ["-m", "t5x_like.eval.cli", "--task=wikitext", f"--data={workdir / 'wiki.txt'}", f"--stride={args.stride}",
+        ours = ["-m", "t5x_like.eval", "--task=wikitext", f"--data={workdir / 'wiki.txt'}", f"--stride={args.stride}",
                 f"--seq_len={args.seq_len}"]
         reference = [f"--input={workdir / 'wiki.detok.txt'}", f"--seq_len={args.seq_len}", f"--stride={args.stride}"]
     else:

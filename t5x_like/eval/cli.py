@@ -52,7 +52,7 @@ from t5x_like.checkpoint import store
 from t5x_like.cluster import peers, processes
 from t5x_like.data import loader
 from t5x_like.data.objectives.common import token_files_vocabulary
-from t5x_like.errors import UserError, exit_on_user_error
+from t5x_like.errors import UserError
 from t5x_like.eval.classification import evaluate_classification
 from t5x_like.eval.harness import cli as lm_eval_cli
 from t5x_like.eval.lambada import evaluate_lambada
@@ -268,7 +268,3 @@ def main(argv: Sequence[str] | None = None) -> dict:
             json.dump(result, f, indent=2)
             f.write("\n")
     return result
-
-
-if __name__ == "__main__":
-    exit_on_user_error(main)()

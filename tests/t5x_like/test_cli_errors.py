@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ("t5x_like.data.preprocess", ["--input={tmp}", "--output_prefix={tmp}/out", "--tokenizer={tmp}"],
      "error: --input={tmp}: the directory holds no files (hidden ones are skipped)"),
     ("t5x_like.convert", ["from-hf", "{tmp}", "{tmp}/ours"], "error: {tmp}/config.json does not exist"),
-    ("t5x_like.eval.cli", ["--task=tokens", "--checkpoint={tmp}", "--data={tmp}/corpus.bin"],
+    ("t5x_like.eval", ["--task=tokens", "--checkpoint={tmp}", "--data={tmp}/corpus.bin"],
      "error: --data={tmp}/corpus.bin: pass the token file's prefix, without .bin."),
     ("t5x_like.compile", ["--gin_file=quickstart.gin", "--topology=cpu:2", "--gin.RULES=fsdp"],
      "error: --gin.RULES=fsdp: 'fsdp' is not a gin value"),
@@ -31,7 +31,7 @@ def test_a_user_mistake_is_one_line(tmp_path, module, args, message):
     ("t5x_like.train", "DCN_PIPELINE_PARALLEL  1"),
     ("t5x_like.compile", "--topology"),
     ("t5x_like.data.preprocess", "--output_prefix"),
-    ("t5x_like.eval.cli", "--task"),
+    ("t5x_like.eval", "--task"),
     ("t5x_like.generate", "--checkpoint"),
     ("t5x_like.convert", "from-hf"),
 ])

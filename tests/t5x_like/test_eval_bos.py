@@ -87,7 +87,7 @@ def test_the_tokenizer_names_the_bos_its_post_processor_puts_first(llama):
 def test_wikitext_equals_the_transformers_guide_with_bos_and_without_it(llama):
     """As a user runs it, from the folder with relative paths: the CLI's numbers and summary; then --no_bos."""
     root, tokenizer, model = llama
-    done = subprocess.run([sys.executable, "-m", "t5x_like.eval.cli", "--task=wikitext", "--checkpoint=ours",
+    done = subprocess.run([sys.executable, "-m", "t5x_like.eval", "--task=wikitext", "--checkpoint=ours",
                            "--data=wiki.txt", f"--seq_len={SEQ_LEN}", f"--stride={STRIDE}", "--batch_size=4",
                            "--output=results/wikitext.json"],
                           cwd=root, env=cpu_env(1), capture_output=True, text=True, timeout=300)

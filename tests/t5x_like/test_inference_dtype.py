@@ -49,7 +49,7 @@ def test_a_float16_checkpoint_evaluates_in_float32_on_cpu_and_says_so(workdir):
     results = {}
     for name, extra in (("fp16", []), ("fp32", []), ("fp16", ["--dtype=float16"])):
         output = f"{name}{''.join(extra)}.json"
-        done = run_cli("t5x_like.eval.cli", ["--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
+        done = run_cli("t5x_like.eval", ["--task=wikitext", f"--checkpoint={name}", "--data=wiki.txt",
                                          "--seq_len=64", "--stride=32", "--batch_size=4", f"--output={output}", *extra],
                        workdir, devices=1)
         notes = [line for line in done.stderr.splitlines() if line.startswith("compute dtype:")]

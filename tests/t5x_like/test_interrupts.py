@@ -20,12 +20,19 @@ pytestmark = pytest.mark.system
 LINE = "interrupted (Ctrl-C): stopped before finishing; nothing half-written is left"
 
 
+def answer_ctrl_c() -> None:
+    """In the CLI's process before Python starts: Ctrl-C's default action, as a terminal's foreground command has it.
+    A suite started in the background (`make test &`) ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """A CLI started in its own process group, its stderr gathered as it comes."""
 
     def __init__(self, argv: list[str], cwd):
         self.process = subprocess.Popen([sys.executable, "-m", *argv], cwd=cwd, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True, start_new_session=True, env=cpu_env(1))
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True, env=cpu_env(1),
+                                        preexec_fn=answer_ctrl_c)
         self.stderr = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -71,7 +78,7 @@ def test_ctrl_c_during_an_eval_is_one_line_and_writes_no_result(tmp_path):
                            "'mlp_dim': 64}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=cpu_env(1))
     assert done.returncode == 0, done.stderr[-3000:]
-    running = Running(["t5x_like.eval.cli", "--task=wikitext", "--checkpoint=run", "--data=text.txt", "--seq_len=32",
+    running = Running(["t5x_like.eval", "--task=wikitext", "--checkpoint=run", "--data=text.txt", "--seq_len=32",
                        "--output=eval.json"], tmp_path)
     running.wait_for(lambda: "wikitext:" in running.stderr)  # scoring
     assert running.ctrl_c() == 130, running.stderr[-3000:]

@@ -56,8 +56,8 @@ def run_cli(module: str, args: list[str], out: Path, processes: int) -> list[str
 def test_wikitext_eval_on_two_processes_equals_one(checkpoint, tmp_path):
     args = ["--task=wikitext", f"--checkpoint={checkpoint / 'ours'}", f"--data={checkpoint / 'excerpt.txt'}",
             "--seq_len=32", "--stride=16", "--batch_size=4"]
-    one = run_cli("t5x_like.eval.cli", args, tmp_path / "one.json", 1)
-    two = run_cli("t5x_like.eval.cli", args, tmp_path / "two.json", 2)
+    one = run_cli("t5x_like.eval", args, tmp_path / "one.json", 1)
+    two = run_cli("t5x_like.eval", args, tmp_path / "two.json", 2)
     want, got = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert got["num_tokenized_tokens"] == want["num_tokenized_tokens"] > 100
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)

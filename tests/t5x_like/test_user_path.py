@@ -77,7 +77,7 @@ def test_readers_find_the_tokenizer_from_elsewhere_after_the_run_moved(user, bui
     after = cli(other, "t5x_like.generate", "--checkpoint=../moved/runs/char", "--prompt=import",
                 "--max_new_tokens=4", "--temperature=0", env=env)
     assert json.loads(after.stdout)["completion"] == json.loads(before.stdout)["completion"]
-    evaluated = cli(other, "t5x_like.eval.cli", "--task=wikitext", "--checkpoint=../moved/runs/char",
+    evaluated = cli(other, "t5x_like.eval", "--task=wikitext", "--checkpoint=../moved/runs/char",
                     "--data=../moved/wiki.txt", "--output=results/wiki.json", env=env)
     assert json.loads((other / "results" / "wiki.json").read_text())["ppl"] > 1, evaluated.stdout
     cli(other, "t5x_like.convert", "to-hf", "../moved/runs/char", "hf", env=env)

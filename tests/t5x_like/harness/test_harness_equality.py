@@ -144,7 +144,7 @@ def test_the_cli_on_two_processes_writes_lm_evals_results(causal_checkpoint, hf_
     port, procs = free_port(), []
     for i in range(2):
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "t5x_like.eval.cli", "--task=lm_eval", "--checkpoint=ours",
+            [sys.executable, "-m", "t5x_like.eval", "--task=lm_eval", "--checkpoint=ours",
              f"--lm_eval_tasks={','.join(NAMES)}", "--lm_eval_include_path=lm_eval_tasks", "--batch_size=4",
              "--lm_eval_log_samples", "--tensor_parallel=2", "--output=results/lm_eval.json",
              f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
