@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Mapping
 import jax.numpy as jnp
 
 from models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
-from models.layers import REMAT_POLICIES, Rotary
+from models.layers import REMAT_POLICIES, MoE, Rotary
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -134,6 +134,11 @@ class FamilyConfig:
         the model runs them, keyed by the config field that sets it (errors name it), e.g.
         {'num_layers': 24}; raise ValueError naming the reason when the family cannot be pipelined."""
         raise NotImplementedError
+
+    def loss_terms(self) -> dict[str, float]:
+        """The weight of each auxiliary loss the model's layers report (models.layers.router_losses's names) in
+        the training loss; none by default."""
+        return {}
 
     def summary(self) -> str:
         """One line on the model's shape, for the start-up log (layers, width, heads, vocabulary)."""
@@ -268,3 +273,74 @@ class EncoderOnlyConfig(FamilyConfig):
         if not 2 <= lengths["inputs"] <= self.max_input_length():
             raise ValueError(f"FEATURE_LENGTHS['inputs']={lengths['inputs']} must be between 2 and the model's "
                              f"{self.max_input_length()} positions.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig(DecoderOnlyConfig):
+    """The fields of a decoder whose blocks' MLP is a mixture of experts (models.layers.MoE): a family config
+    inherits this before its dense base (`class MixtralConfig(MoEConfig, LlamaConfig)`), adds
+    MOE_POSITIVE_FIELDS to its POSITIVE_FIELDS and builds its block's feed-forward with `moe_layer`. The
+    router's loss coefficients and the capacity are run choices (a checkpoint's weights do not change)."""
+
+    MOE_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "num_experts", "num_experts_per_token", "expert_mlp_dim", "shared_expert_mlp_dim", "capacity_factor")
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = FamilyConfig.RUN_FIELDS + (
+        "router_aux_loss_coef", "router_z_loss_coef", "capacity_factor")
+
+    num_experts: int = 8
+    num_experts_per_token: int = 2
+    """The experts each token goes to (top-k)."""
+    expert_mlp_dim: int | None = None
+    """Each expert's hidden width (None: mlp_dim, as Mixtral's)."""
+    normalize_router_weights: bool = True
+    """Divide the top-k router probabilities by their sum (Mixtral, Qwen3-MoE; Qwen2-MoE: no)."""
+    shared_expert_mlp_dim: int | None = None
+    """Qwen2-MoE's shared expert's hidden width (None: no shared expert)."""
+    router_aux_loss_coef: float = 0.001
+    """The load-balancing loss's weight in the training loss (transformers' router_aux_loss_coef)."""
+    router_z_loss_coef: float = 0.0
+    """The router z-loss's weight in the training loss (Megatron's --moe-z-loss-coeff)."""
+    capacity_factor: float | None = None
+    """None: dropless routing; c: each expert takes at most ceil(c · tokens · k / experts) assignments."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_experts_per_token > self.num_experts:
+            raise ValueError(f"num_experts_per_token {self.num_experts_per_token} exceeds num_experts "
+                             f"{self.num_experts}; route each token to at most num_experts experts.")
+        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} {value!r} must be a number >= 0.")
+
+    @property
+    def expert_width(self) -> int:
+        return self.expert_mlp_dim or self.mlp_dim
+
+    def loss_terms(self) -> dict[str, float]:
+        return {"load_balancing_loss": float(self.router_aux_loss_coef), "router_z_loss": float(self.router_z_loss_coef)}
+
+    def moe_layer(self, activation: str, init_std: float, out_init_std: float) -> MoE:
+        """The blocks' feed-forward (named 'mlp')."""
+        return MoE(self.num_experts, self.num_experts_per_token, self.expert_width, init_std, out_init_std,
+                   activation=activation, normalize_top_k=self.normalize_router_weights,
+                   shared_expert_mlp_dim=self.shared_expert_mlp_dim, capacity_factor=self.capacity_factor,
+                   dtype=self.compute_dtype, name="mlp")
+
+    def mlp_params(self) -> int:
+        """The weights one token multiplies with in a block's MLP: the router, its k experts, the shared one."""
+        e = self.embed_dim
+        shared = 3 * e * self.shared_expert_mlp_dim + e if self.shared_expert_mlp_dim else 0
+        return e * self.num_experts + self.num_experts_per_token * 3 * e * self.expert_width + shared
+
+    def pipeline_stacks(self) -> dict[str, int]:
+        raise ValueError("a mixture-of-experts model is not pipelined here (its router statistics do not pass "
+                         "between stages); set PIPELINE_PARALLEL=1 and shard the experts with EXPERT_PARALLEL.")
+
+    def block_notes(self) -> str:
+        notes = f", {self.num_experts} experts, top-{self.num_experts_per_token}, expert mlp {self.expert_width}"
+        if self.shared_expert_mlp_dim:
+            notes += f", shared expert mlp {self.shared_expert_mlp_dim}"
+        if self.capacity_factor is not None:
+            notes += f", capacity factor {self.capacity_factor}"
+        return super().block_notes() + notes

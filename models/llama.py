@@ -130,21 +130,30 @@ def norm(c: LlamaConfig, name: str) -> layers.RMSNorm:
 class LlamaBlock(layers.DecoderBlock):
     """h = x + attn(ln_1 x), then h + mlp(ln_2 h); dropout on both branches. Rotary grouped-query attention
     (num_kv_heads key/value heads; Mistral: a sliding window; Qwen2: biases on query, key and value), the
-    gated MLP proj(silu(gate x) * fc x), no other biases."""
+    gated MLP proj(silu(gate x) * fc x), no other biases. A family with another attention or feed-forward
+    (Qwen3's normed queries and keys, a mixture of experts) overrides `attention` or `feed_forward`."""
 
     config: LlamaConfig
+
+    def attention(self, **options) -> layers.Attention:
+        """The block's attention, `attn`; `options` are more of layers.Attention's (Qwen3: qk_norm_eps)."""
+        c = self.config
+        return layers.Attention(c.num_heads, c.head_dim, c.init_std, c.init_std, num_kv_heads=c.num_kv_heads,
+                                qkv_bias=c.qkv_bias, rotary=c.rotary, window=c.sliding_window, attention=c.attention,
+                                dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype, name="attn", **options)
+
+    def feed_forward(self, h: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+        """The block's MLP on the normed residual stream h (segment_ids: 0 marks padding)."""
+        c = self.config
+        return layers.MLP(c.mlp_dim, "silu", c.init_std, c.init_std, gated=True, dtype=c.compute_dtype, name="mlp")(h)
 
     @nn.compact
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array):
         c = self.config
         dropout = nn.Dropout(c.dropout_rate, deterministic=self.deterministic)
-        attn = layers.Attention(c.num_heads, c.head_dim, c.init_std, c.init_std, num_kv_heads=c.num_kv_heads,
-                                qkv_bias=c.qkv_bias, rotary=c.rotary, window=c.sliding_window, attention=c.attention,
-                                dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype, name="attn")
-        mlp = layers.MLP(c.mlp_dim, "silu", c.init_std, c.init_std, gated=True, dtype=c.compute_dtype, name="mlp")
-        h = x + dropout(attn(norm(c, "ln_1")(x), deterministic=self.deterministic, segment_ids=segment_ids,
-                             positions=positions))
-        h = h + dropout(mlp(norm(c, "ln_2")(h)))
+        h = x + dropout(self.attention()(norm(c, "ln_1")(x), deterministic=self.deterministic,
+                                         segment_ids=segment_ids, positions=positions))
+        h = h + dropout(self.feed_forward(norm(c, "ln_2")(h), segment_ids))
         return nn.with_logical_constraint(h, layers.BATCH_LENGTH_EMBED), None
 
 

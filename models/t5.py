@@ -80,8 +80,25 @@ class T5Config(FamilyConfig):
                              f"{self.relative_attention_max_distance} are too small; T5 uses 32 / 128.")
 
     @property
+    def mlp_activation(self) -> tuple[str, bool]:
+        """(activation, gated) of the MLP: FEED_FORWARD's entry (a variant's config may name its own)."""
+        return FEED_FORWARD[self.feed_forward]
+
+    @property
     def gated(self) -> bool:
-        return FEED_FORWARD[self.feed_forward][1]
+        return self.mlp_activation[1]
+
+    def decoder_start_ids(self) -> tuple[int, ...]:
+        """The ids the decoder starts from, before the first target (T5: the padding id 0, seqio's shift)."""
+        return (0,)
+
+    def inputs_end_with_eos(self) -> bool:
+        """Whether the encoder reads EOS after each input text (T5: seqio's append_eos)."""
+        return True
+
+    def targets_end_id(self, eod_id: int) -> int:
+        """The id that ends every target (T5: the tokenizer's EOS)."""
+        return eod_id
 
     @property
     def head_dim(self) -> int:
@@ -124,7 +141,7 @@ class T5Config(FamilyConfig):
         output = "tied" if self.tie_word_embeddings else "untied"
         if self.scale_decoder_outputs != self.tie_word_embeddings:
             output += ", scaled" if self.scale_decoder_outputs else ", unscaled"
-        return (f"t5: {self.num_layers}+{self.num_decoder_layers} layers, width {self.embed_dim}, "
+        return (f"{self.family}: {self.num_layers}+{self.num_decoder_layers} layers, width {self.embed_dim}, "
                 f"{self.num_heads} heads x {self.d_kv}, mlp {self.mlp_dim} ({self.feed_forward}), vocab "
                 f"{self.vocab_size} (padded to {self.padded_vocab_size}), {output} output, {self.dtype}")
 
@@ -142,7 +159,7 @@ def attention(c: T5Config, causal: bool, name: str) -> layers.Attention:
 
 
 def mlp(c: T5Config) -> layers.MLP:
-    activation, gated = FEED_FORWARD[c.feed_forward]
+    activation, gated = c.mlp_activation
     return layers.MLP(c.mlp_dim, activation, c.init_factor * c.embed_dim**-0.5, c.init_factor * c.mlp_dim**-0.5,
                       gated=gated, dropout_rate=c.dropout_rate, dtype=c.compute_dtype, name="mlp")
 

@@ -1,4 +1,4 @@
-"""Device meshes from named sizes. Axes, outermost first: data, stage, fsdp, tensor."""
+"""Device meshes from named sizes. Axes, outermost first: data, stage, fsdp, expert, tensor."""
 from __future__ import annotations
 
 import math
@@ -9,10 +9,11 @@ from jax.sharding import AxisType, Mesh
 
 from partitioning.errors import PartitioningError
 
-AXES = ("data", "stage", "fsdp", "tensor")
+AXES = ("data", "stage", "fsdp", "expert", "tensor")
 
 
-MACROS = {"data": "DATA_PARALLEL", "stage": "PIPELINE_PARALLEL", "fsdp": "FSDP_PARALLEL", "tensor": "TENSOR_PARALLEL"}
+MACROS = {"data": "DATA_PARALLEL", "stage": "PIPELINE_PARALLEL", "fsdp": "FSDP_PARALLEL", "expert": "EXPERT_PARALLEL",
+          "tensor": "TENSOR_PARALLEL"}
 
 
 def resolve_axis_sizes(sizes: dict[str, int], num_devices: int, *, simulable: bool = False) -> dict[str, int]:
@@ -42,7 +43,7 @@ def resolve_axis_sizes(sizes: dict[str, int], num_devices: int, *, simulable: bo
     elif known != num_devices:
         raise PartitioningError(
             f"mesh {sizes} has {known} devices but {num_devices} are available; make the product of "
-            "DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL equal the device "
+            "DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL, EXPERT_PARALLEL and TENSOR_PARALLEL equal the device "
             "count, or set one of them to -1 to fill."
         )
     return sizes
@@ -64,24 +65,24 @@ def too_few_devices(needed: int, present: int, simulable: bool) -> str:
 
 
 DCN_MACROS = {"data": "DCN_DATA_PARALLEL", "stage": "DCN_PIPELINE_PARALLEL", "fsdp": "DCN_FSDP_PARALLEL",
-              "tensor": "DCN_TENSOR_PARALLEL"}
+              "expert": "DCN_EXPERT_PARALLEL", "tensor": "DCN_TENSOR_PARALLEL"}
 
 
-def make_mesh(data: int = -1, stage: int = 1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int = 1,
-              dcn_stage: int = 1, dcn_fsdp: int = 1, dcn_tensor: int = 1,
+def make_mesh(data: int = -1, stage: int = 1, fsdp: int = 1, tensor: int = 1, expert: int = 1, *, dcn_data: int = 1,
+              dcn_stage: int = 1, dcn_fsdp: int = 1, dcn_tensor: int = 1, dcn_expert: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A mesh over `devices` (default: all) with Auto axes ('data', 'stage', 'fsdp', 'tensor').
+    """A mesh over `devices` (default: all) with Auto axes ('data', 'stage', 'fsdp', 'expert', 'tensor').
 
     The sizes are whole axes. `dcn_*` say how many ways of an axis run between slices (TPU) or nodes
     (GPU, CPU: one process per node) over the data-centre network; the rest of each axis stays inside
     a slice or node (ICI / NVLink). With any dcn size > 1 the devices are arranged by jax's
     `mesh_utils.create_hybrid_device_mesh`, as MaxText does."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = resolve_axis_sizes(dict(data=data, stage=stage, fsdp=fsdp, tensor=tensor), len(devices),
+    sizes = resolve_axis_sizes(dict(data=data, stage=stage, fsdp=fsdp, expert=expert, tensor=tensor), len(devices),
                                simulable=can_simulate(devices))
     shape = tuple(sizes[axis] for axis in AXES)
     axis_types = (AxisType.Auto,) * len(AXES)
-    dcn = dict(zip(AXES, (dcn_data, dcn_stage, dcn_fsdp, dcn_tensor)))
+    dcn = dict(data=dcn_data, stage=dcn_stage, fsdp=dcn_fsdp, expert=dcn_expert, tensor=dcn_tensor)
     if all(size == 1 for size in dcn.values()):
         return jax.make_mesh(shape, AXES, axis_types=axis_types, devices=devices)
     return Mesh(hybrid_devices(sizes, dcn, devices), AXES, axis_types=axis_types)

@@ -14,11 +14,9 @@ import flax.linen as nn
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from partitioning.rules import RuleSet, Rules, get_rule_set
 from partitioning.errors import PartitioningError
-
-_MACRO_FOR_AXIS = {"data": "DATA_PARALLEL", "stage": "PIPELINE_PARALLEL",
-                   "fsdp": "FSDP_PARALLEL", "tensor": "TENSOR_PARALLEL"}
+from partitioning.mesh import MACROS as _MACRO_FOR_AXIS
+from partitioning.rules import RuleSet, Rules, get_rule_set
 
 
 class Partitioner:

@@ -3,7 +3,9 @@
 A rule set maps each logical axis name (used by the models) to mesh axes. `params` rules
 place parameters, `activations` rules place activations and batches, and `opt_state` rules
 place optimizer moments (ZeRO-1 shards only those). Axes that a rule set leaves unmapped are
-replicated.
+replicated. Expert parallelism is in every set: a mixture of experts' weights split over 'expert' by their
+'expert' axis, and outside the experts the 'expert' mesh axis splits the batch as 'data' does (MaxText's
+layout), so EXPERT_PARALLEL devices hold different rows and, in the MoE layers, different experts.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from partitioning.errors import PartitioningError
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 ACTIVATIONS: Rules = (
-    ("activation_batch", ("data", "fsdp")),
+    ("activation_batch", ("data", "fsdp", "expert")),
     ("activation_length", None),
     ("activation_embed", None),
     ("activation_heads", "tensor"),
@@ -25,26 +27,26 @@ ACTIVATIONS: Rules = (
 
 REPLICATED: Rules = (
     ("vocab", None), ("embed", None), ("mlp", None), ("heads", None), ("kv", None),
-    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None), ("expert", "expert"),
 )
 FSDP: Rules = (
     ("vocab", None), ("embed", "fsdp"), ("mlp", None), ("heads", None), ("kv", None),
-    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None), ("expert", "expert"),
 )
 TENSOR: Rules = (
     ("vocab", "tensor"), ("embed", None), ("mlp", "tensor"), ("heads", "tensor"), ("kv", None),
-    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None), ("expert", "expert"),
 )
 FSDP_TENSOR: Rules = (
     ("vocab", "tensor"), ("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("kv", None),
-    ("layers", "stage"), ("position", None), ("relpos_buckets", None),
+    ("layers", "stage"), ("position", None), ("relpos_buckets", None), ("expert", "expert"),
 )
 # Megatron sequence parallelism: the residual stream [batch, length, embed] (norms, dropout, residual
 # adds) is split over 'tensor' along its length between the tensor-parallel blocks. Rules apply in
 # order and a mesh axis is used once per array, so listing heads/mlp/vocab first keeps the blocks'
 # own arrays split by heads/mlp/vocab and only arrays without those axes take length -> 'tensor'.
 SEQUENCE_PARALLEL_ACTIVATIONS: Rules = (
-    ("activation_batch", ("data", "fsdp")),
+    ("activation_batch", ("data", "fsdp", "expert")),
     ("activation_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),

@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=int, default=-1)
     p.add_argument("--fsdp", type=int, default=1)
     p.add_argument("--tensor", type=int, default=1)
+    p.add_argument("--expert", type=int, default=1, help="mesh 'expert' size (a mixture of experts' experts)")
     p.add_argument("--rules", default="fsdp_tensor")
     p.add_argument("--profile_dir", help="write a jax.profiler trace of the timed steps here")
     p.add_argument("--compare", choices=["torch"], help="also run the PyTorch reference and print the ratio")
@@ -70,13 +71,21 @@ def peak_memory_bytes(compiled) -> tuple[int | None, str]:
     return int(total), "compiled estimate"
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """Build, compile and time our train step; returns the result row."""
+def model_values(args: argparse.Namespace) -> dict:
+    """The model config's values: the preset, the run's choices, then --overrides."""
     values = dict(configs.get_model_config(args.preset).to_dict(), dtype=args.dtype, attention=args.attention,
                   remat_policy=args.remat, dropout_rate=0.0, attention_dropout_rate=0.0)
     values.update(json.loads(args.overrides))
+    return values
+
+
+def measure(args: argparse.Namespace, values: dict | None = None) -> dict:
+    """Build, compile and time our train step (of the model config `values`, default model_values(args));
+    returns the result row."""
+    values = model_values(args) if values is None else values
     exp = build_experiment(
-        model=models.config_from_dict(values), mesh=make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor),
+        model=models.config_from_dict(values),
+        mesh=make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor, expert=args.expert),
         rules=args.rules, optimizer=optim.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=1000),
         batch_size=args.batch_size, feature_lengths={"targets": args.seq_len}, grad_accum_steps=args.grad_accum,
         cross_entropy=args.cross_entropy, loss_chunk_size=args.loss_chunk_size)

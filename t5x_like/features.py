@@ -9,6 +9,10 @@ documents 1, 2, ... when packed, with encoder_positions) and encoder_token_types
 encoder_loss_weights (1 at the masked positions), or for classification classification_labels [batch, 1].
 Lengths come from FEATURE_LENGTHS: {'targets': T}, {'inputs': I, 'targets': T} or {'inputs': I}.
 """
+from __future__ import annotations
+
+import dataclasses
+
 DECODER_INPUT_TOKENS = "decoder_input_tokens"
 DECODER_TARGET_TOKENS = "decoder_target_tokens"
 DECODER_LOSS_WEIGHTS = "decoder_loss_weights"
@@ -28,6 +32,41 @@ NO_LABEL = -1
 
 DECODER_START_ID = 0
 """An encoder-decoder's first decoder input: the targets are shifted right with it (seqio, T5)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PairEnds:
+    """How an encoder-decoder's input/target pairs begin and end (its config says; LanguageModel.source_settings
+    hands it to the seq2seq data): the encoder reads `inputs_end_id` after each input (None: nothing), the decoder
+    reads `start_ids` first (those after the first are labels too) and `targets_end_id` closes every target."""
+
+    start_ids: tuple[int, ...]
+    inputs_end_id: int | None
+    targets_end_id: int
+
+    @classmethod
+    def seqio(cls, eod_id: int) -> PairEnds:
+        """seqio's (T5's): EOS after inputs and targets, the targets shifted right from DECODER_START_ID."""
+        return cls((DECODER_START_ID,), eod_id, eod_id)
+
+    @property
+    def added_inputs(self) -> int:
+        """Ids an input gains (its end)."""
+        return int(self.inputs_end_id is not None)
+
+    @property
+    def added_targets(self) -> int:
+        """Ids a target's labels gain (the start ids after the first, its end)."""
+        return len(self.start_ids)
+
+    def inputs(self, ids, length: int) -> list[int]:
+        """The encoder's ids for an input's ids, cut to fit `length`."""
+        end = [] if self.inputs_end_id is None else [self.inputs_end_id]
+        return [*ids[:length - len(end)], *end]
+
+    def targets(self, ids, length: int) -> list[int]:
+        """The labels for a target's ids, cut to fit `length`: the start ids after the first, the ids, the end."""
+        return [*self.start_ids[1:], *ids[:max(0, length - self.added_targets)], self.targets_end_id]
 
 
 def decoder_only_length(feature_lengths: dict[str, int]) -> int:

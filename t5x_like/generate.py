@@ -5,13 +5,13 @@
 
 Prompts of different lengths share a batch: they are left-padded, padding is masked out of the
 attention (segment id 0) and positions count from each row's first real token, so every row
-decodes exactly as it would alone. A row stops at the tokenizer's end-of-document id; the loop
-stops when every row has. Temperature 0 is greedy decoding; --num_beams=N beam search (with
---length_penalty). For an encoder-decoder checkpoint (T5) each prompt is the encoder's input, with
-EOS appended as in training (and as transformers' T5 tokenizer does), and the completion is the
-decoded target text; the decoder starts from id 0 and caches its own and the
-cross-attention keys/values (the encoder runs once). Each output line is a JSON object
-with `prompt`, `completion`, `tokens` (the generated ids, without the end-of-document id) and
+decodes exactly as it would alone. A row stops at the tokenizer's end-of-document id or where the model's
+targets end (LanguageModel.end_ids: CPM-2's <s_1>); the loop stops when every row has. Temperature 0 is greedy
+decoding; --num_beams=N beam search (with --length_penalty). For an encoder-decoder checkpoint each prompt is the
+encoder's input as in training (T5: EOS appended, as transformers' T5 tokenizer does; CPM-2: the ids alone), and
+the completion is the decoded target text; the decoder starts from the config's start ids (T5: id 0; CPM-2:
+<s>, <s_0>) and caches its own and the cross-attention keys/values (the encoder runs once). Each output line is a
+JSON object with `prompt`, `prompt_tokens`, `completion`, `tokens` (the generated ids, without the end id) and
 `finish_reason` ('eod' or 'length'), and `sample` (1, 2, ...) with --num_samples > 1.
 
 As GPT2-Chinese's and CPM-Generate's users expect: --num_samples completions per prompt,
@@ -149,7 +149,7 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int = 0, num_samples: int = 1) -> list[list[int]]:
         """Generated ids per prompt (a prompt text's token ids; the model's kind adds what training adds:
-        EOS after an encoder's input), cut before the first end-of-document id. Prompts longer than the
+        EOS after an encoder's input), cut before the first end id (LanguageModel.end_ids). Prompts longer than the
         model's room (decoder-only: max_len - max_new_tokens) keep their last tokens; an empty prompt
         starts from the tokenizer's start of document (`start_id`; else its end-of-document id). With
         `num_samples`, each prompt is sampled that many times (its samples follow it)."""
@@ -172,13 +172,14 @@ class Generator:
             with self.partitioner.activate():
                 out = jax.device_get(decode(self.params, loading.global_array(tokens, sharding),
                                             loading.global_array(valid, sharding), rng))
-            results.extend(cut_at(row, self.eod_id) for row in out[:len(batch)])
+            results.extend(cut_at(row, *self.lm.end_ids(self.eod_id)) for row in out[:len(batch)])
         return results
 
 
-def cut_at(ids: np.ndarray, eod_id: int) -> list[int]:
+def cut_at(ids: np.ndarray, *end_ids: int) -> list[int]:
+    """The ids before the first of `end_ids` (the model's: LanguageModel.end_ids)."""
     ids = [int(i) for i in ids]
-    return ids[:ids.index(eod_id)] if eod_id in ids else ids
+    return ids[:min((ids.index(e) for e in end_ids if e in ids), default=len(ids))]
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -302,8 +303,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     encode = tokenizer.encode_prompt if generator.lm.KIND == "decoder_only" else tokenizer.encode
 
     def complete(batch: list[str], seed: int) -> list[dict]:
-        generated = generator.generate([encode(p) for p in batch], seed=seed, num_samples=args.num_samples)
-        return prompts.records(batch, generated, tokenizer.decode, args.max_new_tokens, args.num_samples)
+        encoded = [encode(p) for p in batch]
+        generated = generator.generate(encoded, seed=seed, num_samples=args.num_samples)
+        return prompts.records(batch, encoded, generated, tokenizer.decode, args.max_new_tokens, args.num_samples)
 
     joint = " => " if generator.lm.KIND == "encoder_decoder" else ""  # a target, or a continuation
     if args.interactive:

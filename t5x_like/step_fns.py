@@ -163,6 +163,14 @@ def leaf_finite(tree: Any) -> jax.Array:
     return jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)])
 
 
+def auxiliary_loss(lm: LanguageModel, auxiliary: dict[str, jax.Array]) -> jax.Array:
+    """The layers' auxiliary losses (a mixture of experts' router losses), each times its weight in the
+    training loss (the model config's loss_terms)."""
+    if not auxiliary:
+        return jnp.zeros((), jnp.float32)
+    return sum(weight * auxiliary[name] for name, weight in lm.config.loss_terms().items() if name in auxiliary)
+
+
 def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     config: StepConfig) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The pure train step: loss -> grads (accumulated) -> (unscaled) -> optax update. A step whose
@@ -174,9 +182,9 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
 
     def grad_fn(params, batch, rng, *, fp8_state, scale):
         def scaled_loss(p, f):
-            nll, z, w = lm.loss_sums(p, batch, rng, z_loss=config.z_loss, cross_entropy=config.cross_entropy,
-                                     loss_chunk_size=config.loss_chunk_size, fp8_state=f)
-            return (nll + z) * scale, (nll, z, w)
+            sums = lm.loss_sums(p, batch, rng, z_loss=config.z_loss, cross_entropy=config.cross_entropy,
+                                loss_chunk_size=config.loss_chunk_size, fp8_state=f)
+            return (sums.nll + sums.z_loss + auxiliary_loss(lm, sums.auxiliary)) * scale, sums
         (grads, fp8_next), aux = jax.grad(scaled_loss, argnums=(0, 1), has_aux=True)(params, fp8_state)
         return grads, aux, fp8_next  # an FP8 state's "gradient" is its next value (flax's fp8_ops)
 
@@ -186,7 +194,7 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
         # Differentiate the mean loss times the scale, as DeepSpeed and Apex do: a loss scale (and its
         # overflow point) means what it means there, whatever the step's token count.
         tokens = jnp.maximum(lm.loss_weights(batch).sum(), 1.0)
-        grads, (nll, z, weight), fp8_state = accumulate_gradients(
+        grads, (nll, z, weight, auxiliary), fp8_state = accumulate_gradients(
             functools.partial(grad_fn, fp8_state=state.fp8_state, scale=scale / tokens), state.params, batch, rng,
             config.grad_accum_steps)
         weight = jnp.maximum(weight, 1.0)
@@ -218,11 +226,28 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
             "update_finite": update_finite.astype(jnp.int32),
             "grad_finite": grad_finite,
         }
-        if state.loss_scale is not None:
-            metrics["loss_scale"] = state.loss_scale.scale
+        metrics.update(auxiliary_metrics(auxiliary, weight), **loss_scale_metric(state.loss_scale))
         return new_state, metrics
 
     return train_step
+
+
+def loss_scale_metric(loss_scale: LossScale | None) -> Metrics:
+    """{'loss_scale': the scale the step used} under float16 loss scaling, else nothing."""
+    return {} if loss_scale is None else {"loss_scale": loss_scale.scale}
+
+
+def auxiliary_metrics(auxiliary: dict[str, jax.Array], weight: jax.Array) -> Metrics:
+    """The step's auxiliary losses (per scored token, as the loss) and each expert's share of the router's
+    assignments as `expert_share/<expert>` (TensorBoard groups them): scalars, as every metric."""
+    metrics = {}
+    for name, value in auxiliary.items():
+        value = value / weight
+        if value.ndim:
+            metrics.update({f"{name}/{i}": value[i] for i in range(value.shape[0])})
+        else:
+            metrics[name] = value
+    return metrics
 
 
 def make_eval_step(lm: LanguageModel, microbatches: int = 1) -> Callable[[Any, Batch], Metrics]:

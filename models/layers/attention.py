@@ -11,6 +11,7 @@ from jax.ad_checkpoint import checkpoint_name
 from models.attention import dot_product_attention
 from models.layers import kv_cache
 from models.layers.dense import BATCH_LENGTH_EMBED, BATCH_LENGTH_HEADS_KV, add_bias, dense_einsum, normal_param
+from models.layers.norms import RMSNorm
 from models.layers.positions import Rotary
 
 
@@ -26,7 +27,9 @@ class Attention(nn.Module):
     (T5's relative positions: [batch or 1, heads, q_len, kv_len], covering every cache slot when decoding).
     `window`: a causal sliding window of that many keys for self-attention (Mistral's sliding_window: each
     token sees itself and the window - 1 tokens before it, padding included; None: no window), in the
-    forward pass and when decoding through the cache.
+    forward pass and when decoding through the cache. `qk_norm_eps`: an RMSNorm over each head of the queries
+    and of the keys, with this epsilon, before rotary (Qwen3's q_norm / k_norm: query_norm/scale and
+    key_norm/scale [head_dim], logical axis kv, ones; None: no norm).
     """
 
     num_heads: int
@@ -40,6 +43,7 @@ class Attention(nn.Module):
     qkv_bias: bool = False
     out_bias: bool = False
     rotary: Rotary | None = None
+    qk_norm_eps: float | None = None
     scale: float | None = None
     attention: str = "auto"
     dropout_rate: float = 0.0
@@ -51,6 +55,9 @@ class Attention(nn.Module):
                               ("embed", "heads", "kv"), self.param_dtype)
         y = dense_einsum(name, "bte,ehd->bthd", x, kernel.astype(self.dtype))
         y = add_bias(self, y, f"{name}_bias", (heads, self.head_dim), ("heads", "kv"), self.qkv_bias)
+        if self.qk_norm_eps is not None and name != "value":
+            y = RMSNorm(self.qk_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, axis="kv",
+                        name=f"{name}_norm")(y)
         return checkpoint_name(nn.with_logical_constraint(y, BATCH_LENGTH_HEADS_KV), f"{name}_proj")
 
     def keys_values(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:

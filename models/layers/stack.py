@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 
 from models.layers.dense import FP8_STATE
+from models.layers.moe import ROUTER_STATS
 
 LayerStack = Callable[[type[nn.Module], type[nn.Module]], Callable[..., nn.Module]]
 """The runtime's hook replacing a scanned stack (e.g. by a pipeline): called with the block class and the
@@ -65,7 +66,7 @@ def block_stack(block: type[nn.Module], block_args: tuple, *, num_layers: int, s
         return apply_in_turn
     stack = nn.scan(
         block,
-        variable_axes={"params": 0, "cache": 0, FP8_STATE: 0},
+        variable_axes={"params": 0, "cache": 0, FP8_STATE: 0, ROUTER_STATS: 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * broadcast_args,
         length=num_layers,

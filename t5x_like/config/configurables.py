@@ -21,7 +21,7 @@ from t5x_like.lm import check_objective
 gin.external_configurable(make_mesh, module="partitioning")
 gin.external_configurable(optim.make_optimizer, module="optim")
 gin.external_configurable(step_fns.LossScaleConfig, module="trainer")
-make_source = gin.external_configurable(data.make_source, module="data", denylist=["rampup"])  # train() gives it
+make_source = gin.external_configurable(data.make_source, module="data", denylist=["rampup", "pair_ends"])  # train() gives them
 
 
 @gin.configurable

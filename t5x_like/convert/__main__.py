@@ -3,6 +3,8 @@
     to-hf    SRC DST        MODEL_DIR or step dir -> a directory AutoModelForCausalLM.from_pretrained loads
     from-hf  SRC DST        Hugging Face directory -> DST/checkpoints/<step> (eval, generate, RESTORE_FROM)
     to-torch SRC FILE.pt    MODEL_DIR or step dir -> a plain state_dict with Hugging Face names
+    from-modelcenter SRC DST   ModelCenter's CPM-2 folder (config.json, pytorch_model.pt, vocab.txt) -> DST/checkpoints/<step>
+    to-modelcenter SRC DST     CPM-2 checkpoint -> a ModelCenter folder (config.json, pytorch_model.pt in float16, vocab.txt)
     from-neox SRC DST       GPT-NeoX's own checkpoint (global_stepN/layer_XX-model_YY-model_states.pt,
                             tensor-parallel shards merged) -> DST/checkpoints/<step>, e.g.
         python -m t5x_like.convert from-neox /ckpts/20B/global_step150000 /runs/neox20b --preset=neox_20b \
@@ -32,9 +34,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_hf.add_argument("--tokenizer", default=None,
                        help="the tokenizer to write (default: the one the checkpoint records), in any form training "
                             "takes: a directory or tokenizer.json, GPT-2 BPE files, vocab.txt, a sentencepiece .model")
-    to_hf.add_argument("--overwrite", action="store_true",
-                       help="DST may hold an earlier export: its model and tokenizer files are replaced (files of "
-                            "other kinds are left alone)")
     to_torch = commands.add_parser("to-torch", help="checkpoint -> torch state_dict file")
     to_torch.add_argument("src", help="MODEL_DIR (latest step) or a step directory")
     to_torch.add_argument("file", help="output .pt file")
@@ -42,6 +41,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     from_hf.add_argument("src", help="directory with config.json and model.safetensors or pytorch_model.bin")
     from_hf.add_argument("dst", help="output MODEL_DIR (the checkpoint goes to DST/checkpoints/<step>)")
     from_hf.set_defaults(run_import=import_hf)
+    exports = export_commands(commands)
+    for command in exports:
+        command.set_defaults(command_kind="export")
+    for command in (to_hf, *exports):
+        command.add_argument("--overwrite", action="store_true",
+                             help="DST may hold an earlier export: its model and tokenizer files are replaced (files "
+                                  "of other kinds are left alone)")
     for command in (from_hf, *converter_commands(commands)):
         command.add_argument("--step", type=int, default=0, help="step number to record")
         command.add_argument("--no_scan_layers", dest="scan_layers", action="store_false",
@@ -61,6 +67,13 @@ def converter_commands(commands) -> list[argparse.ArgumentParser]:
             if hasattr(converter, "add_import_command")]
 
 
+def export_commands(commands) -> list[argparse.ArgumentParser]:
+    """The export commands converters add for their upstream's own checkpoints (`add_export_command`, e.g.
+    to-modelcenter), each running through its `run_export` (which returns what it wrote, for the user)."""
+    return [converter.add_export_command(commands) for converter in hf.FAMILIES.values()
+            if hasattr(converter, "add_export_command")]
+
+
 def import_hf(args: argparse.Namespace) -> str:
     """The from-hf command: the checkpoint's path."""
     return hf.from_hf(args.src, args.dst, step=args.step, scan_layers=args.scan_layers,
@@ -71,9 +84,12 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad values and unwritable outputs before converting anything."""
     if args.command == "to-hf":
         checks.output_dir("DST", args.dst, new_folder_for="the Hugging Face files")
-        refuse_a_folder_in_use(args.dst, args.overwrite)
+        refuse_a_folder_in_use(args.dst, args.overwrite, args.command)
     elif args.command == "to-torch":
         checks.output_file("FILE", args.file)
+    elif getattr(args, "command_kind", None) == "export":
+        checks.output_dir("DST", args.dst, new_folder_for="the exported files")
+        refuse_a_folder_in_use(args.dst, args.overwrite, args.command)
     else:
         checks.non_negative_int("--step", args.step)
         checks.positive_int("--vocab_pad_multiple", args.vocab_pad_multiple)
@@ -81,14 +97,14 @@ def check_arguments(args: argparse.Namespace) -> None:
         refuse_existing_checkpoints(args.dst)
 
 
-def refuse_a_folder_in_use(dst: str, overwrite: bool) -> None:
-    """to-hf writes into an empty or new folder; one holding files (another model's export, anything else) only
-    with --overwrite, and then the earlier export's files go first (hf.remove_export)."""
+def refuse_a_folder_in_use(dst: str, overwrite: bool, command: str) -> None:
+    """to-hf and the exports (to-modelcenter) write into an empty or new folder; one holding files (another model's
+    export, anything else) only with --overwrite, and then the earlier export's files go first (hf.remove_export)."""
     held = sorted(os.listdir(dst)) if os.path.isdir(dst) else []
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise UserError(f"DST={dst} already holds files ({shown}); to-hf writes into a new or empty folder: give "
-                        "another DST, or add --overwrite to replace the model there.")
+        raise UserError(f"DST={dst} already holds files ({shown}); {command} writes into a new or empty folder: "
+                        "give another DST, or add --overwrite to replace the model there.")
     if held:
         hf.remove_export(dst)
 
@@ -112,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "to-torch":
         hf.to_torch(args.src, args.file)
         print(f"wrote {args.file}")
+    elif getattr(args, "command_kind", None) == "export":
+        print(f"wrote {args.run_export(args)}")
     else:  # from-hf, or an import a converter adds
         print(f"wrote {args.run_import(args)}")
 

@@ -28,8 +28,9 @@ HF_MODEL_TYPE is the converter of the family it is named after (mapping.py, hf.p
 A converter declares HF_MODEL_TYPE, TIED, layout(config) (top-level entries and block stacks), config_to_hf,
 config_from_hf, tokenizer_config; optionally HF_MODEL_TYPES (the model types it imports, when several),
 tied(config) (to-torch), copied(config) (to-hf), config_for_tensors(config, tensors) (from-hf, T5's head),
-renamed_tensors(tensors) (from-hf) and add_import_command(commands) (an import of its upstream's own
-checkpoints, e.g. from-neox: convert/__main__.py)."""
+renamed_tensors(tensors) (from-hf), exported_tensors(pairs) (to-hf and to-torch: the layout's (HF name, array)
+pairs -> those written; the mixture-of-experts families' per-expert tensors, mapping.per_expert) and
+add_import_command(commands) (an import of its upstream's own checkpoints, e.g. from-neox: convert/__main__.py)."""
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "spiece.model", "tokenizer.model", "vocab.txt")
 """Files of which a Hugging Face model directory with a tokenizer holds at least one."""
 
@@ -45,7 +46,8 @@ def hf_tensors(src: str) -> Iterator[tuple[str, np.ndarray]]:
     config, _ = loading.read_config(src)
     family = converter_for(config.family)
     flat = mapping.flatten(restore_on_host(src, config))
-    yield from mapping.to_hf_tensors(flat, config, *family.layout(config))
+    pairs = mapping.to_hf_tensors(flat, config, *family.layout(config))
+    yield from family.exported_tensors(pairs) if hasattr(family, "exported_tensors") else pairs
 
 
 def restore_on_host(src: str, config) -> dict:
@@ -155,8 +157,11 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
                         "the model's config.json.") from None
     tokenizer = hf_tokenizer_record(src, config)
     tensors = read_hf_weights(src)
-    if hasattr(family, "renamed_tensors"):  # BERT: Google's original weights say LayerNorm gamma / beta
-        tensors = family.renamed_tensors(tensors)
+    if hasattr(family, "renamed_tensors"):  # BERT: Google's LayerNorm gamma / beta; MoE: experts stacked
+        try:
+            tensors = family.renamed_tensors(tensors)
+        except UserError as e:  # the weights' own fault (an expert missing): name the folder
+            raise UserError(f"{src}: {e}") from None
     if hasattr(family, "config_for_tensors"):  # T5: transformers 5 keeps a head saved apart from shared untied
         config = family.config_for_tensors(config, tensors)
     flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)

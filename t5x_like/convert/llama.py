@@ -24,6 +24,8 @@ HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 HF_BLOCK_PREFIX = "model.layers.{}."
 TIED: dict[str, str] = {}
 """Untied by default; tied(config) names the tied head."""
+ROPE_TYPES = ("default", "llama3")
+"""The rotary types we take (models.llama.Llama3Rotary is 'llama3')."""
 
 HEADS_OUT = Transform(lambda ours, c: ours[0].reshape(ours[0].shape[0], -1).T,
                       lambda theirs, c: [theirs.T.reshape(theirs.shape[1], -1, c.head_dim)])
@@ -109,21 +111,53 @@ def config_to_hf(config: LlamaConfig, eod_id: int | None) -> dict:
     return hf
 
 
-def config_from_hf(hf: dict, source: str, **choices) -> LlamaConfig:
-    """Our config from a HF Llama / Mistral / Qwen2 config.json (rotary settings in 4.x's rope_theta and
-    rope_scaling or 5.x's rope_parameters); `choices` are ours alone (scan_layers, dtype, ...)."""
-    model_type = hf["model_type"]
+def checked_heads(hf: dict, source: str) -> int:
     heads = hf["num_attention_heads"]
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
         raise UserError(f"{source}: num_attention_heads={heads!r} must be a positive integer; re-download or repair "
                         "the model's config.json.")
+    return heads
+
+
+def rope_of(hf: dict) -> tuple[dict, str]:
+    """(the rotary settings, their rope_type) from 4.x's rope_theta and rope_scaling or 5.x's rope_parameters."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return rope, rope.get("rope_type", rope.get("type", "default"))
+
+
+def refuse_unsupported(source: str, model_type: str, unsupported: dict) -> None:
+    """`unsupported`: {HF option: (its value, the values we take)}; one line names the first we do not take."""
+    for name, (value, allowed) in unsupported.items():
+        if value not in allowed:
+            raise UserError(f"{source}: {name}={value!r} is not supported by our {model_type} (supported: {allowed}).")
+
+
+def shared_fields(hf: dict, rope: dict, rope_type: str) -> dict:
+    """Our LlamaConfig fields that every Llama-class config.json gives alike (sizes, rotary, norms, tying)."""
+    scaling = {} if rope_type == "default" else dict(
+        rope_scaling_factor=rope["factor"], rope_low_freq_factor=rope["low_freq_factor"],
+        rope_high_freq_factor=rope["high_freq_factor"],
+        rope_original_max_len=rope["original_max_position_embeddings"])
+    return dict(
+        vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], num_key_value_heads=hf.get("num_key_value_heads"),
+        embed_dim=hf["hidden_size"], mlp_dim=hf["intermediate_size"],
+        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), **scaling,
+        tie_word_embeddings=hf.get("tie_word_embeddings", False), layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        init_std=hf.get("initializer_range", 0.02), attention_dropout_rate=hf.get("attention_dropout", 0.0))
+
+
+def config_from_hf(hf: dict, source: str, **choices) -> LlamaConfig:
+    """Our config from a HF Llama / Mistral / Qwen2 config.json (rotary settings in 4.x's rope_theta and
+    rope_scaling or 5.x's rope_parameters); `choices` are ours alone (scan_layers, dtype, ...)."""
+    model_type = hf["model_type"]
+    heads = checked_heads(hf, source)
+    rope, rope_type = rope_of(hf)
     unsupported = {
         "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),
         "attention_bias": (hf.get("attention_bias", False), (False,)),
         "mlp_bias": (hf.get("mlp_bias", False), (False,)),
-        "rope_type": (rope_type, ("default", "llama3")),
+        "rope_type": (rope_type, ROPE_TYPES),
         "use_sliding_window": (hf.get("use_sliding_window", False) if model_type == "qwen2" else False, (False,)),
     }
     width = hf["hidden_size"]
@@ -131,19 +165,7 @@ def config_from_hf(hf: dict, source: str, **choices) -> LlamaConfig:
         raise UserError(f"{source}: head_dim={hf.get('head_dim')}, hidden_size={width}, num_attention_heads={heads}: "
                         "our llama needs heads of hidden_size / num_attention_heads, a whole number; re-download or "
                         "repair the model's config.json.")
-    for name, (value, allowed) in unsupported.items():
-        if value not in allowed:
-            raise UserError(f"{source}: {name}={value!r} is not supported by our {model_type} (supported: {allowed}).")
-    scaling = {} if rope_type == "default" else dict(
-        rope_scaling_factor=rope["factor"], rope_low_freq_factor=rope["low_freq_factor"],
-        rope_high_freq_factor=rope["high_freq_factor"],
-        rope_original_max_len=rope["original_max_position_embeddings"])
-    return LlamaConfig(
-        vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"], num_key_value_heads=hf.get("num_key_value_heads"),
-        embed_dim=hf["hidden_size"], mlp_dim=hf["intermediate_size"],
-        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), **scaling,
-        sliding_window=hf.get("sliding_window") if model_type == "mistral" else None,
-        qkv_bias=model_type == "qwen2", tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        layer_norm_eps=hf.get("rms_norm_eps", 1e-6), init_std=hf.get("initializer_range", 0.02),
-        attention_dropout_rate=hf.get("attention_dropout", 0.0), **choices)
+    refuse_unsupported(source, model_type, unsupported)
+    window = hf.get("sliding_window") if model_type == "mistral" else None
+    return LlamaConfig(**shared_fields(hf, rope, rope_type), sliding_window=window, qkv_bias=model_type == "qwen2",
+                       **choices)

@@ -9,7 +9,8 @@ never exists twice in full.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+import re
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -152,3 +153,43 @@ def check_block_count(tensors: dict[str, np.ndarray], stack: Stack, source: str)
         raise UserError(f"{source}: config.json gives {stack.num_layers} blocks but the weights hold {held} "
                         f"({stack.hf_prefix.format(held - 1) + first!r} is the last); repair the layer count in "
                         "config.json (or download the model again).")
+
+
+# Mixture of experts: Hugging Face checkpoints (save_pretrained's files) hold one tensor per expert,
+# `<...>.experts.<e>.<name>`; ours stack the experts on a leading axis. A converter maps the stacked name
+# `<...>.experts.<name>` [experts, ...] in its layout, with `stacked_experts` as its renamed_tensors (from-hf)
+# and `per_expert` as its exported_tensors (to-hf, to-torch).
+_PER_EXPERT = re.compile(r"^(?P<head>.*\.experts\.)(?P<expert>\d+)\.(?P<tail>.+)$")
+_STACKED = re.compile(r"^(?P<head>.*\.experts\.)(?P<tail>[^\d].*)$")
+
+EXPERTS_TRANSPOSED = Transform(lambda ours, c: np.swapaxes(ours[0], -1, -2),
+                               lambda theirs, c: [np.swapaxes(theirs, -1, -2)])
+"""Stacked torch Linear weights [experts, out, in] <-> our expert kernels [experts, in, out]."""
+
+
+def stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`<...>.experts.<e>.<name>` for e = 0..n-1 -> one `<...>.experts.<name>` [n, ...] (the others unchanged);
+    experts that are not numbered 0..n-1 without a gap are refused, naming the first one missing."""
+    groups: dict[str, dict[int, np.ndarray]] = {}
+    for name in [n for n in tensors if _PER_EXPERT.match(n)]:
+        match = _PER_EXPERT.match(name)
+        groups.setdefault(match["head"] + match["tail"], {})[int(match["expert"])] = tensors.pop(name)
+    for name, by_expert in groups.items():
+        missing = sorted(set(range(max(by_expert) + 1)) - set(by_expert))
+        if missing:
+            head, tail = _STACKED.match(name).group("head", "tail")
+            raise UserError(f"tensor {head + str(missing[0]) + '.' + tail!r} is missing (the weights hold experts "
+                            f"{sorted(by_expert)} of {name!r}); download the model again.")
+        tensors[name] = np.stack([by_expert.pop(e) for e in range(len(by_expert))])
+    return tensors
+
+
+def per_expert(pairs: Iterable[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
+    """The inverse of stacked_experts over (name, array) pairs: `<...>.experts.<name>` [n, ...] -> n tensors
+    `<...>.experts.<e>.<name>`."""
+    for name, array in pairs:
+        match = _STACKED.match(name)
+        if match is None:
+            yield name, array
+        else:
+            yield from ((f"{match['head']}{e}.{match['tail']}", array[e]) for e in range(array.shape[0]))

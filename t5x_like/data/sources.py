@@ -3,30 +3,33 @@ objective's module in t5x_like/data/objectives/ makes them from a SourceRequest 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 from t5x_like.data.loader import BatchSource
 from t5x_like.data.objectives import objective as objective_module
 from t5x_like.data.objectives.common import SourceRequest
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.errors import UserError
+from t5x_like.features import PairEnds
 
 
 def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
                 shard_count: int, objective: str = "causal_lm", data_path: str | list[str] | dict | None = None,
                 blend_weights: list[float] | None = None, tokenizer: str | None = None, data_split: str = "949,50,1",
                 packing: bool = False, worker_count: int = 0, rampup: BatchRampup | None = None,
-                **settings) -> BatchSource:
+                pair_ends: Callable[[int], PairEnds] | None = None, **settings) -> BatchSource:
     """This host's batches of `split` ('train' | 'validation' | 'test'): `batch_size` rows of every global
     batch, made by OBJECTIVE's module from the data settings every objective takes (DATA_PATH, BLEND_WEIGHTS,
     TOKENIZER, DATA_SPLIT, PACKING, worker_count) and its own `settings` (e.g. span corruption's noise_density,
     masked-LM's mask_rate, classification's labels: data.make_source.<setting> in gin). `rampup`: the training
-    split's batch-size ramp-up (BATCH_SIZE_RAMPUP, of the global batch)."""
+    split's batch-size ramp-up (BATCH_SIZE_RAMPUP, of the global batch). `pair_ends`: the model's (its
+    LanguageModel's source_settings give it; see features.PairEnds)."""
     module = objective_module(objective)
     check_settings(module, objective, settings)
     request = SourceRequest(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=seed,
                             shard_index=shard_index, shard_count=shard_count, data_path=data_path,
                             blend_weights=blend_weights, tokenizer=tokenizer, data_split=data_split, packing=packing,
-                            worker_count=worker_count, rampup=rampup)
+                            worker_count=worker_count, rampup=rampup, pair_ends=pair_ends)
     return module.make_source(request, **settings)
 
 

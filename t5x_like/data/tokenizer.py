@@ -9,6 +9,8 @@ models and CPM's jieba + sentencepiece tokenizer.
     model directory holds the complete description here, even when it also has the files below),
   - a directory with `vocab.json` + `merges.txt`, `encoder.json` + `vocab.bpe` or Megatron's
     `gpt2-vocab.json` + `gpt2-merges.txt`, or one of those files (OpenAI GPT-2 BPE),
+  - a directory with CPM-2's `vocab.txt` (it ends with the sentinels `<s_0>` ... `<s_189>`), or that file:
+    CPM-2's tokenizer (ModelCenter's CPM2Tokenizer: jieba words, then the longest pieces of the vocabulary),
   - a directory with `vocab.txt`, or a `*.txt` vocabulary file (BERT WordPiece, as transformers'
     BertTokenizerFast; lower-cased unless a tokenizer_config.json beside it says `"do_lower_case": false`),
   - a directory with exactly one `*.model`, or a `*.model` file (sentencepiece).
@@ -30,6 +32,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from t5x_like.data import layouts
+from t5x_like.data.cpm2_tokenizer import CPM2Tokenizer, cpm2_vocab_file
 from t5x_like.data.cpm_tokenizer import CPM_TOKENIZER_CLASSES, cpm_tokenizer
 from t5x_like.data.tokenizer_base import (EOD_TOKENS, Tokenizer, decode_runs, find_eod, split_special,
                                           tokenizer_config)
@@ -323,6 +326,8 @@ def _load(path: str) -> Tokenizer:
         return huggingface_tokenizer(str(p / "tokenizer.json"), path)
     if p.exists() and (pair := _bpe_pair(p)):
         return HuggingFaceTokenizer(openai_bpe(str(pair[0]), str(pair[1])), path)
+    if p.exists() and (cpm2_vocab := cpm2_vocab_file(p)):
+        return CPM2Tokenizer(cpm2_vocab, path)
     if p.is_dir() and (p / "vocab.txt").is_file():
         return wordpiece_tokenizer(p / "vocab.txt", path)
     if p.is_dir():

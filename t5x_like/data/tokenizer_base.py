@@ -28,6 +28,10 @@ class Tokenizer:
     GPT-NeoX, sentencepiece, CPM). Evaluation puts it before the texts it scores (t5x_like/eval/),
     preprocess before each document (`encode_documents(add_bos=True)`), as Megatron's preprocess_data.py does."""
 
+    num_sentinels: int = 0
+    """Sentinels the vocabulary holds itself as its last ids (CPM-2's `<s_0>` ... `<s_189>`); 0: none, and T5's
+    objectives add theirs above it (objectives.encoder_decoder.vocabulary_with_sentinels)."""
+
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 

@@ -62,12 +62,14 @@ def typed_prompts(stdin: TextIO, stdout: TextIO) -> Iterator[str]:
         yield line.rstrip("\n").replace("\\n", "\n")
 
 
-def records(prompts: list[str], generated: list[list[int]], decode: Callable[[list[int]], str],
-            max_new_tokens: int, num_samples: int) -> list[dict]:
-    """One JSON record per completion (`sample`, counted from 1, when a prompt has several)."""
+def records(prompts: list[str], prompt_tokens: list[list[int]], generated: list[list[int]],
+            decode: Callable[[list[int]], str], max_new_tokens: int, num_samples: int) -> list[dict]:
+    """One JSON record per completion (`sample`, counted from 1, when a prompt has several); `prompt_tokens` are
+    the prompt's ids as the tokenizer gave them, for users to check their tokenisation."""
     out = []
     for k, ids in enumerate(generated):
-        record = {"prompt": prompts[k // num_samples], "completion": decode(ids), "tokens": ids,
+        record = {"prompt": prompts[k // num_samples], "prompt_tokens": list(map(int, prompt_tokens[k // num_samples])),
+                  "completion": decode(ids), "tokens": ids,
                   "finish_reason": "length" if len(ids) == max_new_tokens else "eod"}
         if num_samples > 1:
             record["sample"] = k % num_samples + 1

@@ -20,14 +20,14 @@ from typing import Callable
 
 import models
 from t5x_like.errors import UserError
-from t5x_like.lm.base import (CROSS_ENTROPY, Batch, LanguageModel, Lengths, check_cross_entropy, cross_entropy_sums,
-                              variables)
+from t5x_like.lm.base import (CROSS_ENTROPY, Batch, LanguageModel, Lengths, LossSums, check_cross_entropy,
+                              cross_entropy_sums, variables)
 from t5x_like.lm.decoder_only import DecoderOnlyLM
 from t5x_like.lm.encoder_decoder import EncoderDecoderLM
 from t5x_like.lm.encoder_only import EncoderOnlyLM
 
 __all__ = ["CROSS_ENTROPY", "Batch", "DecoderOnlyLM", "EncoderDecoderLM", "EncoderOnlyLM", "LANGUAGE_MODELS",
-           "LanguageModel", "Lengths", "check_cross_entropy", "check_objective", "cross_entropy_sums", "make_lm",
+           "LanguageModel", "Lengths", "LossSums", "check_cross_entropy", "check_objective", "cross_entropy_sums", "make_lm",
            "variables"]
 
 

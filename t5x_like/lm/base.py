@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec
 
 import models
 from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_scores
-from models.layers import FP8_STATE
+from models.layers import FP8_STATE, ROUTER_STATS, router_losses
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
 from t5x_like.inference import beam_search
@@ -22,6 +22,17 @@ Batch = dict[str, jax.Array]
 
 
 Lengths = Mapping[str, int]
+
+
+class LossSums(NamedTuple):
+    """One batch's loss terms, each summed over its scored tokens (a step adds them over microbatches and
+    divides by the total weight): the cross-entropy, the z-loss, the weight, and the auxiliary losses the
+    model's layers report (a mixture of experts: models.layers.router_losses's, each times the weight)."""
+
+    nll: jax.Array
+    z_loss: jax.Array
+    weight: jax.Array
+    auxiliary: dict[str, jax.Array]
 
 
 CROSS_ENTROPY = ("chunked", "full_logits")
@@ -127,15 +138,16 @@ class LanguageModel:
     # -- computation
     def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,
                   z_loss: float = 0.0, cross_entropy: str = "chunked", loss_chunk_size: int = 256,
-                  fp8_state: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(Σ nll, Σ z-loss, Σ weights) of one batch; dropout is on when a dropout_rng is given; the
+                  fp8_state: Any = None) -> LossSums:
+        """The loss sums of one batch; dropout is on when a dropout_rng is given; the
         chunked cross-entropy takes `loss_chunk_size` positions per step. With
         `fp8_state` (init_variables' FP8_STATE) the dense matmuls run in FP8, and its gradient is the
         state's next value (flax's overwrite-with-gradient); without it, in the compute dtype."""
         args, kwargs = self.module_inputs(batch)
-        outputs = self.module.apply(variables(params, fp8_state), *args, **kwargs, deterministic=dropout_rng is None,
-                                    return_hidden=cross_entropy == "chunked",
-                                    rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
+        outputs, state = self.module.apply(
+            variables(params, fp8_state), *args, **kwargs, deterministic=dropout_rng is None,
+            return_hidden=cross_entropy == "chunked", mutable=[ROUTER_STATS],
+            rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
         targets, weights = self.targets(batch)
         if cross_entropy == "chunked":
             hidden, table = outputs
@@ -143,7 +155,13 @@ class LanguageModel:
                                            z_loss=z_loss, chunk_size=loss_chunk_size)
         else:
             nll, z = cross_entropy_sums(outputs, targets, weights, z_loss)
-        return nll, z, weights.sum()
+        return self.sums(nll, z, weights.sum(), state)
+
+    @staticmethod
+    def sums(nll: jax.Array, z: jax.Array, weight: jax.Array, state: Mapping[str, Any]) -> LossSums:
+        """LossSums with the router losses of the layers' sown statistics (`state`), each times the weight."""
+        auxiliary = {name: value * weight for name, value in router_losses(state.get(ROUTER_STATS, {})).items()}
+        return LossSums(nll, z, weight, auxiliary)
 
     def score(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
         """Per target token: `log_prob` of the target and `correct` (the target is the argmax), from
@@ -158,11 +176,19 @@ class LanguageModel:
         """Training FLOPs (forward + backward) of one step of `batch_size` rows."""
         return self.config.train_flops_per_example(lengths) * batch_size
 
+    def source_settings(self) -> dict[str, Any]:
+        """What the training data source (data.make_source) must know of this model to build its rows."""
+        return {}
+
     # -- decoding (generate, eval): each kind prefills its prompts, then steps one token at a time
     def prompt_ids(self, ids: Sequence[int], eod_id: int) -> list[int]:
         """The ids the model reads for a prompt text's token ids, built as training builds its inputs
         (every decode path asks this): a decoder continues the text's ids as they are."""
         return list(ids)
+
+    def end_ids(self, eod_id: int) -> tuple[int, ...]:
+        """The ids a generation stops at, the one training ends its targets with first (a decoder: EOD)."""
+        return (eod_id,)
 
     def max_prompt_length(self, max_new_tokens: int) -> int | None:
         """The longest prompt that leaves room for max_new_tokens new ones (None: no limit)."""
@@ -196,12 +222,12 @@ class LanguageModel:
         """Generated ids [batch, max_new_tokens] for left-padded prompts `tokens` [batch, P] (`valid`
         marks real tokens); `sample(logits [batch, vocab], rng, seen)` picks each id, `seen` [batch, vocab] bool
         marking the ids the row's text holds so far (for a repetition penalty; None without `track_seen`); rows
-        stop at eod_id (eod_id fills the rest). `cache_layout`: (shapes, shardings) from cache_layout(batch, P,
+        stop at an id of end_ids(eod_id) (eod_id fills the rest). `cache_layout`: (shapes, shardings) from cache_layout(batch, P,
         max_new_tokens)."""
         batch = tokens.shape[0]
         logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))
         out = jnp.full((batch, max_new_tokens), eod_id, jnp.int32)
-        rows = jnp.arange(batch)
+        rows, ends = jnp.arange(batch), jnp.asarray(self.end_ids(eod_id), jnp.int32)
 
         def unfinished(loop):
             i, _, done, *_ = loop
@@ -212,7 +238,7 @@ class LanguageModel:
             token = jnp.where(done, eod_id, sample(logits, jax.random.fold_in(rng, i), seen))
             logits, state = self.step(params, token[:, None], state)
             seen = None if seen is None else seen.at[rows, token].set(True)
-            return i + 1, out.at[:, i].set(token), done | (token == eod_id), logits, state, seen
+            return i + 1, out.at[:, i].set(token), done | jnp.isin(token, ends), logits, state, seen
 
         seen = self.seen_before(tokens, valid, logits.shape[-1]) if track_seen else None
         start = (0, out, jnp.zeros(batch, bool), logits, state, seen)
@@ -226,7 +252,8 @@ class LanguageModel:
 
     def beam_search(self, params: Any, tokens: jax.Array, valid: jax.Array, *, num_beams: int, max_new_tokens: int,
                     eod_id: int, length_penalty: float, cache_layout: tuple[Any, Any]) -> jax.Array:
-        """The best beam's ids [batch, max_new_tokens] (eod_id after its end) for prompts as in decode;
+        """The best beam's ids [batch, max_new_tokens] (eod_id after its end) for prompts as in decode, a beam
+        finishing at the id training ends targets with (end_ids' first);
         t5x_like/inference/beam_search.py scores and stops. `cache_layout` is for batch·num_beams rows."""
         rows, prompt_length = tokens.shape[0] * num_beams, tokens.shape[1]
         tokens, valid = jnp.repeat(tokens, num_beams, axis=0), jnp.repeat(valid, num_beams, axis=0)
@@ -234,7 +261,7 @@ class LanguageModel:
         batch_axes = self.state_batch_axes(self.cache_layout(rows, prompt_length, max_new_tokens)[1])
         sequences, _ = beam_search.beam_search(
             lambda token, state: self.step(params, token, state), logits, state, batch_axes, num_beams=num_beams,
-            max_new_tokens=max_new_tokens, start_id=eod_id, eos_id=eod_id, pad_id=eod_id,
+            max_new_tokens=max_new_tokens, start_id=eod_id, eos_id=self.end_ids(eod_id)[0], pad_id=eod_id,
             vocab_size=self.config.vocab_size, length_penalty=length_penalty)
         return sequences[:, 0, 1:]
 

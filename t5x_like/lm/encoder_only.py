@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 
 import models
+from models.layers import ROUTER_STATS
 from t5x_like.errors import UserError
 from t5x_like.features import (CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS,
                                ENCODER_SEGMENT_IDS, ENCODER_TARGET_TOKENS, ENCODER_TOKEN_TYPES, NO_LABEL)
-from t5x_like.lm.base import Batch, LanguageModel, Lengths, cross_entropy_sums, variables
+from t5x_like.lm.base import Batch, LanguageModel, Lengths, LossSums, cross_entropy_sums, variables
 
 
 class EncoderOnlyLM(LanguageModel):
@@ -63,16 +64,17 @@ class EncoderOnlyLM(LanguageModel):
 
     def loss_sums(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, *,
                   z_loss: float = 0.0, cross_entropy: str = "chunked", loss_chunk_size: int = 256,
-                  fp8_state: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                  fp8_state: Any = None) -> LossSums:
         if not self.classifies:
             return super().loss_sums(params, batch, dropout_rng, z_loss=z_loss, cross_entropy=cross_entropy,
                                      loss_chunk_size=loss_chunk_size, fp8_state=fp8_state)
         args, kwargs = self.module_inputs(batch)
-        logits = self.module.apply(variables(params, fp8_state), *args, **kwargs, deterministic=dropout_rng is None,
-                                   rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
+        logits, state = self.module.apply(
+            variables(params, fp8_state), *args, **kwargs, deterministic=dropout_rng is None, mutable=[ROUTER_STATS],
+            rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
         labels, weights = self.targets(batch)
         nll, z = cross_entropy_sums(logits, labels, weights, z_loss)
-        return nll, z, weights.sum()
+        return self.sums(nll, z, weights.sum(), state)
 
     def score(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
         """Masked-LM: per token, as the other kinds. Classification: per row, `log_prob` of the label,

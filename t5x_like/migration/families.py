@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from t5x_like.errors import UserError
+from t5x_like.migration.cpm2 import CPM2
 from t5x_like.migration.family import (Family, Feature, Fields, common_fields, decoder_lengths, field, head_width,
                                        max_len)
 from t5x_like.migration.rows import Row
@@ -341,5 +342,7 @@ NEOX_LLAMA = Family("llama", "neox", "llama2_7b", neox_llama_fields, decoder_len
         "migrated); GPT-NeoX's RMSNorm has no bias whatever use_bias_in_norms says", neox=("use_bias_in_mlp",
                                                                                            "use_bias_in_norms"))))
 
-FAMILIES = (GPT2, T5, LLAMA, NEOX, NEOX_LLAMA)
+FAMILIES = (GPT2, T5, LLAMA, NEOX, NEOX_LLAMA, CPM2)
 """Ties in how well a run fits go to the earlier entry."""
+EXPERTS_EXTEND = {"megatron": LLAMA, "neox": NEOX_LLAMA}
+"""Per tool, the dense family whose runs with experts become the mixtral family (moe.py)."""

@@ -70,6 +70,12 @@ IGNORED = (
     Row((), "the data loader has its own workers (data.make_source.worker_count)",
         megatron=("--num-workers",), neox=("num_workers",)),
     Row((), "a checkpoint's integrity is checked on restore", neox=("checkpoint_validation_with_forward_pass",)),
+    Row((), "CPM-2-Finetune's modes and files: a run trains, validating every EVAL_EVERY steps (--do-train, "
+        "--do-valid), RESTORE_FROM brings parameters only (--no-load-optim), logs go to MODEL_DIR (--log-file); "
+        "the test split: `eval --task=seq2seq` (--do-eval); validation batches are BATCH_SIZE rows "
+        "(--eval-batch-size); the whole training split is read (--train-ratio: cut the file instead)",
+        megatron=("--do-train", "--do-valid", "--do-eval", "--no-load-optim", "--log-file", "--eval-batch-size",
+                  "--train-ratio")),
 )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import configs
 import models
 from t5x_like.errors import UserError
+from t5x_like.migration import moe
 from t5x_like.migration.families import FAMILIES
 from t5x_like.migration.family import Family
 from t5x_like.migration.rows import TOOLS, Row, normalise, translates
@@ -60,13 +61,16 @@ def family_of(upstream: Upstream) -> Family:
         programs = " and ".join(dict.fromkeys(f"pretrain_{p}*.py" for f in FAMILIES for p in f.programs))
         raise UserError(f"{upstream.program}: only Megatron's {programs} programs migrate; train BERT from a run "
                         "file such as bert_base.gin.")
-    return max(claiming, key=lambda family: family.fit(upstream))  # the first of equals
+    dense = max(claiming, key=lambda family: family.fit(upstream))  # the first of equals
+    return moe.with_experts(upstream, dense)
 
 
-@translates(*SHAPE_ROWS, *feature_rows(), *(row for family in FAMILIES for row in family.rows))
+@translates(*SHAPE_ROWS, *feature_rows(), *(row for family in FAMILIES + moe.FAMILIES for row in family.rows))
 def model(upstream: Upstream, out: Out) -> None:
     out.section = "model"
     family = family_of(upstream)
+    if family.name != moe.MIXTRAL.name:
+        moe.skip_dense(upstream, out, next(f for f in moe.FAMILIES if f.tool == upstream.kind).rows)
     fields = family.fields(upstream, out)
     differences(upstream, out, family)
     family.lengths(upstream, out)

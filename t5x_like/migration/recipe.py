@@ -240,7 +240,9 @@ def lengths(upstream: Upstream, out: Out) -> None:
         modern = upstream.kind == MEGATRON and {"micro_batch_size", "global_batch_size"} & set(upstream.settings)
         out.set("WARMUP_STEPS", 0 if modern else 0.01, f"{'0' if modern else '0.01'}: {out.default()}")
     elif warmup.key in ("warmup", "lr_warmup_fraction"):
-        out.set("WARMUP_STEPS", warmup.number(), provenance(warmup) + ": a fraction of the decay length")
+        fraction = warmup.number()  # 0.0: no warmup, which training takes as 0 steps
+        out.set("WARMUP_STEPS", fraction or 0, provenance(warmup) + (": a fraction of the decay length" if fraction
+                                                                     else ": no warmup"))
     else:
         out.set("WARMUP_STEPS", *in_steps(warmup, out))
 

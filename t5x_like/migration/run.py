@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from t5x_like.migration import cpm2
 from t5x_like.migration.rows import Row, translates
 from t5x_like.migration.translate import REQUIRED, Out, provenance
 from t5x_like.migration.upstream import Setting, Upstream
@@ -30,12 +31,13 @@ RUN_ROWS = (
         "files are not read (the validation split is DATA_SPLIT's share of DATA_PATH)", megatron=("--data-path",),
         neox=("data_path", "train_data_paths", "train_data_weights", "valid_data_paths", "valid_data_weights",
               "test_data_paths", "test_data_weights")),
+    cpm2.DATA_ROW,
     Row(("DATA_SPLIT",), megatron=("--split",), neox=("split",)),
     Row((), "no synthetic data here: DATA_PATH names token files (None: the builtin corpus, with its own tokenizer)",
         megatron=("--mock-data",)),
     Row(("TOKENIZER", "model_config.vocab_from_tokenizer"), "either file of a GPT-2 BPE pair; the kind of tokenizer is "
         "told from its files (a type whose files have no reader here is listed as not migrated)",
-        megatron=("--vocab-file", "--merge-file", "--tokenizer-type"),
+        megatron=("--vocab-file", "--merge-file", "--tokenizer-type", "--tokenizer-path"),
         neox=("vocab_file", "merge_file", "tokenizer_type")),
     Row(("TOKENIZER",), "HuggingFaceTokenizer's folder (with tokenizer.json, as transformers saves it: download a Hub "
         "name first), or the .model file of a sentencepiece tokenizer type", megatron=("--tokenizer-model",)),
@@ -45,7 +47,7 @@ RUN_ROWS = (
         megatron=("--checkpoint-activations", "--recompute-activations", "--recompute-granularity"),
         neox=("checkpoint_activations",)),
     Row(("EPOCHS",), "passes over the training split instead of TRAIN_STEPS, validation after each",
-        neox=("train_epochs",)),
+        megatron=("--epochs",), neox=("train_epochs",)),
 )
 NO_READER = {
     "TikTokenizer": "tiktoken files (a tokenizer.model of base64 tokens and their ranks) have no reader here: set "
@@ -70,9 +72,12 @@ def run(upstream: Upstream, out: Out) -> None:
     remat = upstream.get("checkpoint_activations", "recompute_activations", "recompute_granularity")
     if remat is not None and (remat.value in ("full", "selective") or remat.flag()):  # a flag, or a granularity
         out.set("model_config.remat_policy", "minimal" if remat.value == "selective" else "full", provenance(remat))
-    epochs = upstream.get("train_epochs")
+    epochs = upstream.get("train_epochs", "epochs")
     if epochs is not None:
         out.set("EPOCHS", epochs.number(int), provenance(epochs))
+        steps = next((b for b in out.bindings if b.name == "TRAIN_STEPS"), None)
+        if steps is not None and isinstance(steps.value, int) and steps.value <= 0:  # CPM-2-Finetune's -1
+            out.set("TRAIN_STEPS", steps.value, f"{steps.why}: none given; EPOCHS sets TRAIN_STEPS")
 
 
 def directories(upstream: Upstream, out: Out) -> None:
@@ -127,6 +132,15 @@ def data(upstream: Upstream, out: Out) -> None:
     weights = upstream.get("train_data_weights")
     for key in ("valid_data_paths", "valid_data_weights", "test_data_paths", "test_data_weights"):
         out.skip(upstream.get(key), "the validation split is DATA_SPLIT's share of DATA_PATH's documents")
+    if paths is not None and paths.path() and upstream.get("data_ext", "data_name") is not None:
+        cpm2.task_files(upstream, out, paths.path())  # CPM-2-Finetune: a folder of a task's train / dev files
+    else:
+        token_files(upstream, out, paths, weights)
+    tokenizer(upstream, out)
+
+
+def token_files(upstream: Upstream, out: Out, paths: Setting | None, weights: Setting | None) -> None:
+    """DATA_PATH, BLEND_WEIGHTS and DATA_SPLIT of Megatron's and NeoX's token files."""
     prefixes, blend = data_paths(paths, weights)
     out.set("DATA_PATH", REQUIRED if not prefixes else prefixes[0] if len(prefixes) == 1 else prefixes,
             provenance(paths) if prefixes else f"{provenance(paths, 'no data path')}: set DATA_PATH")
@@ -135,14 +149,14 @@ def data(upstream: Upstream, out: Out) -> None:
     out.skip(upstream.get("mock_data"), "no synthetic data here: DATA_PATH names token files")
     split, why = setting_or_default(upstream, out, "split")
     out.set("DATA_SPLIT", ",".join(re.findall(r"[.0-9]+", str(split))), why)  # the numbers, as Megatron reads them
-    tokenizer(upstream, out)
 
 
 def tokenizer(upstream: Upstream, out: Out) -> None:
     """TOKENIZER from the file(s) upstream's tokenizer reads (its kind is told from them here), or the vocabulary's
     size with no tokenizer."""
     kind, merges = upstream.get("tokenizer_type"), upstream.get("merge_file")
-    files = [s for s in (upstream.get("tokenizer_model"), upstream.get("vocab_file")) if s is not None and s.path()]
+    files = [s for s in (upstream.get("tokenizer_model"), upstream.get("vocab_file"), upstream.get("tokenizer_path"))
+             if s is not None and s.path()]
     if kind is not None and kind.value in VOCAB_FILE_TYPES:
         files.reverse()  # Megatron's own tokenizers read --vocab-file (and --merge-file)
     reason = NO_READER.get(str(kind.value)) if kind is not None else None

@@ -25,6 +25,10 @@ DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradien
                   "tensorboard", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients",
                   "flops_profiler", "zero_force_ds_cpu_optimizer", "communication_data_type"}
 """Top-level keys of a DeepSpeed config (deepspeed.ai/docs/config-json); NeoX configs carry them too."""
+WRITTEN_INTO_DEEPSPEED = {"finetune_cpm2": {"train_micro_batch_size_per_gpu": "batch_size",
+                                            "gradient_accumulation_steps": "gradient_accumulation_steps"}}
+"""Programs that write their flags into the DeepSpeed config before DeepSpeed reads it (CPM-2-Finetune's
+finetune_cpm2.py, lines 709-710): DeepSpeed key -> the flag whose value replaces it."""
 
 
 @dataclasses.dataclass
@@ -119,8 +123,23 @@ def read(paths: list[str], deepspeed_config: str | None = None, environ: dict[st
             deepspeed = [named_deepspeed_config(named)]
     for path in deepspeed:
         upstream.files.append(path)
-        upstream.settings.update(flatten(load_mapping(path), path, read_text(path)))
+        upstream.settings.update(script_first(upstream, flatten(load_mapping(path), path, read_text(path))))
     return upstream
+
+
+def script_first(upstream: Upstream, deepspeed: dict[str, Setting]) -> dict[str, Setting]:
+    """A DeepSpeed config's settings, less those the program overwrites with the script's flags before DeepSpeed
+    reads them (WRITTEN_INTO_DEEPSPEED; noted)."""
+    written = next((keys for name, keys in WRITTEN_INTO_DEEPSPEED.items() if name in (upstream.program or "")), {})
+    kept = {}
+    for key, setting in deepspeed.items():
+        flag = upstream.settings.get(written.get(key, ""))
+        if flag is None:
+            kept[key] = setting
+        else:
+            upstream.notes.append(f"{setting.spelled} {setting.value} ({setting.where}) is not used: "
+                                  f"{upstream.program} writes {flag.spelled} {flag.value} ({flag.where}) over it")
+    return kept
 
 
 def named_deepspeed_config(setting: Setting) -> str:

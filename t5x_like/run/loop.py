@@ -253,11 +253,12 @@ def check_path_setting(name: str, value) -> None:
 
 def open_source(run: contextlib.ExitStack, data_source: Callable, split: str, exp: Experiment):
     """This host's batches of `split` (the part of every global batch the mesh gives its devices; training's ramp
-    up with BATCH_SIZE_RAMPUP), checked against the model's vocabulary, closed with `run`."""
+    up with BATCH_SIZE_RAMPUP), built as the model reads them (its source_settings: an encoder-decoder's pair
+    ends), checked against the model's vocabulary, closed with `run`."""
     index, count = exp.host_layout
     ramp = {"rampup": exp.rampup} if split == "train" and exp.rampup is not None else {}
     source = data_source(split, batch_size=exp.host_batch_size, feature_lengths=exp.lengths, seed=exp.seed,
-                         shard_index=index, shard_count=count, **ramp)
+                         shard_index=index, shard_count=count, **ramp, **exp.lm.source_settings())
     run.callback(source.close)
     if source.vocab_size > exp.config.vocab_size:
         raise UserError(

@@ -40,7 +40,7 @@ SMALL_BY_KIND = {
 """The lines small.gin gets for each kind of model: the sequence lengths' macro differs between kinds (an
 encoder-decoder run file refuses SEQ_LEN) and so do the model's fields (T5 has its decoder's own)."""
 COMMAND_TIMEOUT_S = 300
-RUN_FILES_BY_KIND = (("encoder_decoder", re.compile(r"--gin_file=\S*t5")),
+RUN_FILES_BY_KIND = (("encoder_decoder", re.compile(r"--gin_file=\S*(t5|cpm2)")),
                      ("encoder_only", re.compile(r"--gin_file=\S*(bert|roberta|boolq)")))
 PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[\w+-]*)\s*$")

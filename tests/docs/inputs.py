@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -153,6 +154,18 @@ def _llama_hf(dest: Path) -> None:
         eos_token_id=tokenizer.eos_token_id)).save_pretrained(dest)
 
 
+
+def _qwen2_moe_hf(dest: Path) -> None:
+    """A Qwen1.5-MoE-style folder without a tokenizer: a tiny random Qwen2MoeForCausalLM (4 experts, top-2, a
+    shared expert), as save_pretrained writes it (one tensor per expert)."""
+    import transformers
+
+    transformers.set_seed(0)
+    transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        vocab_size=1000, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)).save_pretrained(dest)
+
 def _t5_hf(dest: Path) -> None:
     import transformers
 
@@ -198,6 +211,39 @@ def _cpm_generate(dest: Path) -> None:
         vocab_size=pieces, n_positions=1024, n_embd=32, n_layer=2, n_head=4)).save_pretrained(dest)
 
 
+def _cpm2_modelcenter(dest: Path) -> None:
+    """A tiny CPM-2 in ModelCenter's layout (config.json, pytorch_model.pt, CPM-2's real vocab.txt); 4 heads, so
+    the migrated CPM-2-Finetune run's TENSOR_PARALLEL=4 divides them."""
+    from tests.support import cpm2
+
+    cpm2.write_modelcenter_folder(cpm2.reference_t5(vocab_size=26240, num_heads=4, d_kv=8), dest,
+                                  shared_file("cpm2", "vocab.txt"))
+
+
+def _lcsts(dest: Path) -> None:
+    """CPM-2-Finetune's LCSTS layout: lcsts/{train,dev}.jsonl of {"text", "summary"} (Chinese)."""
+    from tests.support import cpm2
+
+    cpm2.write_lcsts(dest)
+
+
+def _cpm2_finetune(dest: Path) -> None:
+    """The parts of a CPM-2-Finetune clone its full_model scripts read (tests/data/upstream/cpm2_finetune, as
+    upstream wrote them), the LCSTS script with the three lines its README has users set (WORKING_DIR, DATA_PATH,
+    CKPT_PATH) set to this folder, lcsts/ and the checkpoint docs/cpm.md converts."""
+    upstream = REPO / "tests" / "data" / "upstream" / "cpm2_finetune"
+    for folder, name in (("configs/model", "cpm2_config.json"), ("configs/deepspeed", "ds_full_model.json")):
+        (dest / folder).mkdir(parents=True, exist_ok=True)
+        (dest / folder / name).write_bytes((upstream / name).read_bytes())
+    (dest / "bpe_cn").mkdir()
+    (dest / "bpe_cn" / "vocab.txt").write_bytes(shared_file("cpm2", "vocab.txt").read_bytes())
+    script = (upstream / "finetune_cpm2_lcsts.sh").read_text()
+    for name, value in (("WORKING_DIR", "CPM-2-Finetune"), ("DATA_PATH", '"lcsts"'), ("CKPT_PATH", '"runs/cpm2"')):
+        script = re.sub(rf"^{name}=.*$", f"{name}={value}", script, count=1, flags=re.M)
+    (dest / "scripts" / "full_model").mkdir(parents=True)
+    (dest / "scripts" / "full_model" / "finetune_cpm2_lcsts.sh").write_text(script)
+
+
 def _gpt2_chinese(dest: Path) -> None:
     dest.write_text(json.dumps(chinese_documents(), ensure_ascii=False), encoding="utf-8")
 
@@ -235,9 +281,13 @@ BUILDERS = {
     "gpt2": _gpt2_hf,
     "t5-v1_1-base": _t5_hf,
     "my-llama": _llama_hf,
+    "my-qwen2-moe": _qwen2_moe_hf,
     "bert-base-uncased": _bert_hf,
     "zh": _zh,
     "cpm-generate": _cpm_generate,
+    "cpm2-modelcenter": _cpm2_modelcenter,
+    "lcsts": _lcsts,
+    "CPM-2-Finetune": _cpm2_finetune,
     "train.json": _gpt2_chinese,
     "megatron": _megatron,
 }

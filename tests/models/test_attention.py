@@ -17,7 +17,7 @@ from models.attention import choose_implementation, dot_product_attention
 from models.kernels import flash_attention_tuning as attention_tuning
 from models.kernels.flash_attention_tuning import Tuning
 
-MESH_AXES = ("data", "stage", "fsdp", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "expert", "tensor")
 RULES = [("activation_batch", ("data", "fsdp")), ("activation_heads", "tensor"),
          ("activation_length", None), ("activation_kv", None)]
 
@@ -64,7 +64,7 @@ def test_pallas_without_mesh_equals_xla():
 @pytest.mark.parametrize("kv_heads", [4, 1], ids=["mha-heads-split", "mqa-kv-repeated"])
 def test_pallas_under_mesh_runs_sharded_and_equals_xla(kv_heads):
     """data=2 x tensor=4 mesh: batch over data, heads over tensor, inside shard_map; no all-gather."""
-    mesh = jax.make_mesh((2, 1, 1, 4), MESH_AXES, axis_types=(AxisType.Auto,) * 4)
+    mesh = jax.make_mesh((2, 1, 1, 1, 4), MESH_AXES, axis_types=(AxisType.Auto,) * 5)
     q, k, v = inputs(2, 32, 4, kv_heads, seed=kv_heads)
     segment_ids = packed(2, 32)
     heads = NamedSharding(mesh, P("data", None, "tensor", None))

@@ -26,7 +26,7 @@ from models.attention import dot_product_attention
 from models.kernels import splash_attention as splash
 from t5x_like.features import DECODER_POSITIONS, DECODER_SEGMENT_IDS
 
-MESH_AXES = ("data", "stage", "fsdp", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "expert", "tensor")
 RULES = [("activation_batch", ("data", "fsdp")), ("activation_heads", "tensor"),
          ("activation_length", None), ("activation_kv", None)]
 BLOCKS_OF_128 = splash.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128,
@@ -121,7 +121,7 @@ def test_splash_in_bfloat16_is_as_close_as_xla():
 def test_splash_under_mesh_runs_per_shard_and_equals_xla(kv_heads=1):
     """data=2 x tensor=2 mesh: batch over data, heads over tensor, inside shard_map; no all-gather.
     One K/V head (MQA) is repeated to one per tensor shard."""
-    mesh = jax.make_mesh((2, 1, 1, 2), MESH_AXES, axis_types=(AxisType.Auto,) * 4, devices=jax.devices()[:4])
+    mesh = jax.make_mesh((2, 1, 1, 1, 2), MESH_AXES, axis_types=(AxisType.Auto,) * 5, devices=jax.devices()[:4])
     q, k, v = inputs(2, 128, 4, kv_heads, 64, seed=kv_heads)
     heads = NamedSharding(mesh, P("data", None, "tensor", None))
     kv = NamedSharding(mesh, P("data", None, None, None))

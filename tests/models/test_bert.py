@@ -137,7 +137,7 @@ def test_encoder_only_lm_masked_lm_loss_covers_masked_positions_only():
     nll = -np.take_along_axis(np.asarray(log_probs), batch[ENCODER_TARGET_TOKENS][..., None], -1)[..., 0]
     expected = (nll * batch[ENCODER_LOSS_WEIGHTS]).sum()
     for cross_entropy in ("chunked", "full_logits"):
-        total, _, weight = jax.jit(lambda p, b: lm.loss_sums(p, b, cross_entropy=cross_entropy))(params, batch)
+        total, _, weight, _ = jax.jit(lambda p, b: lm.loss_sums(p, b, cross_entropy=cross_entropy))(params, batch)
         assert float(weight) == batch[ENCODER_LOSS_WEIGHTS].sum()
         assert float(total) == pytest.approx(expected, rel=1e-5)
     scores = jax.jit(lm.score)(params, batch)
@@ -157,7 +157,7 @@ def test_encoder_only_lm_classification_loss_and_scores():
     logits = apply(config, params, batch[ENCODER_INPUT_TOKENS], segment_ids=batch[ENCODER_SEGMENT_IDS])
     assert logits.shape == (4, 3)
     log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))[np.arange(4), labels]
-    total, _, weight = jax.jit(lm.loss_sums)(params, batch)
+    total, _, weight, _ = jax.jit(lm.loss_sums)(params, batch)
     assert float(weight) == 4 and float(total) == pytest.approx(-log_probs.sum(), rel=1e-5)
     scores = jax.jit(lm.score)(params, batch)
     np.testing.assert_array_equal(scores["predictions"], logits.argmax(-1))

@@ -7,13 +7,13 @@ from partitioning.errors import PartitioningError
 
 
 def test_fill_axis_takes_remaining_devices():
-    assert resolve_axis_sizes({"data": -1, "tensor": 2}, 8) == {"data": 4, "stage": 1, "fsdp": 1, "tensor": 2}
+    assert resolve_axis_sizes({"data": -1, "tensor": 2}, 8) == {"data": 4, "stage": 1, "fsdp": 1, "expert": 1, "tensor": 2}
 
 
 def test_mesh_has_auto_axes_in_design_order():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    assert mesh.axis_names == ("data", "stage", "fsdp", "tensor")
-    assert dict(mesh.shape) == {"data": 2, "stage": 1, "fsdp": 2, "tensor": 2}
+    assert mesh.axis_names == ("data", "stage", "fsdp", "expert", "tensor")
+    assert dict(mesh.shape) == {"data": 2, "stage": 1, "fsdp": 2, "expert": 1, "tensor": 2}
     assert all(t == AxisType.Auto for t in mesh.axis_types)
 
 

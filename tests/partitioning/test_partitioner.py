@@ -33,7 +33,7 @@ def test_fsdp_tensor_rules_place_parameters():
     shardings = partitioner.shardings(specs)
     assert shardings["params"]["table"].spec == P("tensor", "fsdp")
     assert shardings["params"]["w"].spec == P("fsdp", "tensor")
-    assert partitioner.batch_sharding().spec == P(("data", "fsdp"), None)
+    assert partitioner.batch_sharding().spec == P(("data", "fsdp", "expert"), None)
     assert partitioner.batch_shards == 4
 
 

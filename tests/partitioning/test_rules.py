@@ -24,5 +24,5 @@ def test_zero1_shards_only_the_optimizer_state():
 
 
 def test_mesh_axes_used():
-    assert rules.get_rule_set("data_parallel").mesh_axes_used == {"data", "fsdp", "stage"}
-    assert rules.get_rule_set("fsdp_tensor_sequence").mesh_axes_used == {"data", "fsdp", "stage", "tensor"}
+    assert rules.get_rule_set("data_parallel").mesh_axes_used == {"data", "fsdp", "stage", "expert"}
+    assert rules.get_rule_set("fsdp_tensor_sequence").mesh_axes_used == {"data", "fsdp", "stage", "expert", "tensor"}

@@ -70,17 +70,34 @@ VARIANTS = {
 }
 
 
+# Qwen3 (tests/t5x_like/convert/test_qwen3.py): heads wider than the width / heads (4 x 24 or 4 x 32 on 64).
+QWEN3_VARIANTS = {
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=24, rope_theta=1e6)),
+    "qwen3-tied": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=32, rope_theta=1e6,
+                                                                                 tie_word_embeddings=True)),
+}
+
+
 def random_model(variant: str, scale: float = 0.3, seed: int = 0, **shape):
-    """A transformers model of `variant` with every tensor perturbed by `scale` (spread logits: no near-ties)."""
+    """A transformers model of `variant` (VARIANTS or QWEN3_VARIANTS) with every tensor perturbed by `scale`
+    (spread logits: no near-ties)."""
     import torch
 
-    config_class, model_class, options = VARIANTS[variant]
+    config_class, model_class, options = {**VARIANTS, **QWEN3_VARIANTS}[variant]
     torch.manual_seed(seed)
     model = model_class(config_class(**{**SHAPE, **shape}, **options)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * scale)
     return model
+
+
+def hf_logits(model, tokens):
+    """A transformers model's logits on int tokens [batch, length], as numpy."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor(tokens)).logits.numpy()
 
 
 def bos_tokenizer(folder):

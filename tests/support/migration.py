@@ -7,6 +7,13 @@ from pathlib import Path
 import numpy as np
 import pydoc_data.topics
 
+import configs
+import models
+from t5x_like.migration import translate, upstream
+
+RUN = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-4", "--train-iters", "10"]
+"""The run flags the Megatron Llama tests add to a preset's architecture flags."""
+
 
 def printed_config(text: str) -> dict:
     """--print_config's values: macros, `configurable.parameter`s (macro references resolved) and the resolved
@@ -40,3 +47,48 @@ def megatron_token_file(prefix: Path, tokenizer_path: Path) -> None:
     with TokenFileWriter(prefix, token_dtype(tokenizer.vocab_size), {}) as writer:
         writer.write(np.concatenate(documents), np.asarray([len(d) for d in documents]))
     Path(f"{prefix}.json").unlink()
+
+
+def preset_config(name: str) -> models.FamilyConfig:
+    return models.config_from_dict(configs.get_model_config(name).to_dict())
+
+
+def megatron_flags(preset: str) -> list[str]:
+    """A llama preset's architecture as Megatron-LM's flags (arguments.py and TransformerConfig at d98e8a6), written
+    from the config here, not by the migration."""
+    c = preset_config(preset)
+    flags = ["--num-layers", c.num_layers, "--hidden-size", c.embed_dim, "--ffn-hidden-size", c.mlp_dim,
+             "--num-attention-heads", c.num_heads, "--seq-length", min(c.max_len, 4096),
+             "--max-position-embeddings", c.max_len, "--position-embedding-type", "rope",
+             "--rotary-base", int(c.rope_theta), "--normalization", "RMSNorm", "--norm-epsilon", c.layer_norm_eps,
+             "--swiglu", "--disable-bias-linear", "--attention-dropout", 0.0, "--hidden-dropout", 0.0,
+             "--init-method-std", c.init_std]
+    if c.num_key_value_heads:
+        flags += ["--group-query-attention", "--num-query-groups", c.num_key_value_heads]
+    if c.rope_scaling_factor:
+        flags += ["--use-rope-scaling", "--rope-scaling-factor", c.rope_scaling_factor]
+    if c.sliding_window:
+        flags += ["--window-size", f"{c.sliding_window - 1},0"]  # keys i-(W-1)..i: W tokens
+    if c.qkv_bias:
+        flags += ["--add-qkv-bias"]
+    if not c.tie_word_embeddings:
+        flags += ["--untie-embeddings-and-output-weights"]
+    return [str(flag) for flag in flags] + RUN
+
+
+def migrated(tmp_path: Path, flags: list[str]) -> translate.Out:
+    path = tmp_path / "args.txt"
+    path.write_text(" ".join(flags) + "\n")
+    return translate.translate(upstream.read([str(path)]))
+
+
+
+def stand_in_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A tokenizer.json of `vocab_size` ids where the script's tokenizer folder is (the architecture's vocabulary
+    is the tokenizer's size; the real ones are not downloaded here)."""
+    from tokenizers import Tokenizer
+    from tokenizers import models as tokenizer_models
+
+    folder.mkdir(parents=True)
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"</s>": vocab_size - 1}
+    Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))

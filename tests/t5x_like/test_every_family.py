@@ -64,6 +64,8 @@ MESHES = {  # name: (mesh sizes, rule set, build_experiment settings)
     "zero1 data=2,fsdp=4": (dict(data=2, fsdp=4), "zero1", {}),
     "full-logits cross-entropy, vocab over tensor=2": (
         dict(data=2, fsdp=2, tensor=2), "fsdp_tensor", {"cross_entropy": "full_logits"}),
+    "expert=4,data=2": (dict(data=2, expert=4), "fsdp_tensor", {}),
+    "expert=4,tensor=2": (dict(data=1, expert=4, tensor=2), "fsdp_tensor", {}),
 }
 EVERY_FAMILY_MESH = "data=2,fsdp=2,tensor=2"
 """The mesh every registered family runs on (a family registered later too)."""
@@ -71,6 +73,7 @@ MORE_MESHES = {  # GPT-2 every mesh; a few families the meshes that split what i
     "gpt2": ["data=8", "fsdp=8", "tensor=8", "zero1 data=2,fsdp=4", "full-logits cross-entropy, vocab over tensor=2"],
     "neox": ["tensor=8"],
     "t5": ["fsdp=8", "data=4,tensor=2"],  # the relative bias table over tensor
+    "mixtral": ["expert=4,data=2", "expert=4,tensor=2"],  # the experts over 'expert' (dropless routing)
 }
 """family -> the meshes it runs on besides EVERY_FAMILY_MESH (Llama's grouped key/value heads split over tensor
 there; tests/t5x_like/test_bert_training.py runs BERT on data=4 x tensor=2 with eval)."""

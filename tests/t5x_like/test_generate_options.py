@@ -34,11 +34,12 @@ def test_the_repetition_penalty_is_transformers(penalty):
 
 
 def test_several_samples_per_prompt_are_numbered_records():
-    done = prompts.records(["a", "b"], [[1], [2, 3], [4], [5, 6]], lambda ids: "x" * len(ids), max_new_tokens=2,
-                           num_samples=2)
-    assert [(r["prompt"], r["sample"], r["completion"], r["finish_reason"]) for r in done] == [
-        ("a", 1, "x", "eod"), ("a", 2, "xx", "length"), ("b", 1, "x", "eod"), ("b", 2, "xx", "length")]
-    assert "sample" not in prompts.records(["a"], [[1]], str, 2, 1)[0]
+    done = prompts.records(["a", "b"], [[7], [8, 9]], [[1], [2, 3], [4], [5, 6]], lambda ids: "x" * len(ids),
+                           max_new_tokens=2, num_samples=2)
+    assert [(r["prompt"], r["prompt_tokens"], r["sample"], r["completion"], r["finish_reason"]) for r in done] == [
+        ("a", [7], 1, "x", "eod"), ("a", [7], 2, "xx", "length"), ("b", [8, 9], 1, "x", "eod"),
+        ("b", [8, 9], 2, "xx", "length")]
+    assert "sample" not in prompts.records(["a"], [[7]], [[1]], str, 2, 1)[0]
     shown = io.StringIO()
     prompts.show(done[:2], "", shown)
     assert shown.getvalue().splitlines()[0] == f"{'=' * 40} SAMPLE 1 {'=' * 40}"

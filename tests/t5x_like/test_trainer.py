@@ -15,6 +15,7 @@ from partitioning import make_mesh
 from t5x_like import optim, step_fns
 from t5x_like.experiment import build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
+from t5x_like.lm import LossSums
 from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, batches, compiled_after_first_step, experiment, run
 
 NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
@@ -146,7 +147,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
 def fp16_gradients_finite(exp, state, batch, scale: float, *, mean: bool) -> bool:
     """DeepSpeed's rule, computed here: float16 gradients of scale x (mean, or summed) loss are finite."""
     def loss(params):
-        nll, _, weight = exp.lm.loss_sums(params, batch)
+        nll, _, weight, _ = exp.lm.loss_sums(params, batch)
         return nll * scale / (weight if mean else 1.0)
     with exp.partitioner.activate():
         grads = jax.jit(jax.grad(loss))(state.params)
@@ -234,7 +235,7 @@ class LinearLM:
     def loss_sums(self, params, batch, rng=None, *, z_loss=0.0, cross_entropy="chunked", loss_chunk_size=256,
                   fp8_state=None):
         pred, w = self.predict(params, batch, rng), batch["weights"]
-        return (w * 0.5 * (pred - batch["y"]) ** 2).sum(), z_loss * (w * pred ** 2).sum(), w.sum()
+        return LossSums((w * 0.5 * (pred - batch["y"]) ** 2).sum(), z_loss * (w * pred ** 2).sum(), w.sum(), {})
 
     def score(self, params, batch):
         pred = self.predict(params, batch, None)
@@ -389,7 +390,7 @@ class Fp8LinearLM(LinearLM):
 
     def loss_sums(self, params, batch, rng=None, *, z_loss=0.0, fp8_state=None, **settings):
         pred, w = fp8_state["s"] * (batch["x"] @ params["w"]), batch["weights"]
-        return (w * 0.5 * (pred - batch["y"]) ** 2).sum(), jnp.zeros(()), w.sum()
+        return LossSums((w * 0.5 * (pred - batch["y"]) ** 2).sum(), jnp.zeros(()), w.sum(), {})
 
 
 @pytest.mark.parametrize("accum", [1, 2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import grain
@@ -17,6 +18,7 @@ from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.errors import UserError
+from t5x_like.features import PairEnds
 
 RECORD_FORMATS = (".jsonl", ".tsv")
 
@@ -30,7 +32,8 @@ class SourceRequest:
     dict by split; None: the objective's default), several blended by `blend_weights` (BLEND_WEIGHTS), tokenized
     with `tokenizer` (TOKENIZER), split train/validation/test by `data_split` (DATA_SPLIT), several examples per
     row with `packing` (PACKING), by `worker_count` grain worker processes (0: in this process); the training
-    split's batches ramp up as `rampup` says (BATCH_SIZE_RAMPUP; None: every batch whole)."""
+    split's batches ramp up as `rampup` says (BATCH_SIZE_RAMPUP; None: every batch whole); `pair_ends(eod_id)`
+    says how the model's input/target pairs begin and end (features.PairEnds; None: seqio's)."""
 
     split: str
     batch_size: int
@@ -45,6 +48,7 @@ class SourceRequest:
     packing: bool = False
     worker_count: int = 0
     rampup: BatchRampup | None = None
+    pair_ends: Callable[[int], PairEnds] | None = None
 
     def __post_init__(self):
         if self.split not in loader.SPLITS:

@@ -5,7 +5,8 @@ lengths {'inputs': N, 'targets': M}, and rows of (inputs, targets) examples as s
     decoder_target_tokens [M]  decoder_input_tokens [M]  decoder_loss_weights [M]
     + encoder_positions, decoder_segment_ids, decoder_positions when packing
 
-`decoder_input_tokens` are the targets shifted right with 0 as the start id, per example; segment ids number a
+`decoder_input_tokens` are the targets shifted right with the start id (seqio's 0; a model's own, e.g. CPM-2's
+<s>, see features.PairEnds), per example; segment ids number a
 row's examples 1, 2, ... (0 = padding) and positions restart at 0 for each."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from t5x_like.data import loader
 from t5x_like.data.objectives.common import concatenated, next_fit
 from t5x_like.data.tokenizer import Tokenizer
 from t5x_like.errors import UserError
+from t5x_like.features import DECODER_START_ID
 
 
 NUM_EXTRA_IDS = 100  # seqio's extra_ids: sentinels <extra_id_0> .. <extra_id_99> above the tokenizer's pieces
@@ -29,7 +31,10 @@ def vocabulary_with_sentinels(tokenizer: Tokenizer) -> tuple[int, int]:
     """(vocab size including the sentinels, number of sentinels); `<extra_id_i>` = vocab size - 1 - i.
 
     A tokenizer with `<extra_id_*>` pieces must hold them counting down from its last id; one without gets
-    NUM_EXTRA_IDS ids above its own (T5's sentencepiece model: 32000 pieces + 100)."""
+    NUM_EXTRA_IDS ids above its own (T5's sentencepiece model: 32000 pieces + 100); one that holds its own
+    sentinels (`num_sentinels`, CPM-2's vocab.txt) keeps its size."""
+    if tokenizer.num_sentinels:
+        return tokenizer.vocab_size, tokenizer.num_sentinels
     found = []
     while (piece_id := tokenizer.token_to_id(f"<extra_id_{len(found)}>")) is not None:
         found.append(piece_id)
@@ -52,11 +57,12 @@ def encoder_decoder_lengths(feature_lengths: dict[str, int]) -> dict[str, int]:
 
 
 def row_features(examples: Sequence[tuple[np.ndarray, np.ndarray]], feature_lengths: dict[str, int],
-                 packed: bool) -> dict[str, np.ndarray]:
-    """One row of seqio features from (inputs, targets) examples that together fit `feature_lengths`."""
+                 packed: bool, start_id: int = DECODER_START_ID) -> dict[str, np.ndarray]:
+    """One row of seqio features from (inputs, targets) examples that together fit `feature_lengths`, the decoder
+    reading each example's targets shifted right from `start_id`."""
     encoder = concatenated([inputs for inputs, _ in examples], feature_lengths["inputs"])
     decoder = concatenated([targets for _, targets in examples], feature_lengths["targets"])
-    shifted = concatenated([np.concatenate([[0], targets[:-1]]) for _, targets in examples],
+    shifted = concatenated([np.concatenate([[start_id], targets[:-1]]) for _, targets in examples],
                             feature_lengths["targets"])
     row = {"encoder_input_tokens": encoder[0], "decoder_target_tokens": decoder[0],
            "decoder_input_tokens": shifted[0], "decoder_loss_weights": (decoder[1] > 0).astype(np.float32),

@@ -91,8 +91,8 @@ def test_bfloat16_equals_optax_on_the_rounded_inputs():
 def test_vocabulary_parallel_under_a_mesh_equals_unsharded(z_loss):
     """Embedding rows over 'tensor', batch over 'data', inside shard_map: the sums and gradients of
     the unsharded loss, with no all-gather (only [batch, chunk] / d_hidden / d_embedding all-reduces)."""
-    mesh = jax.make_mesh((2, 1, 1, 4), ("data", "stage", "fsdp", "tensor"),
-                         axis_types=(AxisType.Auto,) * 4)
+    mesh = jax.make_mesh((2, 1, 1, 1, 4), ("data", "stage", "fsdp", "expert", "tensor"),
+                         axis_types=(AxisType.Auto,) * 5)
     rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None), ("vocab", "tensor")]
     hidden, embedding, targets, weights = problem(9, 2, 16)
     want = sums_and_grads(fused(z_loss, 8), hidden, embedding, targets, weights)
@@ -150,7 +150,7 @@ def test_token_scores_take_the_first_of_tied_maxima_as_argmax_does():
 def test_token_scores_under_a_mesh_equal_unsharded():
     """Vocabulary over 'tensor' (4 shards: the argmax and the target live on different shards) and
     batch over 'data': the same scores, with no all-gather of the logits or the table."""
-    mesh = jax.make_mesh((2, 1, 1, 4), ("data", "stage", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 4)
+    mesh = jax.make_mesh((2, 1, 1, 1, 4), ("data", "stage", "fsdp", "expert", "tensor"), axis_types=(AxisType.Auto,) * 5)
     rules = [("activation_batch", ("data", "fsdp")), ("activation_length", None), ("vocab", "tensor")]
     hidden, embedding, targets, _ = problem(11, 2, 16)
     targets = with_argmax_targets(hidden, embedding, targets)

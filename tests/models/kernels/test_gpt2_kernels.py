@@ -73,8 +73,8 @@ def test_pallas_attention_and_chunked_loss_match_the_plain_model(boxed_params, p
 
 @pytest.mark.integration
 def test_sharded_over_data_fsdp_tensor_matches_the_plain_model(boxed_params, plain):
-    mesh = jax.make_mesh((2, 1, 2, 2), ("data", "stage", "fsdp", "tensor"),
-                         axis_types=(AxisType.Auto,) * 4)
+    mesh = jax.make_mesh((2, 1, 2, 1, 2), ("data", "stage", "fsdp", "expert", "tensor"),
+                         axis_types=(AxisType.Auto,) * 5)
     partitioner = Partitioner(mesh, "fsdp_tensor")
     params = nn.meta.unbox(boxed_params)  # outside the mesh: unbox would constrain inside it
     with partitioner.activate():

@@ -113,3 +113,29 @@ def test_grouped_key_value_heads_match_numpy():
     q, k = (rotary_reference(y, np.broadcast_to(positions, (2, 5)), 4, 10000.0) for y in (q, k))
     expected = output(softmax_attention(q, k, v, np.tril(np.ones((5, 5), bool))[None, None], 0.5), p)
     np.testing.assert_allclose(module.apply(variables, x, positions=positions), expected, **TOL)
+
+
+def test_query_and_key_norms_per_head_before_rotary_match_numpy():
+    """qk_norm_eps (Qwen3's q_norm / k_norm): an RMSNorm over each head of the queries and keys, scales [head_dim]
+    on logical axis kv, before the rotary embeddings; values unnormed; heads wider than width / heads."""
+    module = layers.Attention(num_heads=4, head_dim=6, init_std=0.3, out_init_std=0.2, num_kv_heads=2,
+                              qk_norm_eps=1e-3, rotary=layers.Rotary(6, 100.0), attention="xla")
+    x = np.random.default_rng(21).normal(size=(2, 5, 8)).astype(np.float32)
+    positions = np.broadcast_to(np.arange(5), (2, 5))
+    variables = init(module, 22, x, positions=positions)
+    norms = {name: variables["params"].pop(f"{name}_norm")["scale"] for name in ("query", "key")}
+    assert sorted(boxed(variables)) == ["key_kernel", "out_kernel", "query_kernel", "value_kernel"]
+    assert all(s.names == ("kv",) and s.value.shape == (6,) and (s.value == 1).all() for s in norms.values())
+    assert variables["params"]["query_kernel"].value.shape == (8, 4, 6)
+    variables["params"].update({f"{name}_norm": {"scale": scale} for name, scale in norms.items()})
+    variables = perturbed(variables, 23)
+    p = values({"params": {k: v for k, v in variables["params"].items() if not k.endswith("_norm")}})
+    q, k, v = projections(x, p)
+
+    def rms(y, name):
+        scale = np.asarray(variables["params"][f"{name}_norm"]["scale"].value)
+        return y / np.sqrt(np.square(y).mean(-1, keepdims=True) + 1e-3) * scale
+
+    q, k = (rotary_reference(rms(y, name), positions, 6, 100.0) for y, name in ((q, "query"), (k, "key")))
+    expected = output(softmax_attention(q, k, v, np.tril(np.ones((5, 5), bool))[None, None], 6 ** -0.5), p)
+    np.testing.assert_allclose(module.apply(variables, x, positions=positions), expected, **TOL)

@@ -1,0 +1,51 @@
+"""gin/quickstart_mixtral.gin as a user runs it (the train CLI from a folder of its own): the same losses on one
+device as with the experts split four ways (EXPERT_PARALLEL=4) beside data or tensor parallelism on 8 devices,
+the parameter layout putting the experts' weights on the 'expert' mesh axis, and the router's losses logged."""
+import json
+
+import numpy as np
+import pytest
+
+from tests.support.cli import run_cli
+
+pytestmark = pytest.mark.system
+SHORT = ["--gin_file=quickstart_mixtral.gin", "--gin.TRAIN_STEPS=3", "--gin.BATCH_SIZE=8", "--gin.SEQ_LEN=32",
+         "--gin.EVAL_EVERY=0", "--gin.CHECKPOINT_EVERY=3", "--gin.WARMUP_STEPS=1", "--gin.train.log_every=1"]
+LAYOUTS = {"one device": (1, []), "EXPERT_PARALLEL=4 x DATA_PARALLEL=2": (8, ["--gin.EXPERT_PARALLEL=4",
+                                                                          "--gin.DATA_PARALLEL=2"]),
+           "EXPERT_PARALLEL=4 x TENSOR_PARALLEL=2": (8, ["--gin.EXPERT_PARALLEL=4", "--gin.DATA_PARALLEL=1",
+                                                         "--gin.TENSOR_PARALLEL=2"])}
+
+
+def rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def layout_row(log: str, parameter: str) -> str:
+    """The parameter layout's line for this parameter (the train log's table)."""
+    return next(line for line in log.splitlines() if line.strip().startswith(parameter))
+
+
+def test_quickstart_mixtral_trains_the_same_losses_with_the_experts_split_over_devices(tmp_path):
+    """float32, dropless routing: losses within 1e-5 relative (only the order of reductions differs)."""
+    runs = {}
+    for index, (name, (devices, args)) in enumerate(LAYOUTS.items()):
+        folder = tmp_path / f"layout{index}"
+        folder.mkdir()
+        done = run_cli("t5x_like.train", [*SHORT, "--gin.MODEL_DIR='run'", *args], folder, devices=devices,
+                       timeout=600)
+        runs[name] = (rows(folder / "run"), done.stderr)
+    want, _ = runs["one device"]
+    assert [row["step"] for row in want] == [1, 2, 3]
+    for row in want:
+        assert row["load_balancing_loss"] > 0 and row["router_z_loss"] > 0
+        np.testing.assert_allclose(sum(row[f"expert_share/{e}"] for e in range(4)), 1.0, rtol=1e-6)
+    for name in list(LAYOUTS)[1:]:
+        got, log = runs[name]
+        for key in ("loss", "load_balancing_loss", "grad_norm"):
+            np.testing.assert_allclose([r[key] for r in got], [r[key] for r in want], rtol=1e-5 if key == "loss"
+                                       else 1e-4, err_msg=f"{name}: {key}")
+        assert "'expert': 4" in log
+        for kernel in ("gate_kernel", "fc_kernel", "proj_kernel"):  # logical axes, then the mesh axes they take
+            row = layout_row(log, f"blocks/mlp/{kernel}").split("  ")
+            assert "('layers', 'expert'," in row[-3] + row[-2] and row[-1].startswith("('stage', 'expert',"), row
