@@ -140,7 +140,7 @@ def test_missing_required_macro_names_the_flag(clean_gin):
 
 def test_bad_mesh_product_names_the_macros(clean_gin):
     frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
-    with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL and TENSOR_PARALLEL"):
+    with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL, EXPERT_PARALLEL and TENSOR_PARALLEL"):
         gin.query_parameter("build_experiment.mesh").scoped_configurable_fn()
 
 

@@ -354,7 +354,7 @@ def test_a_split_shorter_than_one_row_names_the_file_and_split(tmp_path, write_t
 
 @pytest.mark.parametrize("objective,setting,own", [("causal_lm", "mask_rate", "tfds_name, tfds_data_dir"),
                                                    ("mlm", "noise_density", "mask_rate, whole_word_masking"),
-                                                   ("seq2seq", "labels", "none")])
+                                                   ("seq2seq", "labels", "fields")])
 def test_a_setting_the_objective_does_not_take_names_the_ones_it_does(objective, setting, own):
     """data.make_source.<setting> in gin: a setting of another objective is one line naming this one's own."""
     with pytest.raises(UserError, match=rf"^data.make_source.{setting}: OBJECTIVE='{objective}' has no setting "
