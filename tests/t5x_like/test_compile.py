@@ -96,7 +96,7 @@ def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path
     assert f"  train state      {gib('state_bytes_per_device')}\n" in done.stdout
     assert f"  total            {gib('total_bytes_per_device')} of unknown\n" in done.stdout
     assert "5,322,240 parameters" in done.stdout and '"num_params"' not in done.stdout  # a summary, not JSON
-    assert fsdp8["mesh"] == {"data": 1, "stage": 1, "fsdp": 8, "tensor": 1} and fsdp8["topology"] == "cpu:8"
+    assert fsdp8["mesh"] == {"data": 1, "stage": 1, "fsdp": 8, "expert": 1, "tensor": 1} and fsdp8["topology"] == "cpu:8"
     assert fsdp8["num_params"] == fsdp2["num_params"] == 5_322_240
     for key in ("state_bytes_per_device", "argument_bytes_per_device"):
         assert fsdp2[key] / fsdp8[key] == pytest.approx(4, rel=0.01), key
