@@ -215,6 +215,10 @@ class DecoderOnlyConfig(FamilyConfig):
     def pipeline_stacks(self) -> dict[str, int]:
         return {"num_layers": self.num_layers}
 
+    def mlp_note(self) -> str:
+        """summary()'s word on the blocks' MLP (', mlp 3072')."""
+        return f", mlp {self.mlp_dim}"
+
     def block_notes(self) -> str:
         """What the family's blocks add to summary()'s line, each note after ', ' (e.g. ', parallel residual')."""
         return ""
@@ -225,7 +229,7 @@ class DecoderOnlyConfig(FamilyConfig):
             heads += f" ({self.num_kv_heads} key/value heads)"
         if self.rotary is not None:
             heads += f" (rotary on {self.rotary.dim})"
-        return (f"{self.family}: {self.num_layers} layers, width {self.embed_dim}, {heads}, mlp {self.mlp_dim}"
+        return (f"{self.family}: {self.num_layers} layers, width {self.embed_dim}, {heads}{self.mlp_note()}"
                 f"{self.block_notes()}, vocab {self.vocab_size} (padded to {self.padded_vocab_size}), "
                 f"max_len {self.max_len}, {self.dtype}")
 
@@ -336,6 +340,10 @@ class MoEConfig(DecoderOnlyConfig):
     def pipeline_stacks(self) -> dict[str, int]:
         raise ValueError("a mixture-of-experts model is not pipelined here (its router statistics do not pass "
                          "between stages); set PIPELINE_PARALLEL=1 and shard the experts with EXPERT_PARALLEL.")
+
+    def mlp_note(self) -> str:
+        """None: the experts' width is in block_notes (a sparse block has no dense MLP of mlp_dim)."""
+        return ""
 
     def block_notes(self) -> str:
         notes = f", {self.num_experts} experts, top-{self.num_experts_per_token}, expert mlp {self.expert_width}"

@@ -32,7 +32,7 @@ def test_config_errors_name_the_fix(fields, message):
 
 
 def test_summary_names_the_experts_and_the_shared_expert():
-    assert TINY.summary() == ("qwen2_moe: 2 layers, width 16, 4 heads x 4 (2 key/value heads) (rotary on 4), mlp 48, "
+    assert TINY.summary() == ("qwen2_moe: 2 layers, width 16, 4 heads x 4 (2 key/value heads) (rotary on 4), "
                               "4 experts, top-2, expert mlp 12, shared expert mlp 20, vocab 300 (padded to 384), "
                               "max_len 64, float32")
     # a token multiplies with the router, 2 experts, the shared expert and its gate

@@ -33,7 +33,7 @@ def test_config_errors_name_the_fix(fields, message):
 
 def test_summary_names_the_norms_and_the_experts():
     assert TINY.summary() == ("qwen3_moe: 2 layers, width 16, 3 heads x 12 (1 key/value heads) (rotary on 12), "
-                              "mlp 48, query/key RMSNorm, 4 experts, top-2, expert mlp 10, vocab 300 (padded to 384), "
+                              "query/key RMSNorm, 4 experts, top-2, expert mlp 10, vocab 300 (padded to 384), "
                               "max_len 64, float32")
     assert TINY.mlp_params() == 16 * 4 + 2 * 3 * 16 * 10
 
