@@ -26,6 +26,14 @@ step's top GPU kernels), profile_xl.txt (the same for 1.5B), step_hlo.txt (that 
   dropout   ours at the first 124M batch size with dropout on: residual only (threefry, rbg PRNG)
             and residual + attention (which runs XLA attention)
   extra     both frameworks at the extra 124M batch sizes
+  moe       scripts/benchmark_moe.py: a mixture of experts (GPT-2 124M's shape, 8 experts, top-2) against the
+            dense model with the same active parameters, dropless and with capacity 1.25
+
+--plan=headline is the prepared device check of issue 45 (small at the first batch size, xl, moe; about 10
+minutes), and --headline=docs/gpu/headline.json writes the four figures README quotes
+(scripts/benchmark_gpu_headline.py):
+
+    python scripts/benchmark_gpu.py --out=results/ --plan=headline --headline=docs/gpu/headline.json
 
 Every measurement runs in its own child process (one framework on the device at a time, allocator
 peaks per run, XLA flags per process) with a time limit; a failure or time-out is a row with a
@@ -48,11 +56,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from scripts import benchmark_gpu_headline as headline  # noqa: E402
 from scripts.benchmark_gpu_report import markdown, summarise_trace  # noqa: E402
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "benchmark_gpu_jax_cache")  # the traced run reuses a compile
-ITEMS = ("small", "variants", "profile", "xl_profile", "xl", "fp8", "tune", "flags", "dropout", "extra")
+ITEMS = ("small", "variants", "profile", "xl_profile", "xl", "fp8", "tune", "flags", "dropout", "extra", "moe")
 VARIANTS = {  # ours at the first 124M batch size with one setting changed from --ours
     "scan_layers=True": {"overrides": {"scan_layers": True}},
     "cross_entropy=full_logits": {"cross_entropy": "full_logits"},
@@ -349,9 +358,14 @@ def item_dropout(recorder, suite, tmp, budget):
          budget(150), preset=suite.small, batch=batch, overrides={"dropout_rate": 0.1, "attention_dropout_rate": 0.1})
 
 
+def item_moe(recorder, suite, tmp, budget):
+    headline.item_moe(recorder, suite, tmp, budget, run_child=run_child, scripts=SCRIPTS,
+                      smoke=suite.small == SMOKE.small)
+
+
 RUNNERS = {"small": item_small, "profile": item_profile, "tune": item_tune, "xl": item_xl,
            "xl_profile": item_xl_profile, "fp8": item_fp8, "flags": item_flags, "dropout": item_dropout,
-           "variants": item_variants, "extra": item_extra}
+           "variants": item_variants, "extra": item_extra, "moe": item_moe}
 
 
 # ----------------------------------------------------------------------------- main
@@ -395,9 +409,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="'fp8' item's runs as preset:batch,... (each: torch, ours bf16, ours fp8), instead of "
                         "the suite's")
     p.add_argument("--loss_steps", type=int, default=None, help="'fp8' item's timed steps, instead of the suite's")
+    p.add_argument("--plan", choices=["headline"], help="the prepared device check: items small (first batch), xl, "
+                   "moe; sets --only unless given")
+    p.add_argument("--headline", help="write the headline figures (device, 124M, 1.5B, MoE) as JSON here")
     p.add_argument("--budget_s", type=float, default=540.0, help="stop starting runs after this many seconds")
     p.add_argument("--min_run_s", type=float, default=45.0, help="skip a run when less than this is left")
     args = p.parse_args(argv)
+    if args.plan == "headline" and not any(a.startswith("--only") for a in (argv if argv is not None else sys.argv)):
+        args.only = list(headline.PLAN_HEADLINE)
     unknown = set(args.only) - set(ITEMS)
     if unknown:
         p.error(f"unknown items {sorted(unknown)}; choose from {ITEMS}")
@@ -411,6 +430,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     suite = SMOKE if args.smoke else FULL
+    if args.plan == "headline":  # the 124M pair at the first batch size only
+        suite = dataclasses.replace(suite, small_batches=suite.small_batches[:1])
     suite = dataclasses.replace(suite, xl_runs=args.xl_runs or suite.xl_runs, flags=args.flags or suite.flags,
                                 fp8_runs=args.fp8_runs or suite.fp8_runs,
                                 loss_steps=args.loss_steps or suite.loss_steps)
@@ -434,6 +455,8 @@ def main(argv=None) -> None:
                 recorder.results.setdefault("errors", {})[item] = f"{type(error).__name__}: {error}"
             recorder.write()
     print(markdown(recorder.results))
+    if args.headline:
+        print(json.dumps(headline.write_headline(recorder.results, args.headline), indent=2))
 
 
 if __name__ == "__main__":

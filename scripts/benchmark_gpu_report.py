@@ -175,7 +175,7 @@ def markdown(results: dict) -> str:
     out = ["# GPU suite (scripts/benchmark_gpu.py)", "", f"Command: `{results.get('command')}`; ours: `{json.dumps(results.get('ours'))}`.", "",
            f"GPU: {env.get('nvidia-smi')}; jax {env.get('jax')} (jaxlib {env.get('jaxlib')}), flax {env.get('flax')}, "
            f"optax {env.get('optax')}, torch {env.get('torch')}, triton {env.get('triton')}.", ""]
-    for item in ("small", "xl", "fp8", "flags", "dropout", "profile", "profile_xl"):
+    for item in ("small", "xl", "fp8", "flags", "dropout", "profile", "profile_xl", "moe"):
         rows = results["items"].get(item)
         if rows:
             devices = sorted({r["device"] for r in rows if "device" in r})

@@ -139,3 +139,45 @@ def test_tune_item_retries_with_serial_compiles_and_reports_the_table(tmp_path, 
     assert "| fwd+bwd | 2048 | 64 | 292 (0) | cudnn |" in report
     assert "| 64 | 2048 | 128x64 w8 s3 | 128x64 w8 s3 | 128x64 w8 s3 | cudnn 1.600, pallas 2.300 | cudnn |" in report
     assert "Not tuned (out of time): D=64 T=4096" in report
+
+
+def test_the_headline_plan_runs_small_xl_and_moe_and_reads_four_figures():
+    args = benchmark_gpu.parse_args(["--out=/tmp/unused", "--plan=headline", "--headline=h.json"])
+    assert args.only == ["small", "xl", "moe"] and args.headline == "h.json"
+    results = {"environment": {"nvidia-smi": "NVIDIA H200, 570.1, 143771 MiB", "jax": "0.11.0"}, "command": "x",
+               "items": {
+                   "small": [{"label": "torch B=16", "framework": "torch", "batch_size": 16, "tokens_per_sec": 400.0},
+                             {"label": "ours B=16", "framework": "jax", "batch_size": 16, "tokens_per_sec": 500.0,
+                              "mfu": 0.42},
+                             {"label": "ours B=16 scan_layers=True", "framework": "jax", "batch_size": 16,
+                              "tokens_per_sec": 900.0, "mfu": 0.9}],
+                   "xl": [{"label": "ours B=8", "framework": "jax", "mfu": 0.48}, {"label": "torch B=8",
+                          "framework": "torch", "mfu": 0.6}, {"label": "ours B=16", "note": "timed out"}],
+                   "moe": [{"variant": "dense, same active parameters", "vs_dense": 1.0},
+                           {"variant": "MoE, dropless", "vs_dense": 0.74},
+                           {"variant": "MoE, capacity factor 1.25", "vs_dense": 0.8}]}}
+    figures = benchmark_gpu.headline.headline(results)
+    assert figures["device"].startswith("NVIDIA H200")
+    assert figures["gpt2_124m"] == {"tokens_per_s": 500.0, "mfu": 0.42, "vs_torch": 1.25}  # not a variant's row
+    assert figures["gpt2_1_5b"] == {"mfu": 0.48} and figures["moe"] == {"vs_dense_same_active": 0.74}
+
+
+@pytest.mark.system
+def test_a_smoke_headline_run_on_cpu_writes_the_file(tmp_path):
+    """The prepared check's wiring on a CPU (tiny shapes; the 1.5B item left out for time): the 124M pair and the
+    MoE rows run in children and the headline file holds their figures."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.environment import cpu_env
+
+    script = Path(benchmark_gpu.__file__)
+    done = subprocess.run([sys.executable, str(script), "--out=out", "--smoke", "--plan=headline", "--only=small,moe",
+                           "--headline=gpu/headline.json"], cwd=tmp_path, env=cpu_env(1), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads((tmp_path / "gpu" / "headline.json").read_text())
+    assert figures["gpt2_124m"]["tokens_per_s"] > 0 and figures["gpt2_124m"]["vs_torch"] > 0
+    assert figures["moe"]["vs_dense_same_active"] > 0 and figures["gpt2_1_5b"] == {"mfu": None}
+    assert "## moe" in (tmp_path / "out" / "results.md").read_text()
