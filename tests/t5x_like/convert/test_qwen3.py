@@ -17,16 +17,14 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 
 import configs  # noqa: E402
 import models  # noqa: E402
-from partitioning import Partitioner, make_mesh  # noqa: E402
-from t5x_like import generate  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, qwen3  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
 from t5x_like.inference import loading  # noqa: E402
 from tests.support.hf_models import QWEN3_VARIANTS, VOCAB, hf_logits, random_model  # noqa: E402
+from tests.support.hf_moe import check_greedy_decoding  # noqa: E402
 
 LOGITS_ATOL = 1e-4
-NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module", params=list(QWEN3_VARIANTS))
@@ -76,20 +74,8 @@ def test_to_hf_gives_back_the_same_tensors(converted, tmp_path):
 
 
 def test_greedy_decoding_on_a_mesh_equals_transformers_generate(converted):
-    variant, _, model, ours = converted
-    config, _ = loading.read_config(str(ours))
-    partitioner = Partitioner(make_mesh(data=2, tensor=2, devices=jax.devices()[:4]), "fsdp_tensor")
-    params = loading.restore_sharded(str(ours), config, partitioner)
-    eod = VOCAB - 1
-    prompts = [[464, 748, 286], list(range(100, 112)), [31, 7, 998, 2, 50, 311, 4, 800, 9, 10, 11]]
-    ours_out = generate.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=NEW_TOKENS,
-                                  settings=generate.Sampling(temperature=0.0), batch_size=4).generate(prompts)
-    for prompt, row in zip(prompts, ours_out):
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eod, pad_token_id=eod)
-        assert row == generate.cut_at(out[0, len(prompt):].numpy(), eod), variant
-    assert len(set(map(tuple, ours_out))) == len(prompts) and max(map(len, ours_out)) == NEW_TOKENS
+    _, _, model, ours = converted
+    check_greedy_decoding(model, ours)
 
 
 QWEN3_PRESETS = [p for p in configs.PRESETS if configs.get_model_config(p).family == "qwen3"]
