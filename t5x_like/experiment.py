@@ -127,7 +127,7 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
             for k, v in arrays.items()}
 
 
-@gin.configurable(denylist=["restored", "adopt_architecture", "resuming"])
+@gin.configurable(denylist=["restored", "adopt_architecture", "resuming", "adopt_family"])
 def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = gin.REQUIRED,
                      rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
@@ -137,10 +137,12 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
                      pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None,
-                     adopt_architecture: bool = False, resuming: bool = False) -> Experiment:
+                     adopt_architecture: bool = False, resuming: bool = False,
+                     adopt_family: bool = False) -> Experiment:
     """Assemble a run. `restored`: the model config of the checkpoint the run resumes (`resuming`) or restores
     from; the model must have its architecture (or, with `adopt_architecture`, takes it: a RESTORE_FROM run,
-    started or resumed), and keeps its vocabulary padding where it divides. `batch_size_rampup`:
+    started or resumed), of another family too with `adopt_family` (the run file's own model), and keeps its
+    vocabulary padding where it divides. `batch_size_rampup`:
     BATCH_SIZE_RAMPUP, Megatron's (start, increment, samples) batch-size ramp-up (t5x_like/data/rampup.py)."""
     if on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
@@ -153,7 +155,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     partitioner = Partitioner(mesh, rules)
     check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
     config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture,
-                                  resuming=resuming)
+                                  resuming=resuming, adopt_family=adopt_family)
     with as_user_error():
         config.check_lengths(lengths)
     step_config = step_fns.StepConfig(
@@ -208,22 +210,21 @@ def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> No
 
 
 def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: models.FamilyConfig | None, *,
-                         adopt_architecture: bool = False, resuming: bool = False) -> models.FamilyConfig:
+                         adopt_architecture: bool = False, resuming: bool = False,
+                         adopt_family: bool = False) -> models.FamilyConfig:
     """Pad the vocabulary to a multiple of 128 x tensor (the config's own multiple when it is one),
     unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis).
     A restored checkpoint must hold the same architecture; `adopt_architecture` (RESTORE_FROM: a run from a
     checkpoint's parameters, and its resumes) takes the checkpoint's instead, keeping the run's own choices
     (dtype, dropout, attention, remat, scan) and its head (HEAD_FIELDS: a classifier on a masked-LM
-    encoder). A resumed checkpoint's (`resuming`) FP8 state needs the run's matmul dtype to be its own."""
+    encoder); with `adopt_family` (the run file's model, not one the user chose) a checkpoint of another family
+    replaces it too, as `from_pretrained` does. A resumed checkpoint's (`resuming`) FP8 state needs the run's
+    matmul dtype to be its own."""
     if config.vocab_pad_multiple % (128 * tensor):
         config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
     if restored is None:
         return config
-    if restored.family != config.family:
-        raise UserError(f"the checkpoint (MODEL_DIR's, or RESTORE_FROM) holds a {restored.family!r} model but the "
-                        f"run's model_config builds a {config.family!r} one; use a run file of the checkpoint's "
-                        f"family (model_config.preset of family {restored.family!r}), or another checkpoint / "
-                        "MODEL_DIR.")
+    check_family(restored, config, adopt_architecture=adopt_architecture, adopt_family=adopt_family)
     if resuming and restored.matmul_dtype != config.matmul_dtype:
         raise UserError(f"MODEL_DIR's checkpoint was trained with model_config.matmul_dtype={restored.matmul_dtype!r} "
                         f"but the run sets {config.matmul_dtype!r}: the FP8 state does not carry over a resume; keep "
@@ -232,11 +233,12 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
     differ = {f: (saved.get(f), wanted.get(f)) for f in sorted(set(saved) | set(wanted))
               if saved.get(f) != wanted.get(f)}
     if differ and adopt_architecture:
-        logging.info("RESTORE_FROM: the model takes the checkpoint's architecture (%s)",
-                     ", ".join(f"{f} {new} instead of {old}" for f, (new, old) in differ.items()))
-        config = dataclasses.replace(restored, **{f: getattr(config, f)
-                                                  for f in restored.RUN_FIELDS + restored.HEAD_FIELDS
-                                                  if hasattr(config, f)})
+        same_family = restored.family == config.family
+        if same_family:
+            logging.info("RESTORE_FROM: the model takes the checkpoint's architecture (%s)",
+                         ", ".join(f"{f} {new} instead of {old}" for f, (new, old) in differ.items()))
+        kept = restored.RUN_FIELDS + (restored.HEAD_FIELDS if same_family else ())
+        config = dataclasses.replace(restored, **{f: getattr(config, f) for f in kept if hasattr(config, f)})
     elif differ:
         line = "{" + ", ".join(f"'{f}': {new!r}" for f, (new, _) in differ.items() if f in saved) + "}"
         raise UserError(f"MODEL_DIR's checkpoint holds a different model (checkpoint vs config: {differ}); to "
@@ -244,6 +246,32 @@ def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: mod
     if restored.padded_vocab_size % tensor == 0:
         config = dataclasses.replace(config, vocab_pad_multiple=restored.vocab_pad_multiple)
     return config
+
+
+def check_family(restored: models.FamilyConfig, config: models.FamilyConfig, *, adopt_architecture: bool,
+                 adopt_family: bool) -> None:
+    """A checkpoint of another family than the run's model: taken by a RESTORE_FROM run whose model is the run
+    file's (`adopt_family`) when it is of the same kind (the run file's objective and lengths are its kind's), else
+    one line saying why not and the fix."""
+    if restored.family == config.family:
+        return
+    kind, run_kind = (models.family_of(c).kind.replace("_", "-") for c in (restored, config))
+    if adopt_architecture and adopt_family and kind == run_kind:
+        logging.info("RESTORE_FROM: the model is the checkpoint's %r (the run file's %r gives way)",
+                     restored.family, config.family)
+        return
+    if adopt_architecture and kind != run_kind:
+        raise UserError(f"RESTORE_FROM holds a {restored.family!r} model ({kind}), which this run file's "
+                        f"{run_kind} settings (its objective and feature lengths) cannot train; use a {kind} run "
+                        "file, e.g. the quickstart of that family, with the same RESTORE_FROM.")
+    if adopt_architecture:
+        raise UserError(f"RESTORE_FROM holds a {restored.family!r} model but the command line chooses a "
+                        f"{config.family!r} one (a --gin_file after the run file, or --gin.model_config.preset); "
+                        f"leave the model choice out and the run takes the checkpoint's {restored.family!r} "
+                        "architecture, or give RESTORE_FROM a checkpoint of the chosen family.")
+    raise UserError(f"MODEL_DIR's checkpoint holds a {restored.family!r} model but the run's model_config builds a "
+                    f"{config.family!r} one; use a run file of the checkpoint's family (model_config.preset of "
+                    f"family {restored.family!r}), or another MODEL_DIR.")
 
 
 def takes_checkpoint_architecture(resuming: bool, restore_from: str | None) -> bool:

@@ -13,7 +13,7 @@ from t5x_like.config.configurables import check_data_settings, has_checkpoint, m
 from t5x_like.config.settings import RunSettings
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
-from t5x_like.run.loop import check_model_dir, check_settings, train
+from t5x_like.run.loop import adopts_family, check_model_dir, check_settings, train
 
 
 def describe_run(settings: RunSettings) -> str:
@@ -36,14 +36,14 @@ def describe_run(settings: RunSettings) -> str:
     except PartitioningError as e:
         mesh, mesh_note = None, str(e)
     if mesh is not None:
-        exp = build_experiment(mesh=mesh, restored=restored, resuming=resuming,
+        exp = build_experiment(mesh=mesh, restored=restored, resuming=resuming, adopt_family=adopts_family(settings),
                                adopt_architecture=experiment.takes_checkpoint_architecture(resuming, restore_from))
         config, num_params = exp.config, exp.num_params
         mesh_line = f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}"
     else:
         model = bindings.bound("build_experiment", "model")["model"]
         config = experiment.resolve_model_config(
-            model, max(mesh_sizes.get("tensor", 1), 1), restored, resuming=resuming,
+            model, max(mesh_sizes.get("tensor", 1), 1), restored, resuming=resuming, adopt_family=adopts_family(settings),
             adopt_architecture=experiment.takes_checkpoint_architecture(resuming, restore_from))
         num_params = make_lm(config).num_params()
         mesh_line = (f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "

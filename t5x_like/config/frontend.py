@@ -34,6 +34,7 @@ INSTALLED_GIN_DIR = os.path.join(sys.prefix, "share", "t5x_like", "gin")
 MACRO_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.*?)\s*(?:#\s?(.*))?$")
 GIN_CALL_CONTEXT = re.compile(r"\n  In call to configurable '[^']*' \(<[^>]*>\)")
 MERGED_BINDINGS = ("model_config.overrides",)
+MODEL_PRESET = "model_config.preset"
 """Dict-valued parameters whose command-line bindings merge key by key into the files' value."""
 
 
@@ -143,6 +144,22 @@ def parse_files(files: list[str]) -> None:
             gin.parse_config_file(name)
         except (ValueError, ImportError, OSError, LookupError) as e:
             raise UserError(_located(e)) from None
+
+
+def chooses_model(files: list[str], bindings: list[str]) -> bool:
+    """Whether the model is chosen after the run file (the first --gin_file): a later file, or one it includes,
+    or a command-line binding sets model_config.preset (run after parse_files has checked the files)."""
+    named = [binding.partition("=")[0].strip() for binding in bindings]
+    return (any(name.endswith(MODEL_PRESET) for name in named)
+            or any(_binds_preset(resolve(name, name)) for name in files[1:]))
+
+
+def _binds_preset(path: str) -> bool:
+    with open(path, encoding="utf-8") as f:
+        statements = list(config_parser.ConfigParser(f, _SyntaxOnly()))
+    return any(f"{s.selector}.{s.arg_name}".endswith(MODEL_PRESET) if isinstance(s, config_parser.BindingStatement)
+               else isinstance(s, config_parser.IncludeStatement) and _binds_preset(resolve(s.filename, path))
+               for s in statements)
 
 
 def resolve(name: str, where: str) -> str:
@@ -298,7 +315,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *,
         raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
                         f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
     check_seq_len_is_used()
-    return read_run_settings()
+    return read_run_settings(model_chosen=chooses_model(files, bindings))
 
 
 def resolve_epochs() -> None:

@@ -34,6 +34,10 @@ class RunSettings:
     """The files and bindings as given (MODEL_DIR/config.gin)."""
     operative_config: str
     """Every setting `train` uses, defaults included (MODEL_DIR/operative_config.gin, --print_config)."""
+    model_chosen: bool = False
+    """Whether the model preset was chosen after the run file (a later --gin_file, --gin.model_config.preset): a
+    RESTORE_FROM checkpoint of another family is then refused; otherwise its architecture, family included,
+    replaces the run file's model (as `from_pretrained` does)."""
 
 
 def read_data_settings() -> DataSettings:
@@ -44,9 +48,9 @@ def read_data_settings() -> DataSettings:
                         source=bindings.bound("data.make_source"))
 
 
-def read_run_settings() -> RunSettings:
-    """The run's settings from the parsed (finalized) gin configuration."""
+def read_run_settings(*, model_chosen: bool = False) -> RunSettings:
+    """The run's settings from the parsed (finalized) gin configuration; `model_chosen`: see RunSettings."""
     lengths = bindings.arguments("train", "train_steps", "checkpoint_every", "eval_every")
     return RunSettings(data=read_data_settings(), mesh_sizes=bindings.bound("partitioning.make_mesh"),
                        config_text=bindings.config_text(), operative_config=operative.operative_config_str("train"),
-                       **lengths)
+                       model_chosen=model_chosen, **lengths)

@@ -72,7 +72,7 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
         stored = resume.stored_model_info(ckpt, latest, restore_from)
         exp = experiment(restored=models.config_from_dict(stored["config"]) if stored else None,
                          adopt_architecture=takes_checkpoint_architecture(latest is not None, restore_from),
-                         resuming=latest is not None)
+                         resuming=latest is not None, adopt_family=adopts_family(run_settings))
         source = open_source(run, data_source, "train", exp)
         validating = open_validation(run, data_source, exp, eval_steps) if eval_every else None
         configurables.agree_on_settings(latest)  # before the first collective: a process that failed or differs stops all
@@ -82,6 +82,12 @@ def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, che
                                       restore_from=restore_from, on_corrupt=on_corrupt_checkpoint,
                                       restart_data=restart_data, train_steps=train_steps)
         return Loop(run, exp, ckpt, source, validating, state, run_settings=run_settings, **settings).run(state)
+
+
+def adopts_family(run_settings: RunSettings | None) -> bool:
+    """Whether a RESTORE_FROM checkpoint of another family replaces the run's model: when the model is the run
+    file's own (train from the command line, with no model chosen after the run file)."""
+    return run_settings is not None and not run_settings.model_chosen
 
 
 class Loop:

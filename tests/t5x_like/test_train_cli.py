@@ -247,6 +247,54 @@ def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path,
     assert store.read_model_info(str(tmp_path / "finetune"))["config"] == saved
 
 
+@pytest.fixture(scope="module")
+def qwen2_moe_import(tmp_path_factory):
+    """A from-hf import of a tiny random Qwen2-MoE (shared expert) with the builtin corpus's 8192 ids."""
+    transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
+    from t5x_like.convert import hf
+
+    folder = tmp_path_factory.mktemp("qwen2_moe")
+    transformers.set_seed(0)
+    transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        vocab_size=8192, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)).save_pretrained(folder / "hf")
+    hf.from_hf(str(folder / "hf"), str(folder / "imported"))
+    return folder / "imported"
+
+
+def test_restore_from_an_import_of_another_family_brings_its_model(clean_gin, tmp_path, qwen2_moe_import):
+    """Continuing a Qwen2-MoE import with the Llama quickstart: the checkpoint brings its model (family included),
+    the run file its settings (as from_pretrained); the parameters start as the import's."""
+    import jax
+
+    from t5x_like.checkpoint import store
+
+    settings = frontend.parse_gin(["quickstart_llama.gin"], [
+        f"MODEL_DIR='{tmp_path / 'run'}'", f"RESTORE_FROM='{qwen2_moe_import}'", "TRAIN_STEPS=0", "SEQ_LEN=16",
+        "optim.make_optimizer.decay='constant'"], [])
+    assert "# Model: qwen2_moe: 2 layers, width 32" in describe.describe_run(settings)
+    assert loop.train(run_settings=settings).step == 0
+    saved = store.read_model_info(str(tmp_path / "run"))["config"]
+    assert (saved["family"], saved["num_experts"], saved["shared_expert_mlp_dim"]) == ("qwen2_moe", 4, 32)
+    assert (saved["dtype"], saved["dropout_rate"]) == ("float32", 0.0)  # quickstart_llama's own choices
+    got = jax.device_get(store.restore_params(str(tmp_path / "run"), None))
+    jax.tree.map(np.testing.assert_array_equal, got, jax.device_get(store.restore_params(str(qwen2_moe_import), None)))
+
+
+@pytest.mark.parametrize("files, bindings, message", [
+    (["quickstart_llama.gin", "models/llama_tiny.gin"], [], "the command line chooses a 'llama' one"),
+    (["quickstart_llama.gin"], ["model_config.preset='qwen3_tiny'"], "the command line chooses a 'qwen3' one"),
+    (["quickstart_t5.gin"], [], "'qwen2_moe' model (decoder-only), which this run file's encoder-decoder settings"),
+], ids=["a model file after the run file", "a preset binding", "another kind of model"])
+def test_restore_from_refuses_an_explicit_model_or_another_kind(clean_gin, tmp_path, qwen2_moe_import, files,
+                                                                bindings, message):
+    settings = frontend.parse_gin(files, [f"RESTORE_FROM='{qwen2_moe_import}'", *bindings], [],
+                                  may_stay_unset=("MODEL_DIR",))
+    with pytest.raises(UserError, match=re.escape(message)):
+        describe.describe_run(settings)
+
+
 def test_the_extra_gin_file_of_the_environment_has_the_last_word(clean_gin, tmp_path, monkeypatch):
     """T5X_LIKE_EXTRA_GIN (docs/configure.md): parsed after --gin_file and --gin.NAME=VALUE, its overrides merged."""
     extra = tmp_path / "last.gin"
