@@ -33,6 +33,12 @@ USER_ERRORS = (UserError, PartitioningError, PresetError)
 t5x_like) raise for settings the user gives."""
 
 
+def note(message: str) -> None:
+    """Tell the user something a command did that they may not expect (a part left out, a file not recorded): one
+    `note: ...` line on stderr, beside the command's output."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 INTERRUPTED_STATUS = 130
 """A shell's status for a command ended by Ctrl-C (128 + SIGINT)."""
 

@@ -26,6 +26,14 @@ HF_MODEL_TYPE = "bert"
 TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias"}
 """HF names that share another tensor (the MLM head's): written by to-torch, omitted by to-hf."""
+BASE_MODEL_PREFIX = "bert"
+UNUSED_HF_TENSORS = {
+    r"(bert|roberta)\.embeddings\.position_ids": "",
+    r"(bert|roberta)\.pooler\.dense\.(weight|bias)": "the pretraining pooler (a masked-LM model has none; a "
+                                                       "classification run from this checkpoint starts its own)",
+    r"cls\.seq_relationship\.(weight|bias)": "the next-sentence head (pretraining here is masked-LM only)"}
+"""The position-id buffer older transformers saved, and BertForPreTraining's parts a masked-LM model has no place
+for (the pooler is read by a classification head's layout)."""
 
 
 TRANSPOSED = Transform(lambda ours, c: ours[0].T, lambda theirs, c: [theirs.T])

@@ -30,7 +30,7 @@ from t5x_like.checkpoint import store
 from t5x_like.convert import mapping, t5
 from t5x_like.convert.mapping import Entry, Stack
 from t5x_like.convert.t5 import HEADS_IN, HEADS_OUT, TRANSPOSED
-from t5x_like.errors import UserError
+from t5x_like.errors import UserError, note
 from t5x_like.inference import loading
 
 HF_MODEL_TYPE = "cpm2"
@@ -166,8 +166,9 @@ def from_modelcenter(src: str, dst: str, *, step: int = 0, **choices) -> str:
     return os.path.join(dst, store.CHECKPOINT_SUBDIR, str(step))
 
 
-def to_modelcenter(src: str, out: str) -> list[str]:
-    """Our CPM-2 checkpoint -> out/{config.json, pytorch_model.pt (float16), vocab.txt}; returns the files."""
+def to_modelcenter(src: str, out: str, tokenizer: str | None = None) -> list[str]:
+    """Our CPM-2 checkpoint -> out/{config.json, pytorch_model.pt (float16), vocab.txt}; returns the files. The
+    vocab.txt is `tokenizer`'s (--tokenizer), else the recorded tokenizer's; decided before anything is written."""
     import torch
 
     from t5x_like.convert import hf  # not at import: hf discovers this module among the converters
@@ -176,6 +177,7 @@ def to_modelcenter(src: str, out: str) -> list[str]:
     if config.family != "cpm2":
         raise UserError(f"{src} holds a {config.family} model; to-modelcenter writes CPM-2 checkpoints "
                         "(use to-hf for the others).")
+    vocab = modelcenter_vocab(src, config, recorded, tokenizer)
     flat = mapping.flatten(hf.restore_on_host(src, config))
     state = {name: torch.from_numpy(np.array(array, np.float32)).to(torch.float16)
              for name, array in mapping.to_hf_tensors(flat, config, *modelcenter_layout(config))}
@@ -183,16 +185,31 @@ def to_modelcenter(src: str, out: str) -> list[str]:
     torch.save(state, os.path.join(out, WEIGHTS))
     del state
     hf.write_json(os.path.join(out, CONFIG), config_to_modelcenter(config))
-    written = [CONFIG, WEIGHTS]
-    if recorded:
-        files = loading.checkpoint_tokenizer(src, config).hf_files()
-        if VOCAB not in files:
-            raise UserError(f"{src} records a tokenizer without a {VOCAB} ({recorded}); ModelCenter's CPM-2 reads "
-                            "CPM-2's vocab.txt: convert again with it.")
-        with open(os.path.join(out, VOCAB), "wb") as f:
-            f.write(files[VOCAB])
-        written.append(VOCAB)
-    return written
+    if vocab is None:
+        note(f"no {VOCAB} written: {src} records no tokenizer; add --tokenizer=PATH/{VOCAB} (the CPM-2 vocabulary "
+             "the model's ids follow) for ModelCenter's CPM2Tokenizer.")
+        return [CONFIG, WEIGHTS]
+    with open(os.path.join(out, VOCAB), "wb") as f:
+        f.write(vocab)
+    return [CONFIG, WEIGHTS, VOCAB]
+
+
+def modelcenter_vocab(src: str, config: CPM2Config, recorded, override: str | None) -> bytes | None:
+    """The vocab.txt to-modelcenter writes: --tokenizer's, else the recorded tokenizer's (None: none recorded). A
+    tokenizer that is not a CPM-2 vocab.txt is refused: ModelCenter's CPM2Tokenizer reads only that."""
+    if override is None and not recorded:
+        return None
+    tokenizer = loading.checkpoint_tokenizer(src, config, override)
+    files = tokenizer.hf_files()
+    if VOCAB in files:
+        return files[VOCAB]
+    if override:
+        raise UserError(f"--tokenizer={override} is not a CPM-2 {VOCAB}; ModelCenter's CPM2Tokenizer reads only that: "
+                        f"give the CPM-2 {VOCAB} the model's ids follow.")
+    raise UserError(f"{src} records a tokenizer that is not a CPM-2 {VOCAB} ({recorded}; e.g. the builtin corpus's "
+                    f"BPE), and ModelCenter's CPM2Tokenizer reads only that, so this model's ids cannot go to "
+                    f"ModelCenter with their meaning: export it with to-hf (which writes its tokenizer), or pass "
+                    f"--tokenizer=PATH/{VOCAB} if its ids do follow a CPM-2 vocabulary.")
 
 
 def add_import_command(commands) -> argparse.ArgumentParser:
@@ -211,5 +228,8 @@ def add_export_command(commands) -> argparse.ArgumentParser:
     command = commands.add_parser("to-modelcenter", help="CPM-2 checkpoint -> ModelCenter folder")
     command.add_argument("src", help="MODEL_DIR (latest step) or a step directory of a CPM-2 model")
     command.add_argument("dst", help=f"output folder ({CONFIG}, {WEIGHTS} in float16, {VOCAB})")
-    command.set_defaults(run_export=lambda args: f"{args.dst} ({', '.join(to_modelcenter(args.src, args.dst))})")
+    command.add_argument("--tokenizer", default=None,
+                         help=f"the CPM-2 {VOCAB} to write (default: the one the checkpoint records)")
+    command.set_defaults(run_export=lambda args: f"{args.dst} "
+                                                 f"({', '.join(to_modelcenter(args.src, args.dst, args.tokenizer))})")
     return command

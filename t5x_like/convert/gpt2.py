@@ -22,6 +22,10 @@ HF_MODEL_TYPE = "gpt2"
 HF_BLOCK_PREFIX = "transformer.h.{}."
 TIED = {"lm_head.weight": "transformer.wte.weight"}
 """HF names that share another tensor: written by to-torch (a full state_dict), omitted by to-hf."""
+BASE_MODEL_PREFIX = "transformer"
+"""transformers' base_model_prefix: a GPT2Model checkpoint (the Hub's `gpt2`) names its tensors without it."""
+UNUSED_HF_TENSORS = {r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias": ""}
+"""The causal-mask buffers older transformers saved in every block."""
 HF_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
 
 

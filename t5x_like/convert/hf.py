@@ -27,10 +27,13 @@ FAMILIES = declaring_modules("t5x_like.convert", "HF_MODEL_TYPE")
 HF_MODEL_TYPE is the converter of the family it is named after (mapping.py, hf.py and __main__.py declare none).
 A converter declares HF_MODEL_TYPE, TIED, layout(config) (top-level entries and block stacks), config_to_hf,
 config_from_hf, tokenizer_config; optionally HF_MODEL_TYPES (the model types it imports, when several),
-tied(config) (to-torch), copied(config) (to-hf), config_for_tensors(config, tensors) (from-hf, T5's head),
-renamed_tensors(tensors) (from-hf), exported_tensors(pairs) (to-hf and to-torch: the layout's (HF name, array)
-pairs -> those written; the mixture-of-experts families' per-expert tensors, mapping.per_expert) and
-add_import_command(commands) (an import of its upstream's own checkpoints, e.g. from-neox: convert/__main__.py)."""
+tied(config) (to-torch; from-hf: a tied copy the weights hold must equal what it shares), UNUSED_HF_TENSORS
+(from-hf: pattern -> why the weights' tensors of that name are not read, '' for buffers), BASE_MODEL_PREFIX
+(from-hf: transformers' base_model_prefix, which a base-model checkpoint's names lack), copied(config) (to-hf),
+config_for_tensors(config, tensors) (from-hf, T5's head), renamed_tensors(tensors) (from-hf), exported_tensors(pairs)
+(to-hf and to-torch: the layout's (HF name, array) pairs -> those written; the mixture-of-experts families'
+per-expert tensors, mapping.per_expert) and add_import_command(commands) (an import of its upstream's own
+checkpoints, e.g. from-neox: convert/__main__.py)."""
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "spiece.model", "tokenizer.model", "vocab.txt")
 """Files of which a Hugging Face model directory with a tokenizer holds at least one."""
 
@@ -119,11 +122,15 @@ def to_torch(src: str, file: str) -> None:
     config, _ = loading.read_config(src)
     state = {name: torch.from_numpy(np.array(array, np.float32)) for name, array in hf_tensors(src)}
     converter = converter_for(config.family)
-    tied = converter.tied(config) if hasattr(converter, "tied") else converter.TIED  # BERT: only its MLM head ties
-    for name, same_as in tied.items():
+    for name, same_as in tied_names(converter, config).items():
         state.setdefault(name, state[same_as])
     os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
     torch.save(state, file)
+
+
+def tied_names(converter, config) -> dict[str, str]:
+    """HF name -> the name of the tensor it shares, for this config's model (BERT: only its MLM head ties)."""
+    return converter.tied(config) if hasattr(converter, "tied") else converter.TIED
 
 
 def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
@@ -156,7 +163,7 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
         raise UserError(f"{config_file}: its values describe no model we can build ({e}); re-download or repair "
                         "the model's config.json.") from None
     tokenizer = hf_tokenizer_record(src, config)
-    tensors = read_hf_weights(src)
+    tensors = mapping.with_model_prefix(read_hf_weights(src), getattr(family, "BASE_MODEL_PREFIX", None))
     if hasattr(family, "renamed_tensors"):  # BERT: Google's LayerNorm gamma / beta; MoE: experts stacked
         try:
             tensors = family.renamed_tensors(tensors)
@@ -164,8 +171,10 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
             raise UserError(f"{src}: {e}") from None
     if hasattr(family, "config_for_tensors"):  # T5: transformers 5 keeps a head saved apart from shared untied
         config = family.config_for_tensors(config, tensors)
+    copies = mapping.tied_copies(tensors, tied_names(family, config))
     flat = mapping.from_hf_tensors(tensors, config, *family.layout(config), src)
-    del tensors
+    mapping.check_all_used(tensors, copies, getattr(family, "UNUSED_HF_TENSORS", {}), config_file)
+    del tensors, copies
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
     store.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
     return os.path.join(dst, store.CHECKPOINT_SUBDIR, str(step))

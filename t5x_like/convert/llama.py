@@ -13,7 +13,7 @@ transformers' rotate-half rotary layout is ours (models.layers.Rotary): no permu
 """
 from __future__ import annotations
 
-from t5x_like.convert import gpt2, neox
+from t5x_like.convert import gpt2, mapping, neox
 from t5x_like.convert.mapping import VOCAB_ROWS, Entry, Stack, Transform
 from t5x_like.errors import UserError
 from models.llama import LlamaConfig
@@ -24,6 +24,9 @@ HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 HF_BLOCK_PREFIX = "model.layers.{}."
 TIED: dict[str, str] = {}
 """Untied by default; tied(config) names the tied head."""
+BASE_MODEL_PREFIX = "model"
+UNUSED_HF_TENSORS = {r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq": ""}
+"""The rotary inverse frequencies older transformers saved (a buffer it recomputes)."""
 ROPE_TYPES = ("default", "llama3")
 """The rotary types we take (models.llama.Llama3Rotary is 'llama3')."""
 
@@ -119,12 +122,6 @@ def checked_heads(hf: dict, source: str) -> int:
     return heads
 
 
-def rope_of(hf: dict) -> tuple[dict, str]:
-    """(the rotary settings, their rope_type) from 4.x's rope_theta and rope_scaling or 5.x's rope_parameters."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    return rope, rope.get("rope_type", rope.get("type", "default"))
-
-
 def refuse_unsupported(source: str, model_type: str, unsupported: dict) -> None:
     """`unsupported`: {HF option: (its value, the values we take)}; one line names the first we do not take."""
     for name, (value, allowed) in unsupported.items():
@@ -152,7 +149,7 @@ def config_from_hf(hf: dict, source: str, **choices) -> LlamaConfig:
     rope_scaling or 5.x's rope_parameters); `choices` are ours alone (scan_layers, dtype, ...)."""
     model_type = hf["model_type"]
     heads = checked_heads(hf, source)
-    rope, rope_type = rope_of(hf)
+    rope, rope_type = mapping.rope_of(hf, source)
     unsupported = {
         "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),
         "attention_bias": (hf.get("attention_bias", False), (False,)),

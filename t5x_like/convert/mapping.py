@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from t5x_like.errors import UserError
+from t5x_like.errors import UserError, note
 from t5x_like.inference import loading
 
 
@@ -141,6 +141,57 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], config, top: Sequence[Entry]
                     flat.update((f"{block_path(stack, False, layer)}/{path}", arrays[i])
                                 for layer, arrays in enumerate(per_layer))
     return flat
+
+
+def rope_of(hf: dict, source: str) -> tuple[dict, str]:
+    """(the rotary settings, their rope_type) of a config.json: 4.x's rope_theta and rope_scaling or 5.x's
+    rope_parameters. A scaling (a `factor`) that names no type is refused: read as no scaling, the model would run
+    on other positions than it was trained on."""
+    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = hf.get(key) or {}
+    if "factor" in rope and "rope_type" not in rope and "type" not in rope:
+        raise UserError(f"{source}: {key}={rope} names no rope_type, so its scaling cannot be read; repair config.json: "
+                        f"add the type it was trained with to {key} (e.g. \"rope_type\": \"llama3\").")
+    return rope, rope.get("rope_type", rope.get("type", "default"))
+
+
+def with_model_prefix(tensors: dict[str, np.ndarray], prefix: str | None) -> dict[str, np.ndarray]:
+    """A checkpoint of the base model (transformers' `GPT2Model`, `LlamaModel`, ...: the Hub's `gpt2` is one) names
+    its tensors without the prefix (transformers' base_model_prefix) the language model's names carry: add it, as
+    `from_pretrained` does, when no tensor has it."""
+    if not prefix or any(name.startswith(f"{prefix}.") for name in tensors):
+        return tensors
+    return {f"{prefix}.{name}": tensors[name] for name in list(tensors)}
+
+
+def tied_copies(tensors: dict[str, np.ndarray], tied: dict[str, str]) -> dict[str, np.ndarray]:
+    """For each tied HF name (`tied`: name -> the tensor it shares) the weights hold beside what it shares: that
+    tensor, which a copy left over by from_hf_tensors must equal (taken before the walk pops it)."""
+    return {name: tensors[same_as] for name, same_as in tied.items() if name in tensors and same_as in tensors}
+
+
+def check_all_used(left: dict[str, np.ndarray], copies: dict[str, np.ndarray], unused: dict[str, str],
+                   config_file: str) -> None:
+    """The tensors from_hf_tensors left over are tied copies equal to what they share (`copies`, tied_copies) or
+    tensors the family never reads (`unused`: pattern -> why, '' for buffers such as rotary inverse frequencies;
+    each reason is told once as a note). Any other is a part of the model that config.json switches off (a bias, a
+    shared expert, q/k norms ...) while the weights hold it: converting would drop it, so it is refused."""
+    untied = sorted(name for name in left if name in copies and not np.array_equal(left[name], copies[name]))
+    if untied:
+        raise UserError(f"{config_file}: the model it describes ties {untied[0]!r} to another tensor, but the weights "
+                        f"hold a different {untied[0]!r}: set the tie option false in config.json (e.g. "
+                        "tie_word_embeddings) or download the model again. Nothing was written.")
+    reasons = {pattern: sorted(n for n in left if n not in copies and re.fullmatch(pattern, n)) for pattern in unused}
+    dropped = sorted(set(left) - set(copies) - {n for names in reasons.values() for n in names})
+    if dropped:
+        shown = ", ".join(repr(name) for name in dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4
+                                                                  else "")
+        raise UserError(f"{config_file}: the weights hold {len(dropped)} tensor(s) the model it describes has no place "
+                        f"for ({shown}): config.json switches off a part the weights have; repair config.json (or "
+                        "download the model again). Nothing was written.")
+    for pattern, names in reasons.items():
+        if names and unused[pattern]:
+            note(f"left out {len(names)} tensor(s) ({names[0]!r}, ...): {unused[pattern]}")
 
 
 def check_block_count(tensors: dict[str, np.ndarray], stack: Stack, source: str) -> None:

@@ -16,7 +16,7 @@ type other than default / llama3, a head_dim other than width / heads.
 from __future__ import annotations
 
 from models.mixtral import MixtralConfig
-from t5x_like.convert import llama, neox
+from t5x_like.convert import llama, mapping, neox
 from t5x_like.convert.mapping import EXPERTS_TRANSPOSED, Entry, Stack, per_expert, stacked_experts
 from t5x_like.errors import UserError
 
@@ -27,6 +27,8 @@ MOE = (Entry("block_sparse_moe.gate.weight", ("mlp/router_kernel",), neox.TRANSP
        Entry("block_sparse_moe.experts.w3.weight", ("mlp/fc_kernel",), EXPERTS_TRANSPOSED),
        Entry("block_sparse_moe.experts.w2.weight", ("mlp/proj_kernel",), EXPERTS_TRANSPOSED))
 tied = llama.tied
+BASE_MODEL_PREFIX = llama.BASE_MODEL_PREFIX
+UNUSED_HF_TENSORS = llama.UNUSED_HF_TENSORS
 tokenizer_config = llama.tokenizer_config
 renamed_tensors = stacked_experts
 exported_tensors = per_expert
@@ -59,7 +61,7 @@ def config_to_hf(config: MixtralConfig, eod_id: int | None) -> dict:
 def config_from_hf(hf: dict, source: str, **choices) -> MixtralConfig:
     """Our config from a HF Mixtral config.json; `choices` are ours alone (scan_layers, dtype, ...)."""
     heads = llama.checked_heads(hf, source)
-    rope, rope_type = llama.rope_of(hf)
+    rope, rope_type = mapping.rope_of(hf, source)
     llama.refuse_unsupported(source, HF_MODEL_TYPE, {
         "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),
         "rope_type": (rope_type, llama.ROPE_TYPES),

@@ -37,6 +37,9 @@ HF_MODEL_TYPE = "gpt_neox"
 HF_BLOCK_PREFIX = "gpt_neox.layers.{}."
 TIED: dict[str, str] = {}
 """No HF name shares another tensor: the output head is untied."""
+BASE_MODEL_PREFIX = "gpt_neox"
+UNUSED_HF_TENSORS = {r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)": ""}
+"""Buffers older transformers saved (Pythia's checkpoints): the causal mask and the rotary inverse frequencies."""
 HF_GELU_EXACT = ("gelu",)
 
 
@@ -122,12 +125,12 @@ def config_to_hf(config: NeoXConfig, eod_id: int | None) -> dict:
 def config_from_hf(hf: dict, source: str, **choices) -> NeoXConfig:
     """Our config from a HF GPT-NeoX config.json (rotary settings in the 4.x keys or 5.x's
     rope_parameters); `choices` are ours alone (scan_layers, dtype, ...)."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope, rope_type = mapping.rope_of(hf, source)
     unsupported = {
         "hidden_act": (hf.get("hidden_act", "gelu"), HF_GELU_EXACT),
         "attention_bias": (hf.get("attention_bias", True), (True,)),
         "tie_word_embeddings": (hf.get("tie_word_embeddings", False), (False,)),
-        "rope_type": (rope.get("rope_type", rope.get("type", "default")), ("default",)),
+        "rope_type": (rope_type, ("default",)),
     }
     for name, (value, allowed) in unsupported.items():
         if value not in allowed:

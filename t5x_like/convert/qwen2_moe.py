@@ -15,7 +15,7 @@ than silu, a rotary type other than default / llama3.
 from __future__ import annotations
 
 from models.qwen2_moe import Qwen2MoeConfig
-from t5x_like.convert import llama, mixtral, neox
+from t5x_like.convert import llama, mapping, mixtral, neox
 from t5x_like.convert.mapping import EXPERTS_TRANSPOSED, Entry, Stack, per_expert, stacked_experts
 
 HF_MODEL_TYPE = "qwen2_moe"
@@ -28,6 +28,8 @@ SHARED = (*(Entry(f"mlp.shared_expert.{theirs}_proj.weight", (f"mlp/shared_exper
             for theirs, ours in (("gate", "gate"), ("up", "fc"), ("down", "proj"))),
           Entry("mlp.shared_expert_gate.weight", ("mlp/shared_gate_kernel",), neox.TRANSPOSED))
 tied = llama.tied
+BASE_MODEL_PREFIX = llama.BASE_MODEL_PREFIX
+UNUSED_HF_TENSORS = llama.UNUSED_HF_TENSORS
 tokenizer_config = llama.tokenizer_config
 renamed_tensors = stacked_experts
 exported_tensors = per_expert
@@ -53,7 +55,7 @@ def config_to_hf(config: Qwen2MoeConfig, eod_id: int | None) -> dict:
 def config_from_hf(hf: dict, source: str, **choices) -> Qwen2MoeConfig:
     """Our config from a HF Qwen2-MoE config.json; `choices` are ours alone (scan_layers, dtype, ...)."""
     llama.checked_heads(hf, source)
-    rope, rope_type = llama.rope_of(hf)
+    rope, rope_type = mapping.rope_of(hf, source)
     llama.refuse_unsupported(source, HF_MODEL_TYPE, {
         "decoder_sparse_step": (hf.get("decoder_sparse_step", 1), (1,)),
         "mlp_only_layers": (hf.get("mlp_only_layers") or [], ([],)),

@@ -10,7 +10,7 @@ a rotary type other than default / llama3.
 from __future__ import annotations
 
 from models.qwen3 import Qwen3Config
-from t5x_like.convert import llama
+from t5x_like.convert import llama, mapping
 from t5x_like.convert.mapping import Entry, Stack
 
 HF_MODEL_TYPE = "qwen3"
@@ -19,6 +19,8 @@ TIED: dict[str, str] = {}
 QK_NORMS = (Entry("self_attn.q_norm.weight", ("attn/query_norm/scale",)),
             Entry("self_attn.k_norm.weight", ("attn/key_norm/scale",)))
 tied = llama.tied
+BASE_MODEL_PREFIX = llama.BASE_MODEL_PREFIX
+UNUSED_HF_TENSORS = llama.UNUSED_HF_TENSORS
 tokenizer_config = llama.tokenizer_config
 """The end-of-document token as bos, eos and unk (a folder's own tokenizer_config.json is copied over it)."""
 
@@ -42,7 +44,7 @@ def config_to_hf(config: Qwen3Config, eod_id: int | None) -> dict:
 def config_from_hf(hf: dict, source: str, **choices) -> Qwen3Config:
     """Our config from a HF Qwen3 config.json; `choices` are ours alone (scan_layers, dtype, ...)."""
     llama.checked_heads(hf, source)
-    rope, rope_type = llama.rope_of(hf)
+    rope, rope_type = mapping.rope_of(hf, source)
     layer_types = hf.get("layer_types") or ["full_attention"]
     llama.refuse_unsupported(source, HF_MODEL_TYPE, {
         "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),

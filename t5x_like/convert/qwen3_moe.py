@@ -12,12 +12,14 @@ activation other than silu, a rotary type other than default / llama3.
 from __future__ import annotations
 
 from models.qwen3_moe import Qwen3MoeConfig
-from t5x_like.convert import llama, mixtral, qwen2_moe, qwen3
+from t5x_like.convert import llama, mapping, mixtral, qwen2_moe, qwen3
 from t5x_like.convert.mapping import Entry, Stack, per_expert, stacked_experts
 
 HF_MODEL_TYPE = "qwen3_moe"
 TIED: dict[str, str] = {}
 tied = llama.tied
+BASE_MODEL_PREFIX = llama.BASE_MODEL_PREFIX
+UNUSED_HF_TENSORS = llama.UNUSED_HF_TENSORS
 tokenizer_config = llama.tokenizer_config
 renamed_tensors = stacked_experts
 exported_tensors = per_expert
@@ -42,7 +44,7 @@ def config_to_hf(config: Qwen3MoeConfig, eod_id: int | None) -> dict:
 def config_from_hf(hf: dict, source: str, **choices) -> Qwen3MoeConfig:
     """Our config from a HF Qwen3-MoE config.json; `choices` are ours alone (scan_layers, dtype, ...)."""
     llama.checked_heads(hf, source)
-    rope, rope_type = llama.rope_of(hf)
+    rope, rope_type = mapping.rope_of(hf, source)
     layer_types = hf.get("layer_types") or ["full_attention"]
     llama.refuse_unsupported(source, HF_MODEL_TYPE, {
         "decoder_sparse_step": (hf.get("decoder_sparse_step", 1), (1,)),

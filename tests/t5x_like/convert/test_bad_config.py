@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from t5x_like.convert import hf  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
 from tests.support import hf_models  # noqa: E402
+from tests.support.hf_moe import random_moe  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,9 @@ def saved(tmp_path_factory) -> dict[str, str]:
         "bert": transformers.BertForMaskedLM(transformers.BertConfig(
             vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=32)),
+        "qwen2": hf_models.random_model("qwen2"),
+        "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf_models.SHAPE, head_dim=16)),
+        "qwen2_moe": random_moe("qwen2_moe"),
     }
     for name, model in models.items():
         model.save_pretrained(str(root / name))
@@ -77,6 +81,15 @@ CASES = [  # family, config.json changes (None removes the key), what the error 
      "need factor >= 1 and high > low > 0"),
     ("llama", {"rope_parameters": {**LLAMA3, "original_max_position_embeddings": -32}},
      "rope_original_max_len -32 must be a positive integer"),
+    ("llama", {"rope_parameters": None, "rope_scaling": {"factor": 8.0}}, "rope_scaling={'factor': 8.0} names no "
+                                                                          "rope_type"),
+    # issue 52: config.json switches off a part the weights hold (it would be dropped): refused, naming the tensors
+    ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "the weights hold 8 tensor(s) the model it describes has "
+                                                          "no place for ('model.layers.0.mlp.shared_expert.down_proj"),
+    ("qwen2", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+     "the weights hold 6 tensor(s) the model it describes has no place for ('model.layers.0.self_attn.k_proj.bias'"),
+    ("qwen3", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+     "the weights hold 4 tensor(s) the model it describes has no place for ('model.layers.0.self_attn.k_norm.weight'"),
     ("gpt2", {"n_head": 3}, "embed_dim 16 is not divisible by num_heads 3"),
     ("gpt2", {"n_positions": 16}, "tensor 'transformer.wpe.weight' has shape (32, 16)"),
     ("gpt2", {"n_positions": 64}, "tensor 'transformer.wpe.weight' has shape (32, 16)"),
@@ -132,3 +145,59 @@ def test_a_config_json_that_cannot_be_right_is_one_line_and_writes_nothing(saved
 def test_the_unedited_models_import(saved, tmp_path, family):
     """The cases' models themselves import: each refusal above is the edited value's."""
     assert os.path.isdir(hf.from_hf(saved[family], str(tmp_path / "imported")))
+
+
+def state_dict_folder(folder, model, state: dict) -> str:
+    """A Hugging Face folder as older transformers (or a base model) saved it: config.json + pytorch_model.bin."""
+    os.makedirs(folder)
+    model.config.to_json_file(os.path.join(folder, "config.json"))
+    torch.save(state, os.path.join(folder, "pytorch_model.bin"))
+    return str(folder)
+
+
+def test_a_tied_copy_that_differs_from_what_it_shares_is_refused(tmp_path):
+    """config.json ties GPT-2's head to wte, and the weights hold another lm_head.weight: refused, not dropped."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=16, n_layer=2,
+                                                                 n_head=2))
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    state["lm_head.weight"] = state["lm_head.weight"] + 1.0
+    src = state_dict_folder(tmp_path / "hf", model, state)
+    with pytest.raises(UserError, match=r"ties 'lm_head.weight' to another tensor, but the weights hold a different"):
+        hf.from_hf(src, str(tmp_path / "ours"))
+    assert not (tmp_path / "ours").exists()
+
+
+def test_a_base_model_checkpoint_with_older_buffers_imports(tmp_path):
+    """The Hub's `gpt2` is a GPT2Model's state_dict (no `transformer.` prefix) with the causal-mask buffers older
+    transformers saved: it imports as the same weights under the language model's names."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=16, n_layer=2,
+                                                                 n_head=2))
+    base = {name.removeprefix("transformer."): t for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    for layer in range(2):
+        base[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))
+        base[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+    model.save_pretrained(tmp_path / "lm")
+    state_dict_folder(tmp_path / "base", model, base)
+    import jax
+
+    from t5x_like.inference import loading
+
+    imported = [hf.from_hf(str(tmp_path / name), str(tmp_path / f"ours-{name}")) for name in ("lm", "base")]
+    params = [hf.restore_on_host(path, loading.read_config(path)[0]) for path in imported]
+    jax.tree.map(np.testing.assert_array_equal, *params)
+
+
+def test_bert_pretraining_parts_a_masked_lm_has_no_place_for_are_named(tmp_path, capfd):
+    """BertForPreTraining's pooler and next-sentence head are left out with a note (a masked-LM model has none)."""
+    torch.manual_seed(0)
+    transformers.BertForPreTraining(transformers.BertConfig(
+        vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32)).save_pretrained(tmp_path / "hf")
+    hf.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    notes = capfd.readouterr().err
+    assert "note: left out 2 tensor(s) ('bert.pooler.dense.bias', ...): the pretraining pooler" in notes, notes
+    assert "note: left out 2 tensor(s) ('cls.seq_relationship.bias', ...): the next-sentence head" in notes, notes

@@ -96,3 +96,46 @@ def test_to_modelcenter_refuses_a_folder_in_use_naming_overwrite_which_replaces_
     cli.main(["to-modelcenter", str(root / "ours"), str(folder), "--overwrite"])
     assert json.loads((folder / "config.json").read_text())["vocab_size"] == 26240
     assert sorted(torch.load(folder / "pytorch_model.pt", weights_only=True)) == sorted(written)
+
+
+def test_to_modelcenter_of_a_model_on_another_tokenizer_is_refused_before_writing(converted, tmp_path, capsys):
+    """The CPM-2 quickstart's model follows the builtin corpus's BPE, which ModelCenter's CPM2Tokenizer cannot read:
+    refused in one line, nothing written (was: config.json and pytorch_model.pt written, then "convert again")."""
+    import dataclasses
+
+    from t5x_like.checkpoint import store
+    from t5x_like.convert import hf
+    from t5x_like.data import load_tokenizer
+    from t5x_like.data.builtin import builtin_corpus
+    from t5x_like.data.tokenizer_files import tokenizer_record
+    from t5x_like.errors import exit_on_user_error
+
+    builtin_tokenizer = builtin_corpus()[1]
+    root, *_ = converted
+    config, _ = loading.read_config(str(root / "ours"))
+    record = tokenizer_record(load_tokenizer(builtin_tokenizer))
+    store.save_params(str(tmp_path / "bpe_run"), 0, hf.restore_on_host(str(root / "ours"), config),
+                      {"config": dataclasses.asdict(config), "tokenizer": record})
+    with pytest.raises(SystemExit):
+        exit_on_user_error(cli.main)(["to-modelcenter", str(tmp_path / "bpe_run"), str(tmp_path / "back")])
+    err = capsys.readouterr().err
+    assert "records a tokenizer that is not a CPM-2 vocab.txt" in err and "export it with to-hf" in err, err
+    assert "Traceback" not in err and not (tmp_path / "back").exists()
+    with pytest.raises(SystemExit):  # --tokenizer must be a CPM-2 vocab.txt too
+        exit_on_user_error(cli.main)(["to-modelcenter", str(root / "ours"), str(tmp_path / "back"),
+                                      f"--tokenizer={builtin_tokenizer}"])
+    assert "is not a CPM-2 vocab.txt" in capsys.readouterr().err and not (tmp_path / "back").exists()
+
+
+def test_to_modelcenter_takes_the_vocabulary_from_tokenizer_when_the_checkpoint_records_none(converted, tmp_path,
+                                                                                            capsys):
+    root, _, _, vocab = converted
+    (tmp_path / "novocab").mkdir()
+    for name in ("config.json", "pytorch_model.pt"):
+        (tmp_path / "novocab" / name).write_bytes((root / "modelcenter" / name).read_bytes())
+    cli.main(["from-modelcenter", str(tmp_path / "novocab"), str(tmp_path / "ours")])
+    cli.main(["to-modelcenter", str(tmp_path / "ours"), str(tmp_path / "plain")])
+    assert "note: no vocab.txt written" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["config.json", "pytorch_model.pt"]
+    cli.main(["to-modelcenter", str(tmp_path / "ours"), str(tmp_path / "back"), f"--tokenizer={vocab}"])
+    assert (tmp_path / "back" / "vocab.txt").read_bytes() == vocab.read_bytes()
