@@ -80,9 +80,21 @@ def check_binding(binding: str) -> None:
         ast.literal_eval(value)
     except (ValueError, SyntaxError):
         name = name.strip()
+        if value.lstrip("+-").lower() in NON_FINITE:
+            raise UserError(f"--gin.{name}={value}: {bare_word(value)}") from None
         raise UserError(
             f"--gin.{name}={value}: {value!r} is not a gin value; a string needs quotes inside the shell's "
             f"quotes: --gin.{name}=\"'{value}'\" (in a gin file: {name} = '{value}').") from None
+
+
+NON_FINITE = ("nan", "inf", "infinity")
+
+
+def bare_word(word: str) -> str:
+    """Why a bare word is no gin value, and the fix: gin reads Python literals (no nan or inf), quoted strings."""
+    if word.lstrip("+-").lower() in NON_FINITE:
+        return f"{word} is not a value gin reads (gin has no nan or inf); write a finite number."
+    return f"{word} is not a value gin reads; a string needs quotes: '{word}'."
 
 
 def apply_bindings(bindings: list[str]) -> None:
@@ -170,6 +182,9 @@ def check_file(name: str, path: str) -> None:
     try:
         statements = list(config_parser.ConfigParser(io.StringIO(text), _SyntaxOnly()))
     except SyntaxError as e:
+        token = re.search(r"Failed to parse token '([^']*)'", e.msg or "")
+        if token:
+            raise UserError(f"{path}:{e.lineno}: `{(e.text or '').strip()}`: {bare_word(token[1])}") from None
         words = (e.text or "").split()
         hint = ("; did you mean `include`?" if words and words[0] != "include"
                 and difflib.get_close_matches(words[0], ["include"], cutoff=0.7) else ".")

@@ -334,6 +334,9 @@ def precision(upstream: Upstream, out: Out) -> None:
     bf16 = upstream.get("bf16.enabled", "bf16")
     named = upstream.get("precision")
     upstream.get("fp16.fp16")  # NeoX's legacy alias of fp16.enabled
+    if fp16 is not None and bf16 is not None and fp16.flag() and bf16.flag():
+        raise UserError(f"{provenance(fp16)} and {provenance(bf16)} are both on: Megatron-LM and DeepSpeed refuse "
+                        "float16 and bfloat16 together; keep one.")
     if (fp16 is not None and fp16.flag()) or (named is not None and named.value == "fp16"):
         out.set("DTYPE", "float16", provenance(fp16 or named))
         loss_scale(upstream, out, deepspeed=deepspeed_fp16 is not None)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from typing import Any
 
+from t5x_like.errors import UserError
 from t5x_like.migration import rows
 from t5x_like.migration.upstream import Setting, Upstream
 
@@ -53,10 +55,12 @@ class Out:
         return DEFAULT_OF[self.upstream.kind]
 
     def set(self, name: str, value: Any, why: str) -> None:
+        check_finite(value, why)
         self.bindings = [b for b in self.bindings if b.name != name]
         self.bindings.append(Binding(name, value, why, self.section))
 
     def override(self, field: str, value: Any, why: str) -> None:
+        check_finite(value, why)
         self.overrides[field] = (value, why)
 
     def skip(self, setting: Setting | None, reason: str) -> None:
@@ -65,6 +69,16 @@ class Out:
 
     def value(self, name: str) -> Any:
         return next((b.value for b in self.bindings if b.name == name), None)
+
+
+def check_finite(value: Any, why: str) -> None:
+    """Refuse a value gin cannot write (nan, inf: gin reads Python literals), naming where it came from."""
+    values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+    for item in values:
+        if isinstance(item, (dict, list, tuple)):
+            check_finite(item, why)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise UserError(f"{why}: {item} is not a finite number; fix the value.")
 
 
 def load_translations() -> None:

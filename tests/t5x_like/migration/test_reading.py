@@ -192,12 +192,16 @@ GIVEN = {
     "one": (("ckpts",), ["--save", "ckpts", "--tensorboard-dir", "--vocab-file", "default vocab.json", "--data-path",
                          "ckpts", "--tags", "ckpts", "--count", "1", "--script", "own.sh"],
             ["own.sh:3: $2 (the script's own arguments) taken as empty",
-             "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies"]),
+             "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies",
+             "own.sh:6: `shift 3` fails: 1 of the script's own arguments are left, and bash leaves them as they are "
+             "(give the arguments the script expects after `--`)"]),
     "none": ((), ["--save", "--tensorboard-dir", "--vocab-file", "default vocab.json", "--data-path", "--tags",
                   "--count", "0", "--script", "own.sh"],
              ["own.sh:2: $1 (the script's own arguments) taken as empty",
               "own.sh:3: $2 (the script's own arguments) taken as empty",
               "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies",
+              "own.sh:6: `shift 3` fails: 0 of the script's own arguments are left, and bash leaves them as they are "
+              "(give the arguments the script expects after `--`)",
               "own.sh:7: $@ (the script's own arguments) taken as empty",
               "own.sh:7: $* (the script's own arguments) taken as empty"]),
 }
