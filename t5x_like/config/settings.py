@@ -34,6 +34,8 @@ class RunSettings:
     """The files and bindings as given (MODEL_DIR/config.gin)."""
     operative_config: str
     """Every setting `train` uses, defaults included (MODEL_DIR/operative_config.gin, --print_config)."""
+    unset: tuple[str, ...] = ()
+    """Required macros --print_config leaves unset (None): MODEL_DIR and the data's, which training needs."""
 
 
 def read_data_settings() -> DataSettings:
@@ -44,9 +46,9 @@ def read_data_settings() -> DataSettings:
                         source=bindings.bound("data.make_source"))
 
 
-def read_run_settings() -> RunSettings:
-    """The run's settings from the parsed (finalized) gin configuration."""
+def read_run_settings(unset: tuple[str, ...] = ()) -> RunSettings:
+    """The run's settings from the parsed (finalized) gin configuration; `unset`: the required macros left None."""
     lengths = bindings.arguments("train", "train_steps", "checkpoint_every", "eval_every")
     return RunSettings(data=read_data_settings(), mesh_sizes=bindings.bound("partitioning.make_mesh"),
                        config_text=bindings.config_text(), operative_config=operative.operative_config_str("train"),
-                       **lengths)
+                       unset=unset, **lengths)

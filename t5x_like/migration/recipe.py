@@ -24,7 +24,9 @@ MESH_ROWS = (
     Row(("BATCH_SIZE_RAMPUP",), "(start, increment, samples), Megatron's rule step by step; every step computes "
         "BATCH_SIZE rows (those past its batch count nothing), so the ramp-up saves no compute",
         megatron=("--rampup-batch-size",)),
-    Row(("GRAD_ACCUM_STEPS",), "the micro batch follows from BATCH_SIZE / GRAD_ACCUM_STEPS over the devices",
+    Row(("MICRO_BATCH_SIZE", "GRAD_ACCUM_STEPS"), "the micro batch per GPU is MICRO_BATCH_SIZE, per data-parallel "
+        "shard: the accumulation steps follow from BATCH_SIZE and the devices the run has, as upstream's from its "
+        "GPUs (the accumulation steps alone, with no GPU count: GRAD_ACCUM_STEPS)",
         megatron=("--micro-batch-size", "--batch-size", "--gas"),
         neox=("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"),
         deepspeed=("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")),
@@ -52,19 +54,23 @@ def mesh_and_batch(upstream: Upstream, out: Out) -> None:
     stages = max(stages, 1)  # NeoX / CPM: 0 = no pipeline engine, 1 = one stage
     out.set("TENSOR_PARALLEL", tensor, provenance(tensor_setting, f"1: {out.default()}"))
     out.set("PIPELINE_PARALLEL", stages, provenance(stage_setting, f"1: {out.default()}"))
-    accumulation, why = global_batch(upstream, out, tensor * stages)
+    macro, value, why = global_batch(upstream, out, tensor * stages)
     batch_size_rampup(upstream, out)
-    if stages > 1:
-        out.set("NUM_MICROBATCHES", accumulation, f"{why}: the pipeline's microbatches")
+    if macro == "MICRO_BATCH_SIZE":
+        out.set(macro, value, f"{why}: per data-parallel shard; the accumulation steps (a pipeline's microbatches) "
+                "follow from BATCH_SIZE and the devices the run has, as upstream derives them")
+    elif stages > 1:
+        out.set("NUM_MICROBATCHES", value, f"{why}: the pipeline's microbatches")
         out.set("GRAD_ACCUM_STEPS", 1, "the pipeline accumulates over its microbatches")
     else:
-        out.set("GRAD_ACCUM_STEPS", accumulation, why)
+        out.set("GRAD_ACCUM_STEPS", value, why)
     sharding(upstream, out, tensor)
 
 
-def global_batch(upstream: Upstream, out: Out, model_ways: int) -> tuple[int, str]:
-    """BATCH_SIZE from train_batch_size, or micro x accumulation x data-parallel ways; returns the accumulation
-    steps and where they came from."""
+def global_batch(upstream: Upstream, out: Out, model_ways: int) -> tuple[str, int, str]:
+    """BATCH_SIZE from train_batch_size, or micro x accumulation x data-parallel ways; returns how it splits:
+    ('MICRO_BATCH_SIZE', rows per data-parallel GPU, why) when the micro batch is known (the accumulation then
+    follows from the mesh here, as upstream's from its GPUs), else ('GRAD_ACCUM_STEPS', steps, why)."""
     total = agreed(upstream, out, "train_batch_size", "global_batch_size")
     micro = agreed(upstream, out, "train_micro_batch_size_per_gpu", "micro_batch_size", "batch_size")
     steps = agreed(upstream, out, "gradient_accumulation_steps", "gas")
@@ -73,14 +79,24 @@ def global_batch(upstream: Upstream, out: Out, model_ways: int) -> tuple[int, st
         raise UserError(f"{gpus} GPUs do not divide into tensor x pipeline = {model_ways} ways; check --num_gpus.")
     ways = gpus // model_ways if gpus else None
     gpus_why = f"{gpus} GPUs / {model_ways} (tensor x pipeline)" if gpus else ""
-    if total is not None:
-        batch = total.number(int)
-        out.set("BATCH_SIZE", batch, provenance(total))
-        if steps is not None:
-            return steps.number(int), provenance(steps)
-        if micro is not None and ways:
-            return inferred_steps(batch, micro.number(int), ways), f"{provenance(total)} / ({provenance(micro)} x {gpus_why})"
-        return 1, f"1: {out.default()}"
+    if total is None:
+        return micro_batch_total(upstream, out, micro, steps, ways, gpus_why)
+    batch = total.number(int)
+    out.set("BATCH_SIZE", batch, provenance(total))
+    if micro is not None:
+        if ways:
+            inferred_steps(batch, micro.number(int), ways)
+        return "MICRO_BATCH_SIZE", micro.number(int), provenance(micro)
+    if steps is not None and ways:
+        return "MICRO_BATCH_SIZE", inferred_micro(batch, steps.number(int), ways), \
+            f"{provenance(total)} / ({provenance(steps)} x {gpus_why})"
+    accumulation = 1 if steps is None else steps.number(int)
+    return "GRAD_ACCUM_STEPS", accumulation, provenance(steps, f"1: {out.default()}")
+
+
+def micro_batch_total(upstream: Upstream, out: Out, micro: Setting | None, steps: Setting | None, ways: int | None,
+                      gpus_why: str) -> tuple[str, int, str]:
+    """BATCH_SIZE = micro batch x accumulation steps x data-parallel ways (no global batch given)."""
     if micro is None:
         raise UserError(f"{upstream.files[0]}: no batch size (train_batch_size, --global-batch-size, "
                         "train_micro_batch_size_per_gpu or --micro-batch-size / --batch-size); add one.")
@@ -89,9 +105,9 @@ def global_batch(upstream: Upstream, out: Out, model_ways: int) -> tuple[int, st
                         "data-parallel ways, which depend on how many GPUs ran it (the files do not say): pass "
                         "--num_gpus=N (e.g. 96 for NeoX's 20B.yml, 32 for its Pythia configs).")
     accumulation = 1 if steps is None else steps.number(int)
-    batch = micro.number(int) * accumulation * ways
-    out.set("BATCH_SIZE", batch, f"{provenance(micro)} x {accumulation} accumulation steps x {gpus_why}")
-    return accumulation, provenance(steps, f"1: {out.default()}")
+    out.set("BATCH_SIZE", micro.number(int) * accumulation * ways,
+            f"{provenance(micro)} x {accumulation} accumulation steps x {gpus_why}")
+    return "MICRO_BATCH_SIZE", micro.number(int), provenance(micro)
 
 
 def batch_size_rampup(upstream: Upstream, out: Out) -> None:
@@ -124,6 +140,13 @@ def inferred_steps(batch: int, micro: int, ways: int) -> int:
         raise UserError(f"train_batch_size {batch} is not a multiple of micro batch {micro} x {ways} data-parallel "
                         "ways (DeepSpeed refuses it too); check --num_gpus.")
     return batch // (micro * ways)
+
+
+def inferred_micro(batch: int, steps: int, ways: int) -> int:
+    if batch % (steps * ways):
+        raise UserError(f"train_batch_size {batch} is not a multiple of {steps} accumulation steps x {ways} "
+                        "data-parallel ways (DeepSpeed refuses it too); check --num_gpus.")
+    return batch // (steps * ways)
 
 
 def agreed(upstream: Upstream, out: Out, *keys: str) -> Setting | None:

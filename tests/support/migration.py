@@ -16,10 +16,14 @@ RUN = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-4", "-
 
 
 def printed_config(text: str) -> dict:
-    """--print_config's values: macros, `configurable.parameter`s (macro references resolved) and the resolved
-    model config's fields as `model.<field>`."""
+    """--print_config's values: macros, `configurable.parameter`s (macro references resolved), the resolved
+    model config's fields as `model.<field>`, and the accumulated microbatches a step of this mesh takes as
+    `accumulated`."""
     values = {}
     for line in text.splitlines():
+        batch = re.match(r"^#   batch \d+ rows a step: (\d+) accumulated", line)
+        if batch:
+            values["accumulated"] = batch[1]
         model = re.match(r"^#     (\w+) = (.*)$", line)
         binding = re.match(r"^([\w.]+) = (.*)$", line)
         if model:

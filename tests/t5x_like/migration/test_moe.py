@@ -49,7 +49,7 @@ def test_megatrons_mixtral_script_prints_its_experts_top_k_coefficient_and_exper
                                         tmp_path).stdout)
         assert (values["model.family"], values["model.num_experts"], values["model.num_experts_per_token"],
                 values["model.router_aux_loss_coef"]) == ("mixtral", 8, 2, 0.01), values
-        assert (values["EXPERT_PARALLEL"], values["PIPELINE_PARALLEL"], values["GRAD_ACCUM_STEPS"]) == (ways, 1, 32)
+        assert (values["EXPERT_PARALLEL"], values["PIPELINE_PARALLEL"], values["MICRO_BATCH_SIZE"]) == (ways, 1, 1)
         assert f"--moe-token-dispatcher-type alltoall ({script}:56): XLA chooses the collectives" in gin_text
         assert f"--pipeline-model-parallel-size 4 ({script}:84): a mixture of experts is not pipelined" in gin_text
 
@@ -118,7 +118,7 @@ def test_moe_flags_without_an_equivalent_are_listed_with_the_reason(tmp_path, fl
 def test_a_pipelined_moe_run_becomes_data_parallel(tmp_path):
     out = moe(tmp_path, "--pipeline-model-parallel-size", 2, "--expert-model-parallel-size", 2)
     assert (out.value("PIPELINE_PARALLEL"), out.value("NUM_MICROBATCHES")) == (1, None)
-    assert out.value("GRAD_ACCUM_STEPS") == 1  # no GPU count: the pipeline's microbatches (8 / 1 x 8)
+    assert (out.value("MICRO_BATCH_SIZE"), out.value("GRAD_ACCUM_STEPS")) == (1, None)  # accumulated as the mesh says
     assert "a mixture of experts is not pipelined here" in skipped(out)
 
 
