@@ -143,12 +143,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     started or resumed), and keeps its vocabulary padding where it divides. `batch_size_rampup`:
     BATCH_SIZE_RAMPUP, Megatron's (start, increment, samples) batch-size ramp-up (t5x_like/data/rampup.py).
     `micro_batch_size`: MICRO_BATCH_SIZE, which derives the accumulation steps from the mesh (accumulation())."""
-    if on_nonfinite not in NONFINITE_POLICIES:
-        raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
-    checks.positive_int("BATCH_SIZE", batch_size)
-    checks.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
-    checks.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
-    checks.integer("SEED", seed)
+    check_step_settings(on_nonfinite, batch_size, grad_accum_steps, loss_chunk_size, seed)
     rampup = batch_rampup(batch_size_rampup, batch_size)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
@@ -180,12 +175,27 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
             lambda: experiment._init(jax.random.PRNGKey(seed)), offload)
     if processes.is_primary():
-        params = experiment.abstract_state.params
-        logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
-        logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
-        if rampup is not None:
-            logging.info("batch size: %s", rampup.describe())
+        log_layout(experiment)
     return experiment
+
+
+def check_step_settings(on_nonfinite: str, batch_size: int, grad_accum_steps: int, loss_chunk_size: int,
+                        seed: int) -> None:
+    if on_nonfinite not in NONFINITE_POLICIES:
+        raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
+    checks.positive_int("BATCH_SIZE", batch_size)
+    checks.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
+    checks.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
+    checks.integer("SEED", seed)
+
+
+def log_layout(experiment: Experiment) -> None:
+    """The parameters' layout over the mesh, the model, and the batch-size ramp-up, if any."""
+    params = experiment.abstract_state.params
+    logging.info("parameter layout:\n%s", experiment.partitioner.describe(params, nn.get_partition_spec(params)))
+    logging.info("model: %s; %s parameters", experiment.config.summary(), f"{experiment.num_params:,}")
+    if experiment.rampup is not None:
+        logging.info("batch size: %s", experiment.rampup.describe())
 
 
 def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:

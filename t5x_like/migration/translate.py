@@ -13,7 +13,7 @@ from t5x_like.migration import rows
 from t5x_like.migration.upstream import Setting, Upstream
 
 SECTIONS = ("model", "mesh and batch", "schedule and optimizer", "precision", "run and data")
-TRANSLATION_MODULES = ("t5x_like.migration.model", "t5x_like.migration.recipe",
+TRANSLATION_MODULES = ("t5x_like.migration.model", "t5x_like.migration.batch", "t5x_like.migration.recipe",
                        "t5x_like.migration.moe_parallel", "t5x_like.migration.run",
                        "t5x_like.migration.ignored", "t5x_like.migration.habits")
 DEFAULT_OF = {"megatron": "Megatron-LM's default", "neox": "GPT-NeoX's default", "deepspeed": "DeepSpeed's default"}

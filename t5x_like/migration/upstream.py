@@ -240,13 +240,13 @@ def flatten(mapping: dict, path: str, text: str, prefix: str = "", spelled: dict
     return out
 
 
-def line_of(text: str, key: str) -> int:
-    """The first line that writes `key` (as a flag, a quoted key or a YAML key), 1 when none does."""
+def line_of(text: str, key: str, last: bool = False) -> int:
+    """The first (or `last`) line that writes `key` (as a flag, a quoted key or a YAML key), 1 when none does."""
     spellings = {key, key.replace("_", "-")}
     pattern = "|".join(rf"--{re.escape(s)}(?![\w-])|[\"']{re.escape(s)}[\"']\s*:|^\s*{re.escape(s)}\s*:"
                        for s in spellings)
-    match = re.search(pattern, text, re.M)
-    return text.count("\n", 0, match.start()) + 1 if match else 1
+    matches = list(re.finditer(pattern, text, re.M))
+    return text.count("\n", 0, matches[-1 if last else 0].start()) + 1 if matches else 1
 
 
 def read_megatron(path: str, upstream: Upstream, environ: dict[str, str] | None, arguments: Sequence[str]) -> None:
@@ -289,9 +289,9 @@ def parse_flags(words: list[str], path: str, text: str, notes: list[str] | None 
         key = name.replace("-", "_")
         value = True if not values else values[0] if len(values) == 1 else values
         origin = launch.origin(text, f"--{name}") if launch is not None else None
-        setting = Setting(key, value, f"--{name}", f"{path}:{line_of(text, name)}", origin)
+        setting = Setting(key, value, f"--{name}", f"{path}:{line_of(text, name, last=key in out)}", origin)
         if key in out and notes is not None:
             notes.append(f"{setting.spelled} is given twice ({shown_value(out[key].value)}, then "
-                         f"{shown_value(value)}; {path}:{line_of(text, name)}): the last applies, as argparse takes it")
+                         f"{shown_value(value)}; {setting.where}): the last applies, as argparse takes it")
         out[key] = setting
     return out

@@ -144,7 +144,7 @@ SCRIPT_CASES = {
         "RULES": "zero1_tensor", "SEQ_LEN": 8192, "MODEL_DIR": "checkpoints/llama3_8b", "DATA_SPLIT": "99,1,0",
         "DATA_PATH": "data/fineweb_llama3_text_document", "train.tensorboard_dir": "tensorboard_logs/llama3_8b"}),
     "train_qwen2_0_5b.sh": dict(preset="qwen2_0_5b", tokenizer="Qwen2-0.5B", expected={
-        "BATCH_SIZE": 256, "MICRO_BATCH_SIZE": 4, "accumulated": 256 // (4 * 4), "TRAIN_STEPS": math.ceil(25600000 / 256),
+        "BATCH_SIZE": 256, "MICRO_BATCH_SIZE": 4, "accumulated": 256 // (4 * 8), "TRAIN_STEPS": math.ceil(25600000 / 256),
         "make_optimizer.decay_steps": math.ceil(25600000 / 256), "WARMUP_STEPS": math.ceil(256000 / 256),
         "SEQ_LEN": 4096, "DATA_SPLIT": "98,2,0", "model.dropout_rate": 0.1, "model.attention_dropout_rate": 0.1}),
 }

@@ -196,3 +196,22 @@ def test_a_neox_gelu_layernorm_model_with_experts_is_refused_and_one_expert_is_d
     assert "norm rmsnorm" in message and "the neox family's (GELU MLP, LayerNorm)" in message and "\n" not in message
     dense = neox(tmp_path, '{"moe_num_experts": 1}', files=PYTHIA)
     assert "moe_num_experts 1 (moe.yml:1): no moe_num_experts > 1" in skipped(dense) and "the model is dense" in skipped(dense)
+
+
+def test_the_pages_mixtral_flags_write_only_what_differs_from_the_preset(tmp_path, monkeypatch):
+    """docs/migrating.md (issue 52, item 14): the expert settings go into model_config.overrides where they differ
+    from the mixtral preset; its example's 8 experts and top-2 are the preset's, so they are not written again."""
+    from tests.docs.doc_commands import REPO, File, read_page
+
+    page = "docs/migrating.md"
+    [flags] = [item for item in read_page(page) if isinstance(item, File) and item.name == "mixtral_flags.txt"]
+    assert "in `model_config.overrides` where they differ from the mixtral preset" in \
+        " ".join((REPO / page).read_text(encoding="utf-8").split())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mixtral_flags.txt").write_text(flags.text)
+    read = upstream.read(["mixtral_flags.txt"], gpus=8)
+    out = translate.translate(read)
+    assert out.value("model_config.preset") == "mixtral_8x7b" and out.value("EXPERT_PARALLEL") == 4
+    assert {"num_experts", "num_experts_per_token"}.isdisjoint(out.overrides)
+    assert out.overrides["router_aux_loss_coef"][0] == 0.01
+    assert read.settings["num_experts"].value == "8" and read.settings["moe_router_topk"].value == "2"
