@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_like.migration import shell, upstream
+from t5x_like.migration import shell, translate, upstream
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "data" / "upstream"
 
@@ -331,3 +331,19 @@ def test_a_value_that_is_not_finite_is_refused_where_it_is_written(value):
     with pytest.raises(ValueError, match=rf"^run.sh:9: --moe-aux-loss-coeff '{value}' is not a finite number; fix "
                                          "the value.$"):
         setting.number()
+
+
+def test_cpm2_finetunes_sogou_log_script_migrates_once_its_gpu_count_is_given(tmp_path, monkeypatch):
+    """finetune_cpm2_sogou-log.sh as upstream wrote it: its --num_gpus variable is never set (a traceback before
+    issue 52); given in the environment, the script migrates with finetune_cpm2.py's batch (8 per GPU x 8
+    accumulation steps x 16 GPUs / 4 tensor-parallel = 256)."""
+    name = "finetune_cpm2_sogou-log.sh"
+    for file in (name, "ds_full_model.json"):
+        shutil.copy(UPSTREAM / "cpm2_finetune" / file, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=rf"^{name}:78: the launcher's --num_gpus has no value \(\$NUM_GPUS_PER_WORKER "
+                                         "is not set by the script or the environment"):
+        upstream.read([name], "ds_full_model.json", environ={})
+    out = translate.translate(upstream.read([name], "ds_full_model.json", environ={"NUM_GPUS_PER_WORKER": "8"}))
+    assert (out.value("BATCH_SIZE"), out.value("MICRO_BATCH_SIZE"), out.value("TENSOR_PARALLEL")) == (256, 8, 4)
+    assert out.value("FEATURE_LENGTHS") == {"inputs": 512, "targets": 256}
