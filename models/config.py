@@ -94,7 +94,8 @@ class FamilyConfig:
             integer = annotations[name].startswith("int")
             kind = (int,) if integer else (int, float)
             if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} {value!r} must be a positive {'integer' if integer else 'number'}.")
+                raise ValueError(f"{name} {value!r} must be a positive "
+                                 f"{'integer' if integer else 'number, not nan or inf'}.")
 
     def check_heads(self) -> None:
         """Heads that split the width (every family whose head_dim is embed_dim / num_heads)."""
@@ -315,7 +316,7 @@ class MoEConfig(DecoderOnlyConfig):
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} {value!r} must be a number >= 0.")
+                raise ValueError(f"{name} {value!r} must be a number >= 0, not nan or inf.")
 
     @property
     def expert_width(self) -> int:

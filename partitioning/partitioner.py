@@ -109,13 +109,21 @@ class Partitioner:
         if len(sizes) != 1 or sizes.pop() * len(groups) != global_rows:
             raise PartitioningError(f"the batch rows do not split evenly over the processes of mesh {dict(self.mesh.shape)}"
                             f" ({len(groups)} row groups for {global_rows} rows); make BATCH_SIZE a multiple of "
-                            "DATA_PARALLEL x FSDP_PARALLEL and give every process the same number of devices.")
+                            f"{self.batch_macros} and give every process the same number of devices.")
         return groups.index(tuple(sorted(held[jax.process_index()]))), len(groups)
 
     @property
     def batch_shards(self) -> int:
         """How many ways a global batch is split (its row count must be a multiple)."""
         return self.axis_product(self.mesh_axes(PartitionSpec("activation_batch"))[0])
+
+    @property
+    def batch_macros(self) -> str:
+        """The macros of the mesh axes that split a global batch, as a user sets them: 'DATA_PARALLEL x
+        EXPERT_PARALLEL' (those of size 1 left out; DATA_PARALLEL when none splits it)."""
+        axes = self.mesh_axes(PartitionSpec("activation_batch"))[0] or ()
+        axes = (axes,) if isinstance(axes, str) else axes
+        return " x ".join(_MACRO_FOR_AXIS[a] for a in axes if self.mesh.shape[a] > 1) or _MACRO_FOR_AXIS["data"]
 
     def axis_product(self, axes: str | tuple[str, ...] | None) -> int:
         if axes is None:

@@ -82,13 +82,14 @@ class Schedule:
         return (f"{kind} pipeline: {self.stages} stages, {self.microbatches} microbatches, {self.iterations} "
                 f"iterations{each}, bubble fraction {self.bubble_fraction:.3f}")
 
-    def check(self, stacks: Mapping[str, int], rows: int, batch_shards: int) -> None:
+    def check(self, stacks: Mapping[str, int], rows: int, batch_shards: int,
+              shard_macros: str = "DATA_PARALLEL x FSDP_PARALLEL") -> None:
         """Raise naming the setting to change when layers or batch rows do not divide.
 
         `stacks`: the layer count of every stack the pipeline splits, keyed by the model setting
         that sets it (e.g. {'num_layers': 24}); `rows` is the number of sequences the model sees at
         once (a gradient-accumulation microbatch), `batch_shards` how many ways rows are split over
-        data-parallel devices.
+        data-parallel devices (the macros of the axes that split them: `shard_macros`).
         """
         chunks = self.stages * self.repeats
         for name, num_layers in stacks.items():
@@ -107,7 +108,7 @@ class Schedule:
             raise ValueError(
                 f"a pipeline microbatch has {rows // self.microbatches} rows (BATCH_SIZE / GRAD_ACCUM_STEPS / "
                 f"NUM_MICROBATCHES), which does not divide over the {batch_shards} data-parallel shards "
-                f"(DATA_PARALLEL x FSDP_PARALLEL); make it a multiple of {batch_shards}.")
+                f"({shard_macros}); make it a multiple of {batch_shards}.")
 
     def layer_stack(self, block: type[nn.Module], stack: type[nn.Module]) -> Callable[..., nn.Module]:
         """A model's layer-stack hook: given the block class and the model's scanned stack class

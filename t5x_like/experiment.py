@@ -132,7 +132,7 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
                      rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
                      batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
                      batch_size_rampup: tuple[int, int, int] | None = None, seed: int = 0,
-                     grad_accum_steps: int = 1, z_loss: float = 0.0,
+                     grad_accum_steps: int = 1, micro_batch_size: int | None = None, z_loss: float = 0.0,
                      loss_scale: step_fns.LossScaleConfig = step_fns.LossScaleConfig(),
                      on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
                      offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
@@ -142,18 +142,16 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
     """Assemble a run. `restored`: the model config of the checkpoint the run resumes (`resuming`) or restores
     from; the model must have its architecture (or, with `adopt_architecture`, takes it: a RESTORE_FROM run,
     started or resumed), of another family too with `adopt_family` (the run file's own model), and keeps its
-    vocabulary padding where it divides. `batch_size_rampup`:
-    BATCH_SIZE_RAMPUP, Megatron's (start, increment, samples) batch-size ramp-up (t5x_like/data/rampup.py)."""
-    if on_nonfinite not in NONFINITE_POLICIES:
-        raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
-    checks.positive_int("BATCH_SIZE", batch_size)
-    checks.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
-    checks.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
-    checks.integer("SEED", seed)
+    vocabulary padding where it divides. `batch_size_rampup`: BATCH_SIZE_RAMPUP, Megatron's (start, increment,
+    samples) batch-size ramp-up (t5x_like/data/rampup.py). `micro_batch_size`: MICRO_BATCH_SIZE, which derives the
+    accumulation steps from the mesh (accumulation())."""
+    check_step_settings(on_nonfinite, batch_size, grad_accum_steps, loss_chunk_size, seed)
     rampup = batch_rampup(batch_size_rampup, batch_size)
     lengths = check_lengths(feature_lengths)
     partitioner = Partitioner(mesh, rules)
-    check_batch(batch_size, grad_accum_steps, partitioner.batch_shards)
+    grad_accum_steps, pipeline_microbatches = accumulation(batch_size, micro_batch_size, grad_accum_steps,
+                                                           pipeline_microbatches, partitioner)
+    check_batch(batch_size, grad_accum_steps, partitioner)
     config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture,
                                   resuming=resuming, adopt_family=adopt_family)
     with as_user_error():
@@ -165,7 +163,8 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         offload_optimizer_state=offload_optimizer_state)
     with as_user_error():
         layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
-                                     batch_size // grad_accum_steps, partitioner.batch_shards)
+                                     batch_size // grad_accum_steps, partitioner.batch_shards,
+                                     partitioner.batch_macros)
     if layer_stack is not None and config.matmul_dtype == "fp8":
         raise UserError("model_config.matmul_dtype='fp8' does not run pipelined yet (the pipeline carries no FP8 "
                         "state): set PIPELINE_PARALLEL=1, or drop matmul_dtype.")
@@ -178,12 +177,27 @@ def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = 
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
             lambda: experiment._init(jax.random.PRNGKey(seed)), offload)
     if processes.is_primary():
-        params = experiment.abstract_state.params
-        logging.info("parameter layout:\n%s", partitioner.describe(params, nn.get_partition_spec(params)))
-        logging.info("model: %s; %s parameters", config.summary(), f"{experiment.num_params:,}")
-        if rampup is not None:
-            logging.info("batch size: %s", rampup.describe())
+        log_layout(experiment)
     return experiment
+
+
+def check_step_settings(on_nonfinite: str, batch_size: int, grad_accum_steps: int, loss_chunk_size: int,
+                        seed: int) -> None:
+    if on_nonfinite not in NONFINITE_POLICIES:
+        raise UserError(f"build_experiment.on_nonfinite={on_nonfinite!r}: choose one of {NONFINITE_POLICIES}.")
+    checks.positive_int("BATCH_SIZE", batch_size)
+    checks.positive_int("GRAD_ACCUM_STEPS", grad_accum_steps)
+    checks.positive_int("build_experiment.loss_chunk_size", loss_chunk_size)
+    checks.integer("SEED", seed)
+
+
+def log_layout(experiment: Experiment) -> None:
+    """The parameters' layout over the mesh, the model, and the batch-size ramp-up, if any."""
+    params = experiment.abstract_state.params
+    logging.info("parameter layout:\n%s", experiment.partitioner.describe(params, nn.get_partition_spec(params)))
+    logging.info("model: %s; %s parameters", experiment.config.summary(), f"{experiment.num_params:,}")
+    if experiment.rampup is not None:
+        logging.info("batch size: %s", experiment.rampup.describe())
 
 
 def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:
@@ -198,15 +212,46 @@ def check_lengths(feature_lengths: Mapping[str, int]) -> dict[str, int]:
     return lengths
 
 
-def check_batch(batch_size: int, grad_accum_steps: int, batch_shards: int) -> None:
+def accumulation(batch_size: int, micro_batch_size: int | None, grad_accum_steps: int, pipeline_microbatches: int,
+                 partitioner: Partitioner) -> tuple[int, int]:
+    """(GRAD_ACCUM_STEPS, NUM_MICROBATCHES): as given, or derived from MICRO_BATCH_SIZE (Megatron-LM's
+    --micro-batch-size: rows per data-parallel shard in one microbatch) and the mesh, as Megatron derives them:
+    BATCH_SIZE = MICRO_BATCH_SIZE x data-parallel shards x microbatches, accumulated (with a pipeline: its
+    microbatches). Where the shards hold fewer rows than MICRO_BATCH_SIZE (more devices than upstream had), or a
+    number it does not divide, a microbatch takes the most rows up to MICRO_BATCH_SIZE that divide them. The same
+    global batch trains on any number of devices."""
+    if micro_batch_size is None:
+        return grad_accum_steps, pipeline_microbatches
+    checks.positive_int("MICRO_BATCH_SIZE", micro_batch_size, fix="or None to set GRAD_ACCUM_STEPS yourself")
+    if grad_accum_steps != 1 or pipeline_microbatches != 1:
+        raise UserError(f"MICRO_BATCH_SIZE={micro_batch_size} derives GRAD_ACCUM_STEPS (with a pipeline, "
+                        f"NUM_MICROBATCHES) from the mesh, but GRAD_ACCUM_STEPS={grad_accum_steps} and NUM_MICROBATCHES="
+                        f"{pipeline_microbatches} are set too: leave them at 1, or set MICRO_BATCH_SIZE=None.")
+    shards = partitioner.batch_shards
+    if batch_size % shards:
+        raise UserError(f"BATCH_SIZE={batch_size} does not divide over the {shards} data-parallel shards "
+                        f"({partitioner.batch_macros}); make it a multiple of {shards}, or change the mesh.")
+    per_shard = batch_size // shards
+    rows = max(d for d in range(1, min(micro_batch_size, per_shard) + 1) if per_shard % d == 0)
+    count = per_shard // rows
+    pipelined = partitioner.mesh.shape["stage"] > 1
+    if processes.is_primary():
+        logging.info("batch: BATCH_SIZE=%d = %d rows (MICRO_BATCH_SIZE=%d) x %d data-parallel shards x %d %s",
+                     batch_size, rows, micro_batch_size, shards, count,
+                     "pipeline microbatches" if pipelined else "accumulation steps")
+    return (1, count) if pipelined else (count, 1)
+
+
+def check_batch(batch_size: int, grad_accum_steps: int, partitioner: Partitioner) -> None:
     if batch_size % grad_accum_steps:
         raise UserError(f"BATCH_SIZE={batch_size} is not divisible by GRAD_ACCUM_STEPS={grad_accum_steps}.")
-    micro = batch_size // grad_accum_steps
-    if micro % batch_shards:
+    micro, shards = batch_size // grad_accum_steps, partitioner.batch_shards
+    if micro % shards:
         raise UserError(
             f"each microbatch has {micro} rows (BATCH_SIZE={batch_size} / GRAD_ACCUM_STEPS={grad_accum_steps}), "
-            f"which does not divide over the {batch_shards} data-parallel shards (DATA_PARALLEL x FSDP_PARALLEL). "
-            f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {batch_shards}.")
+            f"which does not divide over the {shards} data-parallel shards ({partitioner.batch_macros}). "
+            f"Make BATCH_SIZE / GRAD_ACCUM_STEPS a multiple of {shards}, or set MICRO_BATCH_SIZE (rows per shard) "
+            "to derive GRAD_ACCUM_STEPS from the mesh.")
 
 
 def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: models.FamilyConfig | None, *,
@@ -282,9 +327,9 @@ def takes_checkpoint_architecture(resuming: bool, restore_from: str | None) -> b
 
 
 def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, repeats: int, rows: int,
-                   batch_shards: int) -> Callable | None:
+                   batch_shards: int, shard_macros: str = "DATA_PARALLEL x FSDP_PARALLEL") -> Callable | None:
     """The pipelined layer stack for PIPELINE_PARALLEL > 1 (None without a pipeline); `rows` is a
-    gradient-accumulation microbatch's row count."""
+    gradient-accumulation microbatch's row count, split `batch_shards` ways over the axes of `shard_macros`."""
     if stages == 1 and microbatches == 1 and repeats == 1:
         return None
     if stages == 1:
@@ -292,6 +337,6 @@ def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, 
                         "PIPELINE_PARALLEL > 1; for microbatches without a pipeline use GRAD_ACCUM_STEPS.")
     schedule = pipeline.Schedule(stages, microbatches, repeats)
     stacks = config.pipeline_stacks()
-    schedule.check(stacks, rows, batch_shards)
+    schedule.check(stacks, rows, batch_shards, shard_macros)
     logging.info("%s", schedule.describe(len(stacks)))
     return schedule.layer_stack

@@ -18,12 +18,13 @@ files do not say how many GPUs ran them (NeoX configs, a launcher without a coun
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from typing import Sequence
 
 from t5x_like import checks
-from t5x_like.errors import exit_on_user_error
+from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.migration import rows, translate, upstream
 
 
@@ -42,9 +43,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="the gin file to write (default: print it)")
     parser.add_argument("--settings_table", action="store_true",
                         help="print the tables of upstream settings and their equivalents here, then exit")
-    args = parser.parse_args(argv[:cut])
+    args, unknown = parser.parse_known_args(argv[:cut])
     args.script_arguments = argv[cut + 1:]
+    if unknown:
+        raise UserError(f"unrecognized arguments: {' '.join(unknown)}; {script_arguments_hint(args, unknown)}")
     return args
+
+
+def script_arguments_hint(args: argparse.Namespace, words: list[str]) -> str:
+    """How to give `words` as the launch script's own arguments: after `--` (`--help` lists migrate's options)."""
+    script = next(iter(args.upstream), "SCRIPT")
+    return (f"a launch script's own arguments ($1, $2, ...) go after `--`: python -m t5x_like.migrate {script} "
+            f"-- {shlex.join(args.script_arguments + words)} (`--help` lists migrate's own options).")
+
+
+def check_upstream_files(args: argparse.Namespace) -> None:
+    """Every upstream file exists; a word that is no file after a script is likely one of its arguments."""
+    for k, path in enumerate(args.upstream):
+        if not os.path.exists(path):
+            hint = script_arguments_hint(args, args.upstream[k:]) if k and os.path.isfile(args.upstream[0]) else \
+                "check the path."
+            raise UserError(f"{path}: no such file; {hint}")
 
 
 def settings_tables() -> str:
@@ -64,9 +83,8 @@ def main(argv: Sequence[str] | None = None) -> str:
         checks.positive_int("--num_gpus", args.num_gpus)
     if args.output:
         checks.output_file("--output", args.output, suffixes=(".gin",))
-    read = upstream.read(args.upstream, args.deepspeed_config, arguments=args.script_arguments)
-    if args.num_gpus is not None:
-        read.gpus = args.num_gpus
+    check_upstream_files(args)
+    read = upstream.read(args.upstream, args.deepspeed_config, arguments=args.script_arguments, gpus=args.num_gpus)
     out = translate.translate(read)
     command = shlex.join(["python", "-m", "t5x_like.migrate", *(sys.argv[1:] if argv is None else argv)])
     text = translate.render(out, command)

@@ -33,9 +33,8 @@ def main(argv: list[str]) -> None:
     processes.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          initialization_timeout=FLAGS.initialization_timeout_seconds,
                          heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_seconds)
-    printing = FLAGS.print_config  # printing writes nothing: MODEL_DIR may stay unset
-    settings = frontend.parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths,
-                                  may_stay_unset=("MODEL_DIR",) if printing else ())
+    printing = FLAGS.print_config  # printing writes nothing and opens no data: MODEL_DIR and the data may stay unset
+    settings = frontend.parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, printing=printing)
     if printing:
         print(describe_run(settings), end="")
         return

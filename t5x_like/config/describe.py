@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 
+import models
 from partitioning import PartitioningError, make_mesh
 from t5x_like import experiment, optim
 from t5x_like.config import bindings
@@ -16,13 +17,18 @@ from t5x_like.lm import make_lm
 from t5x_like.run.loop import adopts_family, check_model_dir, check_settings, train
 
 
+UNSET_EXAMPLES = {"MODEL_DIR": "runs/NAME", "DATA_PATH": "data/NAME_text_document"}
+
+
 def describe_run(settings: RunSettings) -> str:
     """Every effective setting (gin text, defaults included), the model and the learning-rate schedule, checked by
     assembling the experiment as train() does (nothing is initialised or compiled); reads MODEL_DIR's checkpoint,
     if any, and writes nothing. MODEL_DIR may be None (unset). A mesh this machine's devices cannot hold (a pod's
-    configuration on a workstation) is reported, not checked."""
+    configuration on a workstation) is reported, not checked. The data is not opened: with DATA_PATH unset, EPOCHS
+    leaves TRAIN_STEPS to training."""
     bound = bindings.arguments(train)
-    check_settings(**bound)
+    uncounted = bound["train_steps"] is None and bindings.macro("EPOCHS") is not None
+    check_settings(**(dict(bound, train_steps=0, checkpoint_every=1, eval_every=0) if uncounted else bound))
     check_data_settings(bindings.arguments(make_source))
     model_dir, restore_from = bound["model_dir"], bound.get("restore_from")
     if model_dir is not None:
@@ -30,30 +36,39 @@ def describe_run(settings: RunSettings) -> str:
     resuming = model_dir is not None and has_checkpoint(model_dir)
     restored_from = model_dir if resuming else restore_from
     restored = restored_config(restored_from) if restored_from else None
-    mesh_sizes = settings.mesh_sizes
+    config, lines = assembled(settings.mesh_sizes, restored, resuming, restore_from, adopts_family(settings))
+    if restored_from:
+        lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
+    lines += [f"#   {name} unset: training needs it (--gin.{name}=\"'{UNSET_EXAMPLES.get(name, '...')}'\")"
+              for name in settings.unset]
+    lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
+    lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    schedule = (f"EPOCHS={bindings.macro('EPOCHS')} passes, whose steps training counts from the data" if uncounted
+                else optim.describe_schedule(**bindings.arguments(optim.make_optimizer)))
+    lines.append(f"# Schedule: {schedule}")
+    return settings.operative_config + "\n" + "\n".join(lines) + "\n"
+
+
+def assembled(mesh_sizes: dict, restored: models.FamilyConfig | None, resuming: bool, restore_from: str | None,
+              adopt_family: bool) -> tuple[models.FamilyConfig, list[str]]:
+    """The run's model config, and the lines on its model, mesh and batch: the experiment assembled as train()
+    assembles it (`adopt_family`: loop.adopts_family), or, for a mesh this machine cannot hold, the model alone."""
+    adopt = experiment.takes_checkpoint_architecture(resuming, restore_from)
     try:
         mesh = make_mesh(**mesh_sizes)
     except PartitioningError as e:
-        mesh, mesh_note = None, str(e)
-    if mesh is not None:
-        exp = build_experiment(mesh=mesh, restored=restored, resuming=resuming, adopt_family=adopts_family(settings),
-                               adopt_architecture=experiment.takes_checkpoint_architecture(resuming, restore_from))
-        config, num_params = exp.config, exp.num_params
-        mesh_line = f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}"
-    else:
         model = bindings.bound("build_experiment", "model")["model"]
-        config = experiment.resolve_model_config(
-            model, max(mesh_sizes.get("tensor", 1), 1), restored, resuming=resuming, adopt_family=adopts_family(settings),
-            adopt_architecture=experiment.takes_checkpoint_architecture(resuming, restore_from))
-        num_params = make_lm(config).num_params()
-        mesh_line = (f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "
-                     "`python -m t5x_like.compile --topology=...` checks it for the target")
-    lines = [f"# Model: {config.summary()}", f"#   {num_params:,} parameters", mesh_line]
-    if restored_from:
-        lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
-    if model_dir is None:
-        lines.append("#   MODEL_DIR unset: training needs it (--gin.MODEL_DIR=\"'runs/NAME'\")")
-    lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
-    lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
-    lines.append(f"# Schedule: {optim.describe_schedule(**bindings.arguments(optim.make_optimizer))}")
-    return settings.operative_config + "\n" + "\n".join(lines) + "\n"
+        config = experiment.resolve_model_config(model, max(mesh_sizes.get("tensor", 1), 1), restored,
+                                                 resuming=resuming, adopt_architecture=adopt,
+                                                 adopt_family=adopt_family)
+        return config, [f"# Model: {config.summary()}", f"#   {make_lm(config).num_params():,} parameters",
+                        f"#   mesh not checked on this machine's {jax.device_count()} devices ({e}); "
+                        "`python -m t5x_like.compile --topology=...` checks it for the target"]
+    exp = build_experiment(mesh=mesh, restored=restored, resuming=resuming, adopt_architecture=adopt,
+                           adopt_family=adopt_family)
+    accumulated = exp.step_config.grad_accum_steps
+    return exp.config, [f"# Model: {exp.config.summary()}", f"#   {exp.num_params:,} parameters",
+                        f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}",
+                        f"#   batch {exp.batch_size} rows a step: {accumulated} accumulated microbatch"
+                        f"{'es' if accumulated > 1 else ''} of {exp.batch_size // accumulated} rows over "
+                        f"{exp.partitioner.batch_shards} data-parallel shards"]

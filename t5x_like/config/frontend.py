@@ -81,9 +81,21 @@ def check_binding(binding: str) -> None:
         ast.literal_eval(value)
     except (ValueError, SyntaxError):
         name = name.strip()
+        if value.lstrip("+-").lower() in NON_FINITE:
+            raise UserError(f"--gin.{name}={value}: {bare_word(value)}") from None
         raise UserError(
             f"--gin.{name}={value}: {value!r} is not a gin value; a string needs quotes inside the shell's "
             f"quotes: --gin.{name}=\"'{value}'\" (in a gin file: {name} = '{value}').") from None
+
+
+NON_FINITE = ("nan", "inf", "infinity")
+
+
+def bare_word(word: str) -> str:
+    """Why a bare word is no gin value, and the fix: gin reads Python literals (no nan or inf), quoted strings."""
+    if word.lstrip("+-").lower() in NON_FINITE:
+        return f"{word} is not a value gin reads (gin has no nan or inf); write a finite number."
+    return f"{word} is not a value gin reads; a string needs quotes: '{word}'."
 
 
 def apply_bindings(bindings: list[str]) -> None:
@@ -187,6 +199,9 @@ def check_file(name: str, path: str) -> None:
     try:
         statements = list(config_parser.ConfigParser(io.StringIO(text), _SyntaxOnly()))
     except SyntaxError as e:
+        token = re.search(r"Failed to parse token '([^']*)'", e.msg or "")
+        if token:
+            raise UserError(f"{path}:{e.lineno}: `{(e.text or '').strip()}`: {bare_word(token[1])}") from None
         words = (e.text or "").split()
         hint = ("; did you mean `include`?" if words and words[0] != "include"
                 and difflib.get_close_matches(words[0], ["include"], cutoff=0.7) else ".")
@@ -281,12 +296,13 @@ def register_configurables() -> None:
     from t5x_like.run import loop  # noqa: F401 (importing it registers them)
 
 
-def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *,
-              may_stay_unset: tuple[str, ...] = ()) -> RunSettings:
+def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *, printing: bool = False
+              ) -> RunSettings:
     """Load gin files (bare names resolve in gin/), then apply bindings (model_config.overrides merge
     into the files' dict), rejecting unknown macros and unquoted strings, and resolve EPOCHS. A required macro left
-    unset is an error, except those named in `may_stay_unset`, which become None (`train --print_config` needs no
-    MODEL_DIR). Returns the run's settings, resolved once here for the command to pass down."""
+    unset is an error, except, when `printing` (`train --print_config`), MODEL_DIR and the data's macros, which
+    become None (EPOCHS is then not counted: TRAIN_STEPS waits for the data). Returns the run's settings, resolved
+    once here for the command to pass down."""
     register_configurables()
     for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
         gin.add_config_file_search_path(path)
@@ -299,13 +315,11 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *,
             raise UserError(f"--gin.{name}: no gin file defines the macro {name}; check the spelling "
                             "(`--help` and gin/base.gin list the macros).")
     apply_bindings(bindings)
-    resolve_epochs()
+    unset = leave_unset(("MODEL_DIR", *data_macros())) if printing else []
+    resolve_epochs(counted=not set(unset) & set(data_macros()))
     extra = apply_extra_file()
     if extra:
         logging.info("%s=%s: applied after the command line", EXTRA_GIN_ENV, extra)
-    for name in may_stay_unset:
-        if is_required(gin_bindings.macro(name)):
-            gin_bindings.bind_macro(name, None)
     try:
         gin.finalize()
     except ValueError as e:
@@ -315,14 +329,33 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *,
         raise UserError(f"{required[1]} is required: pass --gin.{required[1]}=... (strings need inner "
                         f"quotes, e.g. --gin.MODEL_DIR=\"'/runs/run1'\") or set it in a gin file.") from None
     check_seq_len_is_used()
-    return read_run_settings(model_chosen=chooses_model(files, bindings))
+    return read_run_settings(tuple(unset), model_chosen=chooses_model(files, bindings))
 
 
-def resolve_epochs() -> None:
+def data_macros() -> list[str]:
+    """The macros data.make_source reads (DATA_PATH, TOKENIZER, ...), as the run files bind them."""
+    return [repr(value)[1:] for value in gin_bindings.written("data.make_source").values()
+            if isinstance(value, gin_config.ConfigurableReference) and repr(value).startswith("%")]
+
+
+def leave_unset(names: tuple[str, ...]) -> list[str]:
+    """Those of the macros `names` left required (%gin.REQUIRED), bound to None instead (before gin.finalize())."""
+    unset = [name for name in names if is_required(gin_bindings.macro(name))]
+    for name in unset:
+        gin_bindings.bind_macro(name, None)
+    return unset
+
+
+def resolve_epochs(counted: bool = True) -> None:
     """EPOCHS, when set: TRAIN_STEPS becomes EPOCHS passes over the training split, CHECKPOINT_EVERY and
-    EVAL_EVERY (unless 0) one pass (run/epochs.py counts its steps). Before gin.finalize()."""
+    EVAL_EVERY (unless 0) one pass (run/epochs.py counts its steps). Before gin.finalize(). Not `counted` (the data
+    is not set: --print_config), the three are None: training counts them."""
     count = gin_bindings.macro("EPOCHS")
     if count is None:
+        return
+    if not counted:
+        for name in ("TRAIN_STEPS", "CHECKPOINT_EVERY", "EVAL_EVERY"):
+            gin_bindings.bind_macro(name, None)
         return
     steps = epochs.steps_per_pass(count, read_data_settings())
     gin_bindings.bind_macro("TRAIN_STEPS", count * steps)

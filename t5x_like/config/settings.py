@@ -38,6 +38,8 @@ class RunSettings:
     """Whether the model preset was chosen after the run file (a later --gin_file, --gin.model_config.preset): a
     RESTORE_FROM checkpoint of another family is then refused; otherwise its architecture, family included,
     replaces the run file's model (as `from_pretrained` does)."""
+    unset: tuple[str, ...] = ()
+    """Required macros --print_config leaves unset (None): MODEL_DIR and the data's, which training needs."""
 
 
 def read_data_settings() -> DataSettings:
@@ -48,9 +50,10 @@ def read_data_settings() -> DataSettings:
                         source=bindings.bound("data.make_source"))
 
 
-def read_run_settings(*, model_chosen: bool = False) -> RunSettings:
-    """The run's settings from the parsed (finalized) gin configuration; `model_chosen`: see RunSettings."""
+def read_run_settings(unset: tuple[str, ...] = (), *, model_chosen: bool = False) -> RunSettings:
+    """The run's settings from the parsed (finalized) gin configuration; `unset`: the required macros left None;
+    `model_chosen`: see RunSettings."""
     lengths = bindings.arguments("train", "train_steps", "checkpoint_every", "eval_every")
     return RunSettings(data=read_data_settings(), mesh_sizes=bindings.bound("partitioning.make_mesh"),
                        config_text=bindings.config_text(), operative_config=operative.operative_config_str("train"),
-                       model_chosen=model_chosen, **lengths)
+                       unset=unset, model_chosen=model_chosen, **lengths)

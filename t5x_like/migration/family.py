@@ -121,13 +121,16 @@ def head_width(upstream: Upstream, out: Out, fields: Fields) -> None:
 
 
 def max_len(upstream: Upstream, out: Out, fields: Fields) -> None:
-    positions = upstream.get("max_position_embeddings")
+    """max_len from the position table's size, else the sequence length; a sequence longer than the table is
+    refused, as Megatron-LM refuses it."""
+    positions, seq = upstream.get("max_position_embeddings"), upstream.get("seq_length")
+    if positions is not None and seq is not None and seq.number(int) > positions.number(int):
+        raise UserError(f"{provenance(seq)} is above {provenance(positions)}: Megatron-LM and GPT-NeoX refuse it too (a "
+                        "sequence longer than the positions); lower the one or raise the other.")
     if positions is not None:
         fields["max_len"] = (positions.number(int), provenance(positions))
-    else:
-        seq = upstream.get("seq_length")
-        if seq is not None:
-            fields["max_len"] = (seq.number(int), f"{provenance(seq)}: no --max-position-embeddings")
+    elif seq is not None:
+        fields["max_len"] = (seq.number(int), f"{provenance(seq)}: no --max-position-embeddings")
 
 
 def decoder_lengths(upstream: Upstream, out: Out) -> None:

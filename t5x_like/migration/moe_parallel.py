@@ -49,24 +49,15 @@ def experts_parallel(upstream: Upstream, out: Out) -> None:
 
 
 def unpipelined(upstream: Upstream, out: Out) -> None:
-    """Upstream's pipeline stages become data parallelism, its microbatches accumulation steps."""
+    """Upstream's pipeline stages become data parallelism: with MICRO_BATCH_SIZE the accumulation follows from the
+    mesh; without it (no GPU count), the pipeline's microbatches are accumulated."""
     stages = out.value("PIPELINE_PARALLEL") or 1
     if stages <= 1:
         return
-    micro = next(b for b in out.bindings if b.name == "NUM_MICROBATCHES")
-    out.bindings = [b for b in out.bindings if b.name not in ("NUM_MICROBATCHES", "GRAD_ACCUM_STEPS")]
-    out.set("GRAD_ACCUM_STEPS", *accumulation(upstream, out, micro.value, micro.why.split(": the pipeline")[0]))
+    micro = next((b for b in out.bindings if b.name == "NUM_MICROBATCHES"), None)
+    if micro is not None:
+        out.bindings = [b for b in out.bindings if b.name not in ("NUM_MICROBATCHES", "GRAD_ACCUM_STEPS")]
+        out.set("GRAD_ACCUM_STEPS", micro.value, f"{micro.why}, accumulated")
     stage_why = next(b.why for b in out.bindings if b.name == "PIPELINE_PARALLEL")
     out.set("PIPELINE_PARALLEL", 1, NOT_PIPELINED)
     out.skipped.append((stage_why, NOT_PIPELINED))
-
-
-def accumulation(upstream: Upstream, out: Out, microbatches: int, why: str) -> tuple[int, str]:
-    """BATCH_SIZE / (micro batch x GPUs / TENSOR_PARALLEL): the stages' GPUs now take micro batches of their own."""
-    micro, gpus = upstream.settings.get("micro_batch_size"), upstream.gpus
-    batch, tensor = out.value("BATCH_SIZE"), out.value("TENSOR_PARALLEL") or 1
-    if micro is None or not gpus or batch % (micro.number(int) * (gpus // tensor)):
-        return microbatches, f"{why}: the pipeline's microbatches, accumulated"
-    ways = gpus // tensor
-    return batch // (micro.number(int) * ways), f"BATCH_SIZE / ({provenance(micro)} x {gpus} GPUs / {tensor} " \
-        "(tensor)): the pipeline's GPUs data parallel"

@@ -1,31 +1,33 @@
-"""Reading a launch script as bash would, without running it: the variables it assigns (with `$VAR`,
-`${VAR}`, `$((...))` expanded, and the environment for what it does not assign), the `if [ ... ]` branches it
-takes, and the command that starts `pretrain_*.py` (directly, or through `eval "$cmd"`), split into the
-launcher's words and the program's arguments.
+"""Reading a launch script as bash would, without running it: the statements (this file), the variables they
+assign and expand (variables.py), the `if [ ... ]` branches taken, and the command that starts `pretrain_*.py`
+(directly, or through `eval "$cmd"`), split into the launcher's words and the program's arguments.
 
-Only what such scripts use is understood: assignments, `export`, simple test conditions, `eval`, and the script's
-own arguments (`$1`, `${2:-default}`, `$@`, `$*`, `$#`, `shift`) as they are given. A condition that cannot be
-read statically is taken as false and reported, never guessed silently.
+Only what such scripts use is evaluated: assignments, `export`, arrays, simple test conditions, `eval`, and the
+script's own arguments (`$1`, `${2:-default}`, `$@`, `$*`, `$#`, `shift`) as they are given. What is read but not
+evaluated (loops, `case`, functions, `$(...)`, a condition that cannot be read statically, a failing `shift`) is
+noted with its line, never guessed silently.
 """
 from __future__ import annotations
 
-import ast
 import bisect
 import dataclasses
-import operator
 import os
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from t5x_like.errors import UserError
+from t5x_like.migration.variables import NAME, REFERENCE, Shell, closing_paren
 
-NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 ASSIGNMENT = re.compile(rf"^({NAME})(\+?)=(.*)$", re.S)
 ARRAY_START = re.compile(rf"^{NAME}\+?=$")
 ARRAY = re.compile(rf"^({NAME})(\+?)=\($")
+FUNCTION = re.compile(rf"^({NAME})\(\)$")
 REDIRECTION = re.compile(r"^(\d*>>?(&\d)?|&>>?|\d*<)")
 SKIPPED_COMMANDS = {"echo", "printf", "set", "mkdir", "cd", "source", ".", "cp", "rm", "ls", "hostname", "sleep",
                     "wait", "exit", "unset", "local", "declare", "trap", "cat", "tee", "touch"}
+LOOPS = ("while", "until", "for", "select")
+CLOSERS = {"done": "loop", "esac": "case", "}": "function", "fi": "if"}
+OWN_ARGUMENTS = re.compile(r"\$\{?[1-9#@*]")
 
 
 @dataclasses.dataclass
@@ -43,6 +45,13 @@ class Launch:
     arguments: list[str]  # its arguments, expanded
     line: int
     notes: list[str]  # what was read but not evaluated (conditions, positional arguments)
+    shell: Shell | None = None  # the variables as the script left them
+
+    def origin(self, text: str, flag: str) -> str | None:
+        """Where the value of `flag` (as `text` writes it) comes from, when a variable gives it."""
+        match = re.search(rf"(?<![\w-]){re.escape(flag)}(?:=|[ \t]+)(\S*)", text)
+        reference = REFERENCE.search(match[1]) if match else None
+        return self.shell.origin(reference[1]) if reference and self.shell else None
 
 
 def statements(text: str) -> list[Statement]:
@@ -61,7 +70,7 @@ def statements(text: str) -> list[Statement]:
 
 
 class _Splitter:
-    """statements()'s scan of a script, one character (or escape, or `$((...))`) per step."""
+    """statements()'s scan of a script, one character (or escape, `$((...))`, `$(...)`) per step."""
 
     def __init__(self, text: str):
         self.text, self.newlines = text, [k for k, c in enumerate(text) if c == "\n"]
@@ -104,6 +113,10 @@ class _Splitter:
             end = text.index("))", i) + 2
             self.add(text[i:end])
             self.i = end - 1
+        elif text.startswith("$(", i) or (char == "`" and "`" in text[i + 1:]):  # a command substitution: one piece
+            end = closing_paren(text, i + 1) if char == "$" else text.index("`", i + 1)
+            self.add(text[i:end + 1])
+            self.i = end
         elif char == "#" and not self.word:
             self.i = text.find("\n", i) - 1 if "\n" in text[i:] else len(text)
         elif char == "(" and ARRAY_START.match(self.word) and set(self.current.words) <= {"then", "else", "export"}:
@@ -127,247 +140,85 @@ class _Splitter:
             self.add(char)
 
 
-class Shell:
-    """The variables of a script as it runs top to bottom (the environment for those it does not set), run with
-    `arguments` as its own ($1, $2, ...)."""
-
-    def __init__(self, path: str, environ: dict[str, str] | None = None, arguments: Sequence[str] = ()):
-        self.path = path
-        self.arguments = list(arguments)
-        self.variables: dict[str, str] = {}
-        self.arrays: dict[str, list[str]] = {}
-        self.environ = dict(os.environ if environ is None else environ)
-        self.notes: list[str] = []
-        self.line = 0
-
-    def expand(self, raw: str, split: bool = True) -> list[str]:
-        """A raw word's words after expansion: quoted parts stay whole, unquoted expansions split on spaces."""
-        words, current, joined = [], "", False
-        for part, quoted in _parts(raw):
-            elements = self._quoted_array(part) if quoted == '"' and split else None
-            if elements is not None:  # "${NAME[@]}": a word per element (none for an empty array)
-                if len(elements) > 1:
-                    words += [current + elements[0], *elements[1:-1]]
-                    current = ""
-                current, joined = (current + elements[-1], True) if elements else (current, joined)
-                continue
-            value = part if quoted == "'" else self._substitute(part)
-            if quoted or not split:
-                current, joined = current + value, True
-                continue
-            pieces = value.split()
-            if value[:1].isspace() and (current or joined):
-                words.append(current)
-                current, joined = "", False
-            for k, piece in enumerate(pieces):
-                if k:
-                    words.append(current)
-                    current = ""
-                current, joined = current + piece, True
-            if value[-1:].isspace() and pieces:
-                words.append(current)
-                current, joined = "", False
-        if current or joined:
-            words.append(current)
-        return words
-
-    def value(self, raw: str) -> str:
-        return "".join(self.expand(raw, split=False))
-
-    def _substitute(self, text: str) -> str:
-        def replace(match: re.Match) -> str:
-            if match["arith"] is not None:
-                return str(self._arithmetic(match["arith"]))
-            if match["array"] is not None:
-                return " ".join(self.arrays.get(match["array"], []))
-            name = match["braced"] or match["plain"] or match["special"] or match["defaulted"]
-            defaulted = match["defaulted"] is not None
-            value = self.positional(name, quiet=defaulted) if not name.isidentifier() \
-                else self.lookup(name, quiet=defaulted)
-            unset = not value if match["op"] == ":-" else not self.is_set(name)
-            if defaulted and unset and not name.isidentifier():
-                self.not_given(name, ": its default applies")
-            return self.value(match["default"]) if defaulted and unset else value
-
-        pattern = (rf"\$\(\((?P<arith>.*?)\)\)|\$\{{(?P<array>{NAME})\[[@*]\]\}}"
-                   rf"|\$\{{(?P<braced>{NAME}|\d+|[@*#])\}}"
-                   rf"|\$\{{(?P<defaulted>{NAME}|\d+)(?P<op>:?-)(?P<default>[^}}]*)\}}|\$(?P<plain>{NAME})"
-                   rf"|\$(?P<special>[@*#\d])")
-        return re.sub(pattern, replace, text.replace('\\"', '"'))
-
-    def is_set(self, name: str) -> bool:
-        if name.isdigit():
-            return 0 < int(name) <= len(self.arguments)
-        return name in self.variables or name in self.arrays or name in self.environ
-
-    def _quoted_array(self, part: str) -> list[str] | None:
-        """The words of "${NAME[@]}" (an element each) and of "$@" (an argument each); None for other parts."""
-        if part in ("$@", "${@}"):
-            self.positional("@")
-            return list(self.arguments)
-        match = re.fullmatch(rf"\$\{{({NAME})\[@\]\}}", part)
-        return None if match is None else self.arrays.get(match[1], [])
-
-    def positional(self, name: str, quiet: bool = False) -> str:
-        """The script's own arguments: $1, $2 ... (empty and noted when not given, unless `quiet`: a default
-        follows), $@ and $* (all of them, space-separated), $# (how many), $0 (the script)."""
-        if name == "0":
-            return self.path
-        if name == "#":
-            return str(len(self.arguments))
-        given = self.arguments if name in "@*" else self.arguments[int(name) - 1:int(name)]
-        if not given and not quiet:
-            self.not_given(name)
-        return " ".join(given)
-
-    def not_given(self, name: str, then: str = "") -> None:
-        note = f"{self.path}:{self.line}: ${name} (the script's own arguments) taken as empty{then}"
-        if note not in self.notes:
-            self.notes.append(note)
-
-    def shift(self, words: list[str]) -> None:
-        """`shift [N]`: the first N arguments dropped (none when there are fewer, as bash leaves them)."""
-        if words and not words[0].isdigit():
-            raise UserError(f"{self.path}:{self.line}: `shift {words[0]}`: bash needs a number of arguments to "
-                            "shift; fix the script.")
-        count = int(words[0]) if words else 1
-        if count <= len(self.arguments):
-            self.arguments = self.arguments[count:]
-
-    def lookup(self, name: str, quiet: bool = False) -> str:
-        if name in self.variables:
-            return self.variables[name]
-        if name in self.arrays:
-            return next(iter(self.arrays[name]), "")
-        if name in self.environ or quiet:
-            return self.environ.get(name, "")
-        note = f"{self.path}:{self.line}: ${name} is not set by the script or the environment: empty, as in bash"
-        if note not in self.notes:
-            self.notes.append(note)
-        return ""
-
-    def _arithmetic(self, expression: str) -> int:
-        text = re.sub(rf"\$?\{{?({NAME})\}}?", lambda m: self.lookup(m[1]) or "0", expression)
-        try:
-            return _evaluate(ast.parse(text.strip(), mode="eval").body)
-        except (SyntaxError, ValueError, KeyError, ZeroDivisionError):
-            raise UserError(f"{self.path}:{self.line}: $(({expression})) is not integer arithmetic this tool "
-                            "evaluates; write the number into the script.") from None
-
-    def condition(self, words: list[str]) -> bool:
-        """Tests joined by `&&` and `||` (left to right, as bash groups them)."""
-        result, joiner, test = False, None, []
-        for word in [*words, "&&"]:
-            if word not in ("&&", "||"):
-                test.append(word)
-                continue
-            value = self.test(test)
-            result = value if joiner is None else (result and value) if joiner == "&&" else (result or value)
-            joiner, test = word, []
-        return result
-
-    def test(self, words: list[str]) -> bool:
-        """`[ A = B ]`-style tests; a test bash itself would fail on (`["$X" = y]`) is false, as there."""
-        expanded = [w for raw in words for w in self.expand(raw)]
-        if expanded and expanded[0] in ("[", "[[") and expanded[-1] in ("]", "]]"):
-            inner = expanded[1:-1]
-            if len(inner) == 3 and inner[1] in ("=", "==", "!="):
-                return (inner[0] == inner[2]) == (inner[1] != "!=")
-            if len(inner) == 2 and inner[0] in ("-n", "-z"):
-                return bool(inner[1]) == (inner[0] == "-n")
-            if len(inner) == 1:
-                return bool(inner[0])
-            if len(inner) == 0:
-                return False
-        if words and words[0].startswith("[") and words[0] not in ("[", "[["):
-            self.notes.append(f"{self.path}:{self.line}: `{' '.join(words)}` is not a valid test (bash fails on it "
-                              "too: `[` needs spaces around it), so its branch is not taken")
-            return False
-        self.notes.append(f"{self.path}:{self.line}: the condition `{' '.join(words)}` is not evaluated here; "
-                          "its branch is taken as not run (check its flags by hand)")
-        return False
+@dataclasses.dataclass
+class _Block:
+    kind: str  # 'if', 'loop', 'case' or 'function'
+    taking: bool = False  # an `if`: whether its current branch runs (the others never run here)
+    decided: bool = False  # an `if`: whether a branch was taken already
 
 
-def _parts(raw: str) -> list[tuple[str, str]]:
-    """A raw word as (text, quote) parts: quote is '', "'" or '"'."""
-    parts, i = [], 0
-    while i < len(raw):
-        if raw[i] in "'\"":
-            end = raw.index(raw[i], i + 1) if raw[i] == "'" else _closing_double(raw, i)
-            parts.append((raw[i + 1:end], raw[i]))
-            i = end + 1
+class _Walk:
+    """find_launch()'s pass over the statements: the blocks open at each (`if` branches taken or not; loops, `case`
+    and function bodies not run, each noted), and the launch found."""
+
+    def __init__(self, shell: Shell):
+        self.shell, self.blocks, self.functions = shell, [], set()
+        self.found: Launch | None = None
+
+    def runs(self) -> bool:
+        return all(block.taking for block in self.blocks)
+
+    def statement(self, words: list[str]) -> None:
+        head = words[0]
+        if head in ("if", "elif"):
+            self.branch(head, [w for w in words[1:] if w != "then"])
+        elif head in CLOSERS:
+            kinds = [block.kind for block in self.blocks]
+            if CLOSERS[head] in kinds:
+                del self.blocks[len(kinds) - 1 - kinds[::-1].index(CLOSERS[head])]
+        elif head in LOOPS or head == "case" or FUNCTION.match(head) or head == "function":
+            self.open(head, words)
         else:
-            j = i
-            while j < len(raw) and raw[j] not in "'\"":
-                j = _closing_brace(raw, j) + 1 if raw.startswith("${", j) else j + (2 if raw[j] == "\\" else 1)
-            parts.append((raw[i:j].replace("\\", ""), ""))
-            i = j
-    return parts
+            if head == "else" and self.blocks:
+                self.blocks[-1].taking = not self.blocks[-1].decided
+            words = words[1:] if head in ("then", "else") else words  # `then command` on the `if`'s line
+            if words and self.runs():
+                self.command(words)
 
+    def branch(self, head: str, condition: list[str]) -> None:
+        if head == "if":
+            self.blocks.append(_Block("if"))
+        block = self.blocks[-1]
+        block.taking = all(b.taking for b in self.blocks[:-1]) and not block.decided and \
+            self.shell.condition(condition)
+        block.decided = block.decided or block.taking
 
-def _closing_brace(raw: str, start: int) -> int:
-    """The `}` that closes the `${` at `start` (quotes inside, as in `${1:-"default"}`, skipped)."""
-    quote = ""
-    for k in range(start + 2, len(raw)):
-        if quote:
-            quote = "" if raw[k] == quote else quote
-        elif raw[k] in "'\"":
-            quote = raw[k]
-        elif raw[k] == "}":
-            return k
-    return len(raw) - 1
+    def open(self, head: str, words: list[str]) -> None:
+        """A loop, `case` or function definition: its body is not run here (noted where it would run)."""
+        kind = "loop" if head in LOOPS else "case" if head == "case" else "function"
+        if self.runs():
+            text = " ".join(words)
+            if kind == "function":
+                name = words[1] if head == "function" and len(words) > 1 else head[:-2]
+                self.functions.add(name)
+                self.shell.note(f"the function {name} is not read: what it sets or starts when called is not "
+                                "followed")
+            elif OWN_ARGUMENTS.search(text) or kind == "case":
+                self.shell.note(f"`{text}` ... `{'esac' if kind == 'case' else 'done'}` is not evaluated here "
+                                "(option parsing over the script's own arguments: the variables it would set keep "
+                                "the values set before it; write your run's values there)")
+            else:
+                self.shell.note(f"the loop `{text}` ... `done` is not run here: what it sets or starts is not read")
+        self.blocks.append(_Block(kind))
 
-
-def _closing_double(raw: str, start: int) -> int:
-    i = start + 1
-    while raw[i] != '"':
-        i += 2 if raw[i] == "\\" else 1
-    return i
-
-
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-              ast.Div: operator.floordiv, ast.Mod: operator.mod}
-
-
-def _evaluate(node: ast.AST) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate(node.operand)
-    raise ValueError(node)
+    def command(self, words: list[str]) -> None:
+        if words[0] in self.functions:
+            self.shell.note(f"the call `{' '.join(words)}` of a function is not followed")
+            return
+        self.found = _run(self.shell, words, self.shell.line) or self.found
 
 
 def find_launch(path: str, text: str, environ: dict[str, str] | None = None,
                 arguments: Sequence[str] = ()) -> Launch | None:
     """Run the script's assignments and conditions in order, with `arguments` as its own, and return the command
     that starts a `*.py` program (the last one, if several), or None when the script starts none."""
-    shell = Shell(path, environ, arguments)
-    taking: list[bool] = []  # per open `if`: whether its current branch runs
-    decided: list[bool] = []  # per open `if`: whether a branch was taken already
-    found = None
+    walk = _Walk(Shell(path, environ, arguments))
     for statement in statements(text):
-        shell.line = statement.line
-        words, head = statement.words, statement.words[0]
-        if head in ("if", "elif"):
-            words = [w for w in words[1:] if w != "then"]
-            if head == "if":
-                taking.append(False), decided.append(False)
-            runs = all(taking[:-1]) and not decided[-1] and shell.condition(words)
-            taking[-1], decided[-1] = runs, decided[-1] or runs
-            continue
-        if head == "else":
-            taking[-1] = not decided[-1]
-        if head == "fi":
-            taking.pop(), decided.pop()
-            continue
-        words = words[1:] if head in ("then", "else") else words  # `then command` on the `if`'s line
-        if words and all(taking):
-            found = _run(shell, words, statement.line) or found
-    if found is not None:
-        found.notes = shell.notes
-    return found
+        walk.shell.line = statement.line
+        walk.statement(statement.words)
+    if walk.found is not None:
+        walk.found.notes, walk.found.shell = walk.shell.notes, walk.shell
+    return walk.found
 
 
 def _run(shell: Shell, words: list[str], line: int) -> Launch | None:
@@ -381,26 +232,25 @@ def _run(shell: Shell, words: list[str], line: int) -> Launch | None:
         return None
     if words and ASSIGNMENT.match(words[0]) and len(words) == 1:
         name, append, raw = ASSIGNMENT.match(words[0]).groups()
-        shell.variables[name] = (shell.lookup(name, quiet=True) if append else "") + shell.value(raw)
+        shell.assign(name, raw, append=bool(append))
         return None
     if words and ASSIGNMENT.match(words[0]) and ASSIGNMENT.match(words[0])[3].startswith("<"):
         name = ASSIGNMENT.match(words[0])[1]
-        shell.notes.append(f"{shell.path}:{line}: {name} is a placeholder ({' '.join(words)[len(name) + 1:]}) the "
-                           "script's user fills in: read as empty")
-        shell.variables[name] = ""
+        shell.note(f"{name} is a placeholder ({' '.join(words)[len(name) + 1:]}) the script's user fills in: read "
+                   "as empty")
+        shell.assign(name, "")
         return None
     while words and ASSIGNMENT.match(words[0]):  # VAR=value command ...: an environment for the command
         words = words[1:]
-    words = without_redirections(words)
-    expanded = [w for raw in words for w in shell.expand(raw)]
+    expanded = [w for raw in without_redirections(words) for w in shell.expand(raw)]
     if expanded[:1] == ["shift"]:
         shell.shift(expanded[1:])
         return None
     if not expanded or expanded[0] in SKIPPED_COMMANDS:
         return None
-    if expanded[0] == "eval":
-        inner = statements(" ".join(expanded[1:]))
-        return _run(shell, inner[0].words, line) if inner else None
+    if expanded[0] == "eval":  # its words joined, read as a script's statements
+        launches = [_run(shell, inner.words, line) for inner in statements(" ".join(expanded[1:]))]
+        return next((launch for launch in reversed(launches) if launch is not None), None)
     programs = [i for i, w in enumerate(expanded) if w.endswith(".py")]
     if not programs:
         return None
@@ -421,26 +271,49 @@ def without_redirections(words: list[str]) -> list[str]:
     return kept
 
 
-def launcher_gpus(launcher: list[str]) -> int | None:
+Explain = Callable[[str], tuple[str, str | None]]
+"""flag -> (file:line that writes it, where its value comes from when a variable of the script gives it)."""
+
+
+def launcher_gpus(launcher: list[str], explain: Explain = lambda flag: ("", None)) -> int | None:
     """How many processes a launcher starts (python: 1; torchrun / torch.distributed.launch: nproc_per_node x
-    nnodes; deepspeed: --num_gpus x --num_nodes or the GPUs of `-i host:0,1,...`); None when it does not say."""
+    nnodes; deepspeed: --num_gpus x --num_nodes or the GPUs of `-i host:0,1,...`); None when it does not say.
+    `explain(flag)`: where a count is written and where its value comes from, for the error when it is not one."""
     options = _options(launcher)
     if not launcher or os.path.basename(launcher[0]).startswith("python") and "-m" not in launcher:
         return 1
     if "nproc_per_node" in options:
-        return int(options["nproc_per_node"]) * int(options.get("nnodes", "1").split(":")[-1])
+        nodes = _count(options, "nnodes", explain) if "nnodes" in options else 1
+        return _count(options, "nproc_per_node", explain) * nodes
     if "num_gpus" in options:
-        return int(options["num_gpus"]) * int(options.get("num_nodes", "1"))
+        nodes = _count(options, "num_nodes", explain) if "num_nodes" in options else 1
+        return _count(options, "num_gpus", explain) * nodes
     include = options.get("i") or options.get("include")
     if include:
         return sum(len(part.split(":")[1].split(",")) if ":" in part else 1 for part in include.split("@"))
     return None
 
 
+def _count(options: dict[str, str], name: str, explain: Explain) -> int:
+    """A launcher's count option as a whole number (its last `:`-part: torchrun's `--nnodes 1:4`)."""
+    value = options[name].split(":")[-1]
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    flag = f"--{name}"
+    said = "has no value" if not value else f"{value!r} is not a whole number above 0"
+    where, origin = explain(flag)
+    raise UserError(f"{where + ': ' if where else ''}the launcher's {flag} {said}" +
+                    (f" ({origin})" if origin else "; write the count into the script") +
+                    "; or give migrate --num_gpus=N (the GPUs the run used).")
+
+
 def _options(words: list[str]) -> dict[str, str]:
+    """A launcher's options: `--name value`, `--name=value` (an option followed by another, or by nothing, has
+    the value '')."""
     options = {}
     for k, word in enumerate(words):
         if word.startswith("-"):
-            name, _, value = word.lstrip("-").partition("=")
-            options[name.replace("-", "_")] = value or (words[k + 1] if k + 1 < len(words) else "")
+            name, equals, value = word.lstrip("-").partition("=")
+            following = words[k + 1] if k + 1 < len(words) and not words[k + 1].startswith("-") else ""
+            options[name.replace("-", "_")] = value if equals else following
     return options

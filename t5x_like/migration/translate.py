@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from typing import Any
 
+from t5x_like.errors import UserError
 from t5x_like.migration import rows
 from t5x_like.migration.upstream import Setting, Upstream
 
 SECTIONS = ("model", "mesh and batch", "schedule and optimizer", "precision", "run and data")
-TRANSLATION_MODULES = ("t5x_like.migration.model", "t5x_like.migration.recipe",
+TRANSLATION_MODULES = ("t5x_like.migration.model", "t5x_like.migration.batch", "t5x_like.migration.recipe",
                        "t5x_like.migration.moe_parallel", "t5x_like.migration.run",
                        "t5x_like.migration.ignored", "t5x_like.migration.habits")
 DEFAULT_OF = {"megatron": "Megatron-LM's default", "neox": "GPT-NeoX's default", "deepspeed": "DeepSpeed's default"}
@@ -53,10 +55,12 @@ class Out:
         return DEFAULT_OF[self.upstream.kind]
 
     def set(self, name: str, value: Any, why: str) -> None:
+        check_finite(value, why)
         self.bindings = [b for b in self.bindings if b.name != name]
         self.bindings.append(Binding(name, value, why, self.section))
 
     def override(self, field: str, value: Any, why: str) -> None:
+        check_finite(value, why)
         self.overrides[field] = (value, why)
 
     def skip(self, setting: Setting | None, reason: str) -> None:
@@ -65,6 +69,16 @@ class Out:
 
     def value(self, name: str) -> Any:
         return next((b.value for b in self.bindings if b.name == name), None)
+
+
+def check_finite(value: Any, why: str) -> None:
+    """Refuse a value gin cannot write (nan, inf: gin reads Python literals), naming where it came from."""
+    values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+    for item in values:
+        if isinstance(item, (dict, list, tuple)):
+            check_finite(item, why)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise UserError(f"{why}: {item} is not a finite number; fix the value.")
 
 
 def load_translations() -> None:

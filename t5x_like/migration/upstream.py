@@ -9,6 +9,7 @@ sections flatten to dotted names (`optimizer.params.lr`, `fp16.initial_scale_pow
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Sequence
@@ -37,18 +38,22 @@ class Setting:
     value: Any
     spelled: str  # as the file writes it: --lr-decay-iters, lr_decay_iters, optimizer.params.lr
     where: str  # file:line
+    origin: str | None = None  # where a script's variable that gives the value comes from, and how to change it
 
     def number(self, kind: type = float) -> int | float:
-        """The value as a number (`kind` int: a whole one), or a UserError naming where it is written."""
+        """The value as a finite number (`kind` int: a whole one), or a UserError naming where it is written
+        and, when a script's variable gives it, where that comes from."""
         value = self.value
         try:
             number = float(value) if not isinstance(value, (bool, list, dict)) and value is not None else None
         except ValueError:
             number = None
-        if number is None or (kind is int and not number.is_integer()):
-            raise UserError(f"{self.where}: {self.spelled} {value!r} is not {'a whole number' if kind is int else 'a number'}"
-                            "; fix the value.")
-        return int(number) if kind is int else number
+        if number is not None and (math.isfinite(number) and (kind is float or number.is_integer())):
+            return int(number) if kind is int else number
+        wanted = "a whole number" if kind is int else "a finite number" if number is not None else "a number"
+        said = "has no value" if value is True else f"{shown_value(value)} is not {wanted}"
+        raise UserError(f"{self.where}: {self.spelled} {said}" + (f" ({self.origin})." if self.origin else
+                                                                  "; fix the value."))
 
     def flag(self) -> bool:
         """A boolean: a bare --flag, YAML true/false, or the strings true / false."""
@@ -61,6 +66,10 @@ class Setting:
     def path(self) -> str | None:
         """A path value; None when a flag is given with no value (an empty variable in the script)."""
         return None if self.value is True or self.value == "" else str(self.value)
+
+
+def shown_value(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else repr(value)
 
 
 @dataclasses.dataclass
@@ -95,10 +104,11 @@ class Upstream:
 
 
 def read(paths: list[str], deepspeed_config: str | None = None, environ: dict[str, str] | None = None,
-         arguments: Sequence[str] = ()) -> Upstream:
+         arguments: Sequence[str] = (), gpus: int | None = None) -> Upstream:
     """The upstream files (`paths`, each kind told from its content) and a DeepSpeed config, read into one table:
     a DeepSpeed config's settings take precedence over a script's, as DeepSpeed's engine applies them.
-    `arguments` are a Megatron-LM script's own ($1, $2, ...)."""
+    `arguments` are a Megatron-LM script's own ($1, $2, ...); `gpus`, the GPUs the run used, when the user says
+    (migrate --num_gpus): the launcher's count is not read then."""
     kinds = [(path, kind_of(path)) for path in paths]
     primary = {kind for _, kind in kinds if kind != DEEPSPEED}
     if len(primary) != 1:
@@ -109,7 +119,7 @@ def read(paths: list[str], deepspeed_config: str | None = None, environ: dict[st
     if arguments and kind != MEGATRON:
         raise UserError(f"the arguments after -- ({' '.join(arguments)}) are a launch script's own ($1, $2, ...), "
                         "and no launch script is given; leave them out for GPT-NeoX configs.")
-    upstream = Upstream(kind, paths, {})
+    upstream = Upstream(kind, paths, {}, gpus=gpus)
     if kind == NEOX:
         merge_neox([p for p, k in kinds if k == NEOX], upstream)
     else:
@@ -230,13 +240,13 @@ def flatten(mapping: dict, path: str, text: str, prefix: str = "", spelled: dict
     return out
 
 
-def line_of(text: str, key: str) -> int:
-    """The first line that writes `key` (as a flag, a quoted key or a YAML key), 1 when none does."""
+def line_of(text: str, key: str, last: bool = False) -> int:
+    """The first (or `last`) line that writes `key` (as a flag, a quoted key or a YAML key), 1 when none does."""
     spellings = {key, key.replace("_", "-")}
     pattern = "|".join(rf"--{re.escape(s)}(?![\w-])|[\"']{re.escape(s)}[\"']\s*:|^\s*{re.escape(s)}\s*:"
                        for s in spellings)
-    match = re.search(pattern, text, re.M)
-    return text.count("\n", 0, match.start()) + 1 if match else 1
+    matches = list(re.finditer(pattern, text, re.M))
+    return text.count("\n", 0, matches[-1 if last else 0].start()) + 1 if matches else 1
 
 
 def read_megatron(path: str, upstream: Upstream, environ: dict[str, str] | None, arguments: Sequence[str]) -> None:
@@ -246,7 +256,9 @@ def read_megatron(path: str, upstream: Upstream, environ: dict[str, str] | None,
     launch = shell.find_launch(path, text, environ, arguments)
     if launch is not None:
         words, upstream.program = launch.arguments, launch.program
-        upstream.gpus = shell.launcher_gpus(launch.launcher)
+        if upstream.gpus is None:
+            upstream.gpus = shell.launcher_gpus(
+                launch.launcher, lambda flag: (f"{path}:{line_of(text, flag.lstrip('-'))}", launch.origin(text, flag)))
         upstream.notes += launch.notes
     else:
         words = [w for statement in shell.statements(text) for raw in statement.words
@@ -254,12 +266,14 @@ def read_megatron(path: str, upstream: Upstream, environ: dict[str, str] | None,
         if not words or not words[0].startswith("--"):
             raise UserError(f"{path}: neither a script that starts a pretrain_*.py program nor a file of "
                             "--flag value words (Megatron-LM's arguments); give one of those.")
-    upstream.settings.update(parse_flags(words, path, text))
+    upstream.settings.update(parse_flags(words, path, text, upstream.notes, launch))
 
 
-def parse_flags(words: list[str], path: str, text: str) -> dict[str, Setting]:
+def parse_flags(words: list[str], path: str, text: str, notes: list[str] | None = None,
+                launch: shell.Launch | None = None) -> dict[str, Setting]:
     """argparse's reading of Megatron's flags: `--name` alone is True, `--name v` a string, `--name v1 v2 ...` a
-    list (--data-path's weighted prefixes); a flag given twice keeps the last value, as argparse does."""
+    list (--data-path's weighted prefixes); a flag given twice keeps the last value, as argparse does (noted in
+    `notes`). With the `launch` of a script, each setting knows which of its variables gives its value."""
     out: dict[str, Setting] = {}
     i = 0
     while i < len(words):
@@ -274,5 +288,10 @@ def parse_flags(words: list[str], path: str, text: str) -> dict[str, Setting]:
             i += 1
         key = name.replace("-", "_")
         value = True if not values else values[0] if len(values) == 1 else values
-        out[key] = Setting(key, value, f"--{name}", f"{path}:{line_of(text, name)}")
+        origin = launch.origin(text, f"--{name}") if launch is not None else None
+        setting = Setting(key, value, f"--{name}", f"{path}:{line_of(text, name, last=key in out)}", origin)
+        if key in out and notes is not None:
+            notes.append(f"{setting.spelled} is given twice ({shown_value(out[key].value)}, then "
+                         f"{shown_value(value)}; {setting.where}): the last applies, as argparse takes it")
+        out[key] = setting
     return out

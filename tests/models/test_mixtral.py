@@ -40,6 +40,8 @@ def test_router_settings_are_run_choices_and_the_architecture_keeps_the_experts(
     (dict(num_experts_per_token=9), "num_experts_per_token 9 exceeds num_experts 8"),
     (dict(num_experts=0), "num_experts 0 must be a positive integer"),
     (dict(router_aux_loss_coef=-0.1), "router_aux_loss_coef -0.1 must be a number >= 0"),
+    (dict(router_aux_loss_coef=float("inf")), r"router_aux_loss_coef inf must be a number >= 0, not nan or inf"),
+    (dict(capacity_factor=float("inf")), r"capacity_factor inf must be a positive number, not nan or inf"),
     (dict(capacity_factor=0), "capacity_factor 0 must be a positive number"),
 ])
 def test_impossible_settings_are_refused_naming_the_field(changes, message):

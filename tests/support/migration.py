@@ -11,15 +11,34 @@ import configs
 import models
 from t5x_like.migration import translate, upstream
 
+UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
+UNSET_GPU_COUNT_SCRIPT = "finetune_cpm2_sogou-log.sh"
+
+
+def unset_gpu_count_script(folder: Path) -> Path:
+    """CPM-2-Finetune's LCQMC script with its GPU count unset, as its sogou-log script has it (`GPUS_PER_NODE=` where
+    `NUM_GPUS_PER_WORKER=8` stood, and `deepspeed --num_gpus ${NUM_GPUS_PER_WORKER}` on line 65), under the sogou-log
+    script's name, beside the DeepSpeed JSON both read; returns the script."""
+    text = (UPSTREAM / "cpm2_finetune" / "finetune_cpm2_lcqmc.sh").read_text()
+    script = folder / UNSET_GPU_COUNT_SCRIPT
+    script.write_text(text.replace("NUM_GPUS_PER_WORKER=8\n", "GPUS_PER_NODE=\n"))
+    (folder / "ds_full_model.json").write_bytes((UPSTREAM / "cpm2_finetune" / "ds_full_model.json").read_bytes())
+    return script
+
+
 RUN = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-4", "--train-iters", "10"]
 """The run flags the Megatron Llama tests add to a preset's architecture flags."""
 
 
 def printed_config(text: str) -> dict:
-    """--print_config's values: macros, `configurable.parameter`s (macro references resolved) and the resolved
-    model config's fields as `model.<field>`."""
+    """--print_config's values: macros, `configurable.parameter`s (macro references resolved), the resolved
+    model config's fields as `model.<field>`, and the accumulated microbatches a step of this mesh takes as
+    `accumulated`."""
     values = {}
     for line in text.splitlines():
+        batch = re.match(r"^#   batch \d+ rows a step: (\d+) accumulated", line)
+        if batch:
+            values["accumulated"] = batch[1]
         model = re.match(r"^#     (\w+) = (.*)$", line)
         binding = re.match(r"^([\w.]+) = (.*)$", line)
         if model:

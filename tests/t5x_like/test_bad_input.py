@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.support.environment import cpu_env
+from tests.support.migration import unset_gpu_count_script
 from tests.support.shared_data import shared_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,7 +58,7 @@ def call_cli(cli: str, argv: list[str]) -> int | str | None:
         main, argv = module.main, []
     else:
         module = {"generate": "t5x_like.generate", "eval": "t5x_like.eval.cli", "convert": "t5x_like.convert.__main__",
-                  "plot": "t5x_like.plot"}[cli]
+                  "plot": "t5x_like.plot", "migrate": "t5x_like.migrate"}[cli]
         main = exit_on_user_error(__import__(module, fromlist=["main"]).main)
     try:
         main(argv)
@@ -398,6 +399,21 @@ CASES = [
          writes=["{run}/checkpoints/2/tok.bin"]),
     case("train_tokenizer", ["--input={text}", "--output={run}/checkpoints/t.json"],
          "--output={run}/checkpoints/t.json is inside", writes=["{run}/checkpoints/t.json"]),
+    # migrate (issue 52): a number a script's variable leaves empty, values gin cannot write, conflicting flags,
+    # script arguments without `--`; and a gin file holding nan
+    case("migrate", ["{sogou}", "--output={tmp}/s.gin"], "$NUM_GPUS_PER_WORKER is not set", writes=["{tmp}/s.gin"]),
+    case("migrate", ["{mig_unset}", "--num_gpus=1", "--output={tmp}/u.gin"], "$LAYERS is not set",
+         writes=["{tmp}/u.gin"]),
+    case("migrate", ["{mig_argument}", "--output={tmp}/a.gin"], "$1 is the script's own argument 1",
+         writes=["{tmp}/a.gin"]),
+    case("migrate", ["{mig_unset}", "--lr", "3e-4"], "python -m t5x_like.migrate {mig_unset} -- --lr 3e-4"),
+    case("migrate", ["{mig_nan}", "--num_gpus=8", "--output={tmp}/n.gin"], "--moe-aux-loss-coeff 'nan' is not a finite",
+         writes=["{tmp}/n.gin"]),
+    case("migrate", ["{mig_fp16_bf16}", "--output={tmp}/f.gin"], "--fp16 (", writes=["{tmp}/f.gin"]),
+    case("migrate", ["{mig_long}", "--output={tmp}/l.gin"], "--seq-length 2048", writes=["{tmp}/l.gin"]),
+    case("train", ["--gin_file={gin_nan}", "--print_config"], "LEARNING_RATE = nan"),
+    case("train", QUICK + ["--gin.LEARNING_RATE=inf"], "--gin.LEARNING_RATE=inf: inf is not a value gin reads",
+         id="train:--gin.LEARNING_RATE=inf"),
 ]
 
 
@@ -423,7 +439,8 @@ def placeholders(runs: dict, tmp: str) -> dict:
         hf_truncated=hf_dir("hf_truncated", truncate=True),
         good_copy=good_copy, run=good_copy, unrecorded=runs["unrecorded"],
         t5_spiece=str(shared_file("t5-spiece")), swapped=swapped_bpe(tmp),
-        **gin_files(tmp),
+        sogou=str(unset_gpu_count_script(Path(tmp))),
+        **gin_files(tmp), **{name: write(name + ".sh", text) for name, text in MIGRATE_FILES.items()},
     )
 
 
@@ -434,6 +451,18 @@ GIN_FILES = {  # issue 29: mistakes inside gin files (each includes the quicksta
     "gin_unknown": b"include 'quickstart.gin'\ntrain.bogus = 3\n",
     "gin_latin1": b"include 'quickstart.gin'\n# caf\xe9\nTRAIN_STEPS = 3\n",
     "gin_bad_include": b"include 'nothere.gin'\n",
+    "gin_nan": b"include 'quickstart.gin'\nLEARNING_RATE = nan\n",
+}
+MIGRATE_FLAGS = (b"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings "
+                 b"64 --vocab-size 512 --micro-batch-size 1 --global-batch-size 8 --lr 1e-4 --train-iters 10 ")
+MIGRATE_FILES = {  # issue 52: upstream launch scripts and flags migrate refuses in one line
+    "mig_unset": b"#!/bin/bash\npython pretrain_gpt.py --num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 "
+                 b"--seq-length 64 --lr $1 --micro-batch-size 1 --global-batch-size 8 --train-iters 10\n",
+    "mig_argument": b"#!/bin/bash\npython pretrain_gpt.py " + MIGRATE_FLAGS.replace(b"--lr 1e-4", b"--lr $1") + b"\n",
+    "mig_nan": MIGRATE_FLAGS.replace(b"--num-layers", b"--num-experts 4 --swiglu --normalization RMSNorm "
+                                     b"--position-embedding-type rope --moe-aux-loss-coeff nan --num-layers"),
+    "mig_fp16_bf16": MIGRATE_FLAGS + b"--fp16\n--bf16\n",
+    "mig_long": MIGRATE_FLAGS.replace(b"--seq-length 64", b"--seq-length 2048"),
 }
 
 

@@ -93,12 +93,12 @@ def test_print_config_without_model_dir_describes_the_run(clean_gin):
     reads no checkpoint; an unset MODEL_DIR is still an error for training (test_train.py)."""
     settings = frontend.parse_gin(["quickstart.gin"], ["TRAIN_STEPS=1000",
                                                      "optim.make_optimizer.min_learning_rate=1e-5"], [],
-                                  may_stay_unset=("MODEL_DIR",))
+                                  printing=True)
     text = describe.describe_run(settings)
     assert "MODEL_DIR = None" in text and "#   MODEL_DIR unset: training needs it" in text
     assert "floor 1e-05 (min_learning_rate, absolute; min_learning_rate_ratio is ignored)" in text
     gin.clear_config()
-    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='runs/given'"], [], may_stay_unset=("MODEL_DIR",))
+    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR='runs/given'"], [], printing=True)
     assert gin.query_parameter("%MODEL_DIR") == "runs/given"
 
 
@@ -290,7 +290,7 @@ def test_restore_from_an_import_of_another_family_brings_its_model(clean_gin, tm
 def test_restore_from_refuses_an_explicit_model_or_another_kind(clean_gin, tmp_path, qwen2_moe_import, files,
                                                                 bindings, message):
     settings = frontend.parse_gin(files, [f"RESTORE_FROM='{qwen2_moe_import}'", *bindings], [],
-                                  may_stay_unset=("MODEL_DIR",))
+                                  printing=True)
     with pytest.raises(UserError, match=re.escape(message)):
         describe.describe_run(settings)
 

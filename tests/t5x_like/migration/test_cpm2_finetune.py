@@ -39,11 +39,11 @@ def test_the_lcqmc_script_as_written_migrates_to_the_cpm2_family(tmp_path):
     text = (tmp_path / "lcqmc.gin").read_text()
     values = bindings(text)
     assert "include 'models/cpm2.gin'" in text  # the 11B's shape: its model config is not here
-    assert {k: values[k] for k in ("OBJECTIVE", "TENSOR_PARALLEL", "BATCH_SIZE", "GRAD_ACCUM_STEPS", "LEARNING_RATE",
+    assert {k: values[k] for k in ("OBJECTIVE", "TENSOR_PARALLEL", "BATCH_SIZE", "MICRO_BATCH_SIZE", "LEARNING_RATE",
                                    "EPOCHS", "RULES", "DTYPE", "WARMUP_STEPS", "optim.make_optimizer.decay",
                                    "optim.make_optimizer.weight_decay", "optim.make_optimizer.clip_grad_norm",
                                    "TOKENIZER", "RESTORE_FROM", "EVAL_EVERY", "EVAL_STEPS")} == {
-        "OBJECTIVE": "'seq2seq'", "TENSOR_PARALLEL": "4", "BATCH_SIZE": "128", "GRAD_ACCUM_STEPS": "1",
+        "OBJECTIVE": "'seq2seq'", "TENSOR_PARALLEL": "4", "BATCH_SIZE": "128", "MICRO_BATCH_SIZE": "32",
         "LEARNING_RATE": "2e-06", "EPOCHS": "10", "RULES": "'zero1_tensor'", "DTYPE": "'float16'",
         "WARMUP_STEPS": "0", "optim.make_optimizer.decay": "'constant'", "optim.make_optimizer.weight_decay": "0.01",
         "optim.make_optimizer.clip_grad_norm": "1.0", "TOKENIZER": "'/root/thu-plm/CPM-2-Finetune/bpe_cn'",
@@ -83,10 +83,10 @@ def test_the_lcsts_script_edited_as_its_readme_says_trains_on_its_task_files(tmp
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     shown = printed_config(done.stdout)
-    assert {k: shown[k] for k in ("BATCH_SIZE", "GRAD_ACCUM_STEPS", "TENSOR_PARALLEL", "EPOCHS", "TRAIN_STEPS",
+    assert {k: shown[k] for k in ("BATCH_SIZE", "MICRO_BATCH_SIZE", "TENSOR_PARALLEL", "EPOCHS", "TRAIN_STEPS",
                                   "LEARNING_RATE", "OBJECTIVE", "model.family", "model.embed_dim", "model.mlp_dim",
                                   "model.num_heads", "model.d_kv", "model.num_layers", "model.vocab_size")} == {
-        "BATCH_SIZE": 128, "GRAD_ACCUM_STEPS": 2, "TENSOR_PARALLEL": 4, "EPOCHS": 10,
+        "BATCH_SIZE": 128, "MICRO_BATCH_SIZE": 16, "TENSOR_PARALLEL": 4, "EPOCHS": 10,
         "TRAIN_STEPS": 10,  # 6 pairs: one step a pass
         "LEARNING_RATE": 3e-6, "OBJECTIVE": "seq2seq", "model.family": "cpm2", "model.embed_dim": 4096,
         "model.mlp_dim": 10240, "model.num_heads": 64, "model.d_kv": 64, "model.num_layers": 24,

@@ -138,13 +138,13 @@ def test_megatron_lms_own_llama3_example_migrates(tmp_path, monkeypatch):
 
 SCRIPT_CASES = {
     "train_llama3_8b.sh": dict(preset="llama3_8b", tokenizer="Meta-Llama-3-8B", expected={
-        "TENSOR_PARALLEL": 2, "BATCH_SIZE": 512, "GRAD_ACCUM_STEPS": 512 // (1 * 8 // 2), "TRAIN_STEPS": 100000,
+        "TENSOR_PARALLEL": 2, "BATCH_SIZE": 512, "MICRO_BATCH_SIZE": 1, "TRAIN_STEPS": 100000,
         "make_optimizer.decay_steps": 100000, "WARMUP_STEPS": 2000, "make_optimizer.b2": 0.95,
         "make_optimizer.eps": 1e-5, "make_optimizer.min_learning_rate": 3e-5, "DTYPE": "bfloat16",
         "RULES": "zero1_tensor", "SEQ_LEN": 8192, "MODEL_DIR": "checkpoints/llama3_8b", "DATA_SPLIT": "99,1,0",
         "DATA_PATH": "data/fineweb_llama3_text_document", "train.tensorboard_dir": "tensorboard_logs/llama3_8b"}),
     "train_qwen2_0_5b.sh": dict(preset="qwen2_0_5b", tokenizer="Qwen2-0.5B", expected={
-        "BATCH_SIZE": 256, "GRAD_ACCUM_STEPS": 256 // (4 * 4), "TRAIN_STEPS": math.ceil(25600000 / 256),
+        "BATCH_SIZE": 256, "MICRO_BATCH_SIZE": 4, "accumulated": 256 // (4 * 8), "TRAIN_STEPS": math.ceil(25600000 / 256),
         "make_optimizer.decay_steps": math.ceil(25600000 / 256), "WARMUP_STEPS": math.ceil(256000 / 256),
         "SEQ_LEN": 4096, "DATA_SPLIT": "98,2,0", "model.dropout_rate": 0.1, "model.attention_dropout_rate": 0.1}),
 }

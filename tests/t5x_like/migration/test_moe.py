@@ -49,7 +49,7 @@ def test_megatrons_mixtral_script_prints_its_experts_top_k_coefficient_and_exper
                                         tmp_path).stdout)
         assert (values["model.family"], values["model.num_experts"], values["model.num_experts_per_token"],
                 values["model.router_aux_loss_coef"]) == ("mixtral", 8, 2, 0.01), values
-        assert (values["EXPERT_PARALLEL"], values["PIPELINE_PARALLEL"], values["GRAD_ACCUM_STEPS"]) == (ways, 1, 32)
+        assert (values["EXPERT_PARALLEL"], values["PIPELINE_PARALLEL"], values["MICRO_BATCH_SIZE"]) == (ways, 1, 1)
         assert f"--moe-token-dispatcher-type alltoall ({script}:56): XLA chooses the collectives" in gin_text
         assert f"--pipeline-model-parallel-size 4 ({script}:84): a mixture of experts is not pipelined" in gin_text
 
@@ -118,7 +118,7 @@ def test_moe_flags_without_an_equivalent_are_listed_with_the_reason(tmp_path, fl
 def test_a_pipelined_moe_run_becomes_data_parallel(tmp_path):
     out = moe(tmp_path, "--pipeline-model-parallel-size", 2, "--expert-model-parallel-size", 2)
     assert (out.value("PIPELINE_PARALLEL"), out.value("NUM_MICROBATCHES")) == (1, None)
-    assert out.value("GRAD_ACCUM_STEPS") == 1  # no GPU count: the pipeline's microbatches (8 / 1 x 8)
+    assert (out.value("MICRO_BATCH_SIZE"), out.value("GRAD_ACCUM_STEPS")) == (1, None)  # accumulated as the mesh says
     assert "a mixture of experts is not pipelined here" in skipped(out)
 
 
@@ -196,3 +196,22 @@ def test_a_neox_gelu_layernorm_model_with_experts_is_refused_and_one_expert_is_d
     assert "norm rmsnorm" in message and "the neox family's (GELU MLP, LayerNorm)" in message and "\n" not in message
     dense = neox(tmp_path, '{"moe_num_experts": 1}', files=PYTHIA)
     assert "moe_num_experts 1 (moe.yml:1): no moe_num_experts > 1" in skipped(dense) and "the model is dense" in skipped(dense)
+
+
+def test_the_pages_mixtral_flags_write_only_what_differs_from_the_preset(tmp_path, monkeypatch):
+    """docs/migrating.md (issue 52, item 14): the expert settings go into model_config.overrides where they differ
+    from the mixtral preset; its example's 8 experts and top-2 are the preset's, so they are not written again."""
+    from tests.docs.doc_commands import REPO, File, read_page
+
+    page = "docs/migrating.md"
+    [flags] = [item for item in read_page(page) if isinstance(item, File) and item.name == "mixtral_flags.txt"]
+    assert "in `model_config.overrides` where they differ from the mixtral preset" in \
+        " ".join((REPO / page).read_text(encoding="utf-8").split())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mixtral_flags.txt").write_text(flags.text)
+    read = upstream.read(["mixtral_flags.txt"], gpus=8)
+    out = translate.translate(read)
+    assert out.value("model_config.preset") == "mixtral_8x7b" and out.value("EXPERT_PARALLEL") == 4
+    assert {"num_experts", "num_experts_per_token"}.isdisjoint(out.overrides)
+    assert out.overrides["router_aux_loss_coef"][0] == 0.01
+    assert read.settings["num_experts"].value == "8" and read.settings["moe_router_topk"].value == "2"

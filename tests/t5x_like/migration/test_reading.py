@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from t5x_like.migration import shell, upstream
+from t5x_like.migration import shell, translate, upstream
+from tests.support.migration import unset_gpu_count_script
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "data" / "upstream"
 
@@ -192,12 +193,16 @@ GIVEN = {
     "one": (("ckpts",), ["--save", "ckpts", "--tensorboard-dir", "--vocab-file", "default vocab.json", "--data-path",
                          "ckpts", "--tags", "ckpts", "--count", "1", "--script", "own.sh"],
             ["own.sh:3: $2 (the script's own arguments) taken as empty",
-             "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies"]),
+             "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies",
+             "own.sh:6: `shift 3` fails: 1 of the script's own arguments are left, and bash leaves them as they are "
+             "(give the arguments the script expects after `--`)"]),
     "none": ((), ["--save", "--tensorboard-dir", "--vocab-file", "default vocab.json", "--data-path", "--tags",
                   "--count", "0", "--script", "own.sh"],
              ["own.sh:2: $1 (the script's own arguments) taken as empty",
               "own.sh:3: $2 (the script's own arguments) taken as empty",
               "own.sh:4: $3 (the script's own arguments) taken as empty: its default applies",
+              "own.sh:6: `shift 3` fails: 0 of the script's own arguments are left, and bash leaves them as they are "
+              "(give the arguments the script expects after `--`)",
               "own.sh:7: $@ (the script's own arguments) taken as empty",
               "own.sh:7: $* (the script's own arguments) taken as empty"]),
 }
@@ -233,3 +238,113 @@ def test_arguments_need_a_script_to_take_them(tmp_path):
     with pytest.raises(ValueError, match=r"^run.sh:2: `shift two`: bash needs a number of arguments to shift; fix "
                                          "the script.$"):
         shell.find_launch("run.sh", "#!/bin/bash\nshift two\npython pretrain_gpt.py --save $1\n", {}, ["a", "b"])
+
+
+NOT_EVALUATED = textwrap.dedent('''\
+    #!/bin/bash
+    LR=1e-4
+    NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    HOST=`hostname -s`
+    STEM=${DATA%%.*}
+    LAYERS=(2 4)
+    while [[ $# -gt 0 ]]; do
+      case "$1" in
+        --lr) LR="$2"; shift 2 ;;
+        -h|--help) echo usage; exit 0 ;;
+      esac
+    done
+    setup() {
+      LR=5
+    }
+    setup
+    shift 3
+    eval "export X=1; python pretrain_gpt.py --lr $LR --num-layers ${LAYERS[1]} --tags ${#LAYERS[@]} --lr 2e-4"
+    ''')
+
+
+def test_what_is_read_but_not_evaluated_is_noted_with_its_line(tmp_path):
+    """Issue 52, item 9: an option-parsing loop, `case`, a function and its call, `$(...)`, backticks, another
+    `${...}` form and a failing `shift` are each noted with their line; `eval` runs all its statements; arrays'
+    elements and counts expand; a flag given twice is noted (the last applies, as argparse takes it)."""
+    launch = shell.find_launch("run.sh", NOT_EVALUATED, {}, ["--lr", "3"])
+    assert launch.arguments == ["--lr", "1e-4", "--num-layers", "4", "--tags", "2", "--lr", "2e-4"]
+    assert launch.notes == [
+        'run.sh:3: the command `$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)` is not run here: taken '
+        "as empty (write its value into the script)",
+        "run.sh:4: the command `hostname -s` is not run here: taken as empty (write its value into the script)",
+        "run.sh:5: `${DATA%%.*}` is not evaluated here: taken as empty",
+        "run.sh:7: `while [[ $# -gt 0 ]]` ... `done` is not evaluated here (option parsing over the script's own "
+        "arguments: the variables it would set keep the values set before it; write your run's values there)",
+        "run.sh:13: the function setup is not read: what it sets or starts when called is not followed",
+        "run.sh:16: the call `setup` of a function is not followed",
+        "run.sh:17: `shift 3` fails: 2 of the script's own arguments are left, and bash leaves them as they are "
+        "(give the arguments the script expects after `--`)"]
+    (tmp_path / "run.sh").write_text(NOT_EVALUATED)
+    read = upstream.read([str(tmp_path / "run.sh")], environ={}, arguments=["--lr", "3"])
+    assert read.settings["lr"].value == "2e-4"
+    assert f"--lr is given twice ('1e-4', then '2e-4'; {tmp_path / 'run.sh'}:18): the last applies" in \
+        "\n".join(read.notes)
+
+
+UNSET = "#!/bin/bash\nGPUS=\nARGS=\"--num-layers $LAYERS --lr ${1}\"\n" \
+        "deepspeed --num_nodes 2 --num_gpus $GPUS pretrain_gpt.py $ARGS --hidden-size $HIDDEN --heads $(nproc)\n"
+
+
+@pytest.mark.parametrize("script, environ, arguments, message", [
+    (UNSET, {}, ["1e-4"], r"^run.sh:4: the launcher's --num_gpus has no value \(\$GPUS is set at run.sh:2 \(`GPUS=`\): "
+                          r"write the value into that line\); or give migrate --num_gpus=N"),
+    (UNSET.replace("GPUS=\n", ""), {}, ["1e-4"], r"the launcher's --num_gpus has no value \(\$GPUS is not set by the "
+                                                 r"script or the environment: set it in the environment \(GPUS=VALUE "),
+    (UNSET.replace("GPUS=\n", ""), {"GPUS": "eight"}, ["1e-4"],
+     r"--num_gpus 'eight' is not a whole number above 0 \(\$GPUS comes from the environment \(GPUS='eight'\)"),
+])
+def test_a_launcher_count_a_variable_leaves_empty_is_one_line(tmp_path, script, environ, arguments, message):
+    """Issue 52, item 8: CPM-2-Finetune's sogou-log script passes `--num_gpus ${NUM_GPUS_PER_WORKER}`, never set."""
+    (tmp_path / "run.sh").write_text(script)
+    path = str(tmp_path / "run.sh")
+    with pytest.raises(ValueError, match=message.replace("run.sh", f"{tmp_path}/run.sh")):
+        upstream.read([path], environ=environ, arguments=arguments)
+    assert upstream.read([path], environ=environ, arguments=arguments, gpus=16).gpus == 16  # --num_gpus given
+
+
+@pytest.mark.parametrize("flag, environ, arguments, message", [
+    ("num_layers", {}, ["1e-4"], r"run.sh:3: --num-layers has no value \(\$LAYERS is not set by the script or the "
+                                 r"environment: set it in the environment \(LAYERS=VALUE python -m t5x_like.migrate "
+                                 r"...\) or in the script\).$"),
+    ("num_layers", {"LAYERS": "two"}, ["1e-4"], r"--num-layers 'two' is not a whole number \(\$LAYERS comes from the "
+                                                r"environment \(LAYERS='two'\): set it there to the value the run used\)"),
+    ("lr", {}, [], r"run.sh:3: --lr has no value \(\$1 is the script's own argument 1: give the script's arguments "
+                   r"after `--` \(python -m t5x_like.migrate .*run.sh -- ARG1 ARG2 ...\)\).$"),
+    ("hidden_size", {}, ["1e-4"], r"run.sh:4: --hidden-size has no value \(\$HIDDEN is not set"),
+    ("heads", {}, ["1e-4"], r"run.sh:4: --heads has no value; fix the value.$"),
+])
+def test_a_number_a_variable_leaves_empty_names_the_variable_and_the_fix(tmp_path, flag, environ, arguments, message):
+    (tmp_path / "run.sh").write_text(UNSET)
+    read = upstream.read([str(tmp_path / "run.sh")], environ={"GPUS": "8", **environ}, arguments=arguments, gpus=8)
+    with pytest.raises(ValueError, match=message):
+        read.settings[flag].number(int if flag != "lr" else float)
+    assert "run.sh:4: the command `$(nproc)` is not run here" in "\n".join(read.notes)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_a_value_that_is_not_finite_is_refused_where_it_is_written(value):
+    setting = upstream.Setting("moe_aux_loss_coeff", value, "--moe-aux-loss-coeff", "run.sh:9")
+    with pytest.raises(ValueError, match=rf"^run.sh:9: --moe-aux-loss-coeff '{value}' is not a finite number; fix "
+                                         "the value.$"):
+        setting.number()
+
+
+def test_a_cpm2_finetune_script_without_its_gpu_count_migrates_once_it_is_given(tmp_path, monkeypatch):
+    """CPM-2-Finetune's sogou-log script passes `--num_gpus ${NUM_GPUS_PER_WORKER}` and never sets it (a traceback
+    before issue 52): one line naming the line and the variable; given in the environment, the script migrates as
+    the LCQMC script that sets it does."""
+    script = unset_gpu_count_script(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=rf"^{script.name}:65: the launcher's --num_gpus has no value "
+                                         r"\(\$NUM_GPUS_PER_WORKER is not set by the script or the environment"):
+        upstream.read([script.name], "ds_full_model.json", environ={})
+    out = translate.translate(upstream.read([script.name], "ds_full_model.json", environ={"NUM_GPUS_PER_WORKER": "8"}))
+    (tmp_path / "lcqmc.sh").write_text((UPSTREAM / "cpm2_finetune" / "finetune_cpm2_lcqmc.sh").read_text())
+    want = translate.translate(upstream.read(["lcqmc.sh"], "ds_full_model.json", environ={}))
+    for name in ("BATCH_SIZE", "MICRO_BATCH_SIZE", "TENSOR_PARALLEL", "FEATURE_LENGTHS"):
+        assert out.value(name) == want.value(name), name
