@@ -54,8 +54,15 @@ class BertConfig(EncoderOnlyConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self.check_position_offset()
         if not 0 <= self.position_offset < self.max_len:
             raise ValueError(f"position_offset {self.position_offset} must be in [0, max_len {self.max_len}).")
+
+    def check_position_offset(self) -> None:
+        """BERT counts positions from 0 (RoBERTa's family offsets them past its padding id)."""
+        if self.position_offset:
+            raise ValueError(f"position_offset {self.position_offset}: bert counts positions from 0 (family "
+                             "'roberta' offsets them past its padding id); leave position_offset at 0.")
 
     def max_input_length(self) -> int:
         return self.max_len - self.position_offset
@@ -96,6 +103,12 @@ class RobertaConfig(BertConfig):
     pad_token_id: int = 1
     layer_norm_eps: float = 1e-5
     family: str = "roberta"
+
+    def check_position_offset(self) -> None:
+        """RoBERTa's first position is pad_token_id + 1 (transformers' create_position_ids_from_input_ids)."""
+        if self.position_offset != self.pad_token_id + 1:
+            raise ValueError(f"position_offset {self.position_offset} with pad_token_id {self.pad_token_id}: roberta's "
+                             f"positions start past the padding id; set position_offset to {self.pad_token_id + 1}.")
 
 
 def norm(c: BertConfig, name: str) -> layers.LayerNorm:

@@ -49,6 +49,10 @@ class FamilyConfig:
     HEAD_PARAMS: ClassVar[tuple[str, ...]] = ()
     """The top-level parameter collections of the heads HEAD_FIELDS choose between."""
 
+    ABSENT: ClassVar[dict[str, tuple[Any, str]]] = {}
+    """Options of the fields this family inherits that it does not have: field -> (the one value it takes, a
+    family that has the option). Refused when the config is made: its converter could not export the model."""
+
     num_layers: int = 12
     """Blocks (an encoder-decoder: the encoder's)."""
     num_heads: int = 12
@@ -73,6 +77,7 @@ class FamilyConfig:
 
     def __post_init__(self):
         self.check_positive_fields()
+        self.check_absent_options()
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype {self.matmul_dtype!r} is unknown; choose None (the compute dtype) "
                              "or 'fp8'.")
@@ -96,6 +101,14 @@ class FamilyConfig:
             if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} {value!r} must be a positive "
                                  f"{'integer' if integer else 'number, not nan or inf'}.")
+
+    def check_absent_options(self) -> None:
+        """Each ABSENT field at the one value this family takes."""
+        for name, (value, elsewhere) in self.ABSENT.items():
+            if getattr(self, name) != value:
+                raise ValueError(f"{name} {getattr(self, name)!r}: {self.family} has no {name.replace('_', ' ')} "
+                                 f"option (family {elsewhere!r} has it); leave {name} at {value!r}, or use family "
+                                 f"{elsewhere!r}.")
 
     def check_heads(self) -> None:
         """Heads that split the width (every family whose head_dim is embed_dim / num_heads)."""

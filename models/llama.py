@@ -87,6 +87,9 @@ class LlamaConfig(DecoderOnlyConfig):
         super().__post_init__()
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window {self.sliding_window} must be a positive token count (or None).")
+        if self.qkv_bias and self.sliding_window:
+            raise ValueError(f"qkv_bias with sliding_window {self.sliding_window}: no Llama-class model has both "
+                             "(Mistral has the window, Qwen2 the biases); choose one.")
         if self.rope_scaling_factor is not None and not (
                 self.rope_scaling_factor >= 1 and self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
             raise ValueError(f"rope scaling factor {self.rope_scaling_factor}, low/high frequency factors "

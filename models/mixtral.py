@@ -11,7 +11,7 @@ Parameter tree: the Llama tree, with each block's mlp (models.layers.moe):
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 
@@ -26,8 +26,20 @@ class MixtralConfig(MoEConfig, LlamaConfig):
 
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = LlamaConfig.POSITIVE_FIELDS + MoEConfig.MOE_POSITIVE_FIELDS
 
+    ABSENT: ClassVar[dict[str, tuple[Any, str]]] = {
+        "shared_expert_mlp_dim": (None, "qwen2_moe"), "normalize_router_weights": (True, "qwen2_moe"),
+        "qkv_bias": (False, "qwen2_moe")}
+    """transformers' Mixtral: renormalised top-k, no shared expert, no biases (Qwen2-MoE has each)."""
+
     family: str = "mixtral"
     rope_theta: float = 1e6
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.expert_mlp_dim not in (None, self.mlp_dim):
+            raise ValueError(f"expert_mlp_dim {self.expert_mlp_dim}: mixtral's experts are mlp_dim ({self.mlp_dim}) "
+                             "wide (transformers' intermediate_size); set mlp_dim, or use family 'qwen2_moe' for "
+                             "experts narrower than its dense MLP.")
 
 
 class MoEBlock(LlamaBlock):

@@ -13,7 +13,7 @@ Parameter tree: the Llama tree with Qwen2's biases, each block's mlp (models.lay
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from models.config import MoEConfig
 from models.llama import LlamaConfig
@@ -41,12 +41,7 @@ class Qwen2MoeConfig(MoEConfig, LlamaConfig):
     expert_mlp_dim: int | None = 1408
     normalize_router_weights: bool = False
     shared_expert_mlp_dim: int | None = 5632
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.sliding_window:
-            raise ValueError(f"sliding_window {self.sliding_window!r}: our Qwen2-MoE has no sliding window "
-                             "(family 'mixtral' has one); leave sliding_window unset.")
+    ABSENT: ClassVar[dict[str, tuple[Any, str]]] = {"sliding_window": (None, "mixtral")}
 
 
 class Qwen2MoeBlock(MoEBlock):

@@ -15,7 +15,7 @@ Parameter tree (Llama's, plus the two norms; scan_layers=True stacks the blocks 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from models import layers
 from models.llama import Llama, LlamaBlock, LlamaConfig
@@ -38,12 +38,7 @@ class Qwen3Config(LlamaConfig):
     rope_theta: float = 1e6
     layer_norm_eps: float = 1e-6
 
-    def __post_init__(self):
-        super().__post_init__()
-        for name in ("qkv_bias", "sliding_window"):
-            if getattr(self, name):
-                raise ValueError(f"{name} {getattr(self, name)!r}: Qwen3 has no {name.replace('_', ' ')} "
-                                 f"(family 'llama' has it); leave {name} unset.")
+    ABSENT: ClassVar[dict[str, tuple[Any, str]]] = {"qkv_bias": (False, "llama"), "sliding_window": (None, "llama")}
 
     def check_heads(self) -> None:
         """Heads of head_dim: any count, whatever the width."""

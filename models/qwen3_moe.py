@@ -11,7 +11,7 @@ Parameter tree: Qwen3's, each block's mlp (models.layers.moe):
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from models.config import MoEConfig
 from models.mixtral import MoEBlock
@@ -24,6 +24,8 @@ class Qwen3MoeConfig(MoEConfig, Qwen3Config):
     """Qwen3Config's fields (head_dim, query/key norms) and MoEConfig's experts, each expert_mlp_dim wide (the
     defaults: Qwen3-30B-A3B's); mlp_dim is transformers' intermediate_size, which no sparse block uses (kept for
     the round trip). The presets are in configs/qwen3_moe.py."""
+
+    ABSENT: ClassVar[dict[str, tuple[Any, str]]] = {**Qwen3Config.ABSENT, "shared_expert_mlp_dim": (None, "qwen2_moe")}
 
     POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = Qwen3Config.POSITIVE_FIELDS + MoEConfig.MOE_POSITIVE_FIELDS
 

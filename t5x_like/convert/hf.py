@@ -73,21 +73,21 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
 
     config, recorded = loading.read_config(src)
     tokenizer = loading.checkpoint_tokenizer(src, config, tokenizer) if tokenizer or recorded else None
-    tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}  # verified
     converter = converter_for(config.family)
+    hf_config = converter.config_to_hf(config, tokenizer.eod_id if tokenizer else None)  # refused before writing
+    tensors = {name: np.ascontiguousarray(array, np.float32) for name, array in hf_tensors(src)}  # verified
     if hasattr(converter, "copied"):  # T5: a tied but unscaled head is written as an equal untied one
         tensors.update((name, tensors[same_as].copy()) for name, same_as in converter.copied(config).items())
     os.makedirs(dst, exist_ok=True)
     save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     readable_as_the_others(os.path.join(dst, "model.safetensors"))
     del tensors
-    hf_config = converter_for(config.family).config_to_hf(config, tokenizer.eod_id if tokenizer else None)
     bos = tokenizer.configured_token_id("bos_token") if tokenizer is not None else None
     if bos is not None and "bos_token_id" in hf_config:  # the tokenizer's own beginning-of-text token
         hf_config["bos_token_id"] = bos
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:
-        save_tokenizer(tokenizer, dst, converter_for(config.family).tokenizer_config(config, tokenizer))
+        save_tokenizer(tokenizer, dst, converter.tokenizer_config(config, tokenizer))
 
 
 def readable_as_the_others(path: str) -> None:

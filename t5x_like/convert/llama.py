@@ -66,9 +66,7 @@ def tied(config: LlamaConfig) -> dict[str, str]:
 
 
 def hf_model_type(config: LlamaConfig) -> str:
-    if config.qkv_bias and config.sliding_window:
-        raise UserError("a model with both query/key/value biases and a sliding window has no Hugging Face "
-                        "class (Qwen2 applies its window to some layers only): export one without the window.")
+    """Qwen2 with query/key/value biases, Mistral with a sliding window (never both: LlamaConfig refuses that)."""
     return "qwen2" if config.qkv_bias else "mistral" if config.sliding_window else "llama"
 
 

@@ -72,6 +72,7 @@ def model(upstream: Upstream, out: Out) -> None:
     if family.name != moe.MIXTRAL.name:
         moe.skip_dense(upstream, out, next(f for f in moe.FAMILIES if f.tool == upstream.kind).rows)
     fields = family.fields(upstream, out)
+    family = moe.exportable_family(family, fields, out)
     differences(upstream, out, family)
     family.lengths(upstream, out)
     values = {k: v for k, (v, _) in fields.items()}

@@ -5,7 +5,10 @@ the mixtral family, every layer's MLP a mixture of SwiGLU experts; another (GELU
 here and is refused. The experts' mesh axis and the routing choices with no equivalent are moe_parallel.py's."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
+
+import models
 
 from t5x_like.errors import UserError
 from t5x_like.migration.families import EXPERTS_EXTEND, llama_fields, neox_llama_fields
@@ -255,4 +258,26 @@ MIXTRAL = Family("mixtral", "megatron", "mixtral_8x7b", mixtral_fields, decoder_
 NEOX_MIXTRAL = Family("mixtral", "neox", "mixtral_8x7b", neox_mixtral_fields, decoder_lengths,
                       features=EXPERTS_EXTEND["neox"].features, rows=NEOX_ROWS)
 FAMILIES = (MIXTRAL, NEOX_MIXTRAL)
-"""Chosen by with_experts, never by fit: a run's experts decide."""
+"""Chosen by with_experts, never by fit: a run's experts decide; exportable_family may make one qwen2_moe."""
+QWEN2_MOE_PRESET = "qwen1_5_moe_a2_7b"
+
+
+def exportable_family(family: Family, fields: Fields, out: Out) -> Family:
+    """The mixtral family builds transformers' Mixtral (renormalised top-k, no shared expert, experts as wide as
+    mlp_dim, no biases); experts with any other of these are the qwen2_moe family's, which has each option, so the
+    migrated model exports as it trains. Each such option then goes into `fields` (as Mixtral's where upstream
+    leaves it unsaid), so none takes the Qwen2-MoE preset's value."""
+    if family.name != MIXTRAL.name:
+        return family
+    mixtral = models.FAMILIES[MIXTRAL.name].config
+    options = {**{name: value for name, (value, _) in mixtral.ABSENT.items()}, "expert_mlp_dim": None}
+    differs = [name for name, value in options.items() if fields.get(name, (value,))[0] != value]
+    if fields.get("expert_mlp_dim", (None,))[0] == fields["mlp_dim"][0]:
+        differs.remove("expert_mlp_dim")
+    if not differs:
+        return family
+    out.notes.append(f"the qwen2_moe family, not mixtral: {', '.join(differs)} as upstream has them, which "
+                     "transformers' Mixtral (the mixtral family) has not")
+    for name, value in options.items():
+        fields.setdefault(name, (value, f"{out.default()}, as Mixtral's"))
+    return dataclasses.replace(family, name="qwen2_moe", base_preset=QWEN2_MOE_PRESET)

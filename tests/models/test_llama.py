@@ -53,7 +53,7 @@ def test_parameter_tree_of_each_variant(fields, has_out, has_bias):
     assert "blocks/mlp/fc_bias" not in flat and "ln_f/bias" not in flat
 
 
-@pytest.mark.parametrize("fields", [{}, dict(qkv_bias=True, sliding_window=3)])
+@pytest.mark.parametrize("fields", [{}, dict(qkv_bias=True), dict(sliding_window=3)])
 def test_a_block_is_rms_norms_rotary_grouped_attention_and_swiglu_in_sequence(fields):
     """LlamaBlock: h = x + attn(ln_1 x), then h + mlp(ln_2 h); RMSNorm, rotary attention over 2 key/value heads
     (Qwen2's biases on query, key and value; Mistral's window), proj(silu(gate x) * fc x), no other biases."""

@@ -43,6 +43,13 @@ def test_router_settings_are_run_choices_and_the_architecture_keeps_the_experts(
     (dict(router_aux_loss_coef=float("inf")), r"router_aux_loss_coef inf must be a number >= 0, not nan or inf"),
     (dict(capacity_factor=float("inf")), r"capacity_factor inf must be a positive number, not nan or inf"),
     (dict(capacity_factor=0), "capacity_factor 0 must be a positive number"),
+    # issue 52: options transformers' Mixtral has not (to-hf could not write them) are refused when the config is made
+    (dict(shared_expert_mlp_dim=1024), "shared_expert_mlp_dim 1024: mixtral has no shared expert mlp dim option "
+                                       r"\(family 'qwen2_moe' has it\)"),
+    (dict(normalize_router_weights=False), "normalize_router_weights False: mixtral has no normalize router weights "
+                                           "option"),
+    (dict(qkv_bias=True), "qkv_bias True: mixtral has no qkv bias option"),
+    (dict(expert_mlp_dim=4096), r"expert_mlp_dim 4096: mixtral's experts are mlp_dim \(14336\) wide"),
 ])
 def test_impossible_settings_are_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError, match=message):

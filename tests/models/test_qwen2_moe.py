@@ -22,7 +22,7 @@ def test_defaults_are_qwen1_5_moe_a2_7b():
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(sliding_window=8), "sliding_window 8: our Qwen2-MoE has no sliding window"),
+    (dict(sliding_window=8), "sliding_window 8: qwen2_moe has no sliding window option \\(family 'mixtral' has it\\)"),
     (dict(num_experts_per_token=5), "num_experts_per_token 5 exceeds num_experts 4"),
     (dict(shared_expert_mlp_dim=0), "shared_expert_mlp_dim 0 must be a positive integer"),
 ])

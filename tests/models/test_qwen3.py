@@ -18,8 +18,8 @@ TINY = Qwen3Config(vocab_size=300, num_layers=2, num_heads=3, num_key_value_head
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(qkv_bias=True), "qkv_bias True: Qwen3 has no qkv bias"),
-    (dict(sliding_window=4), "sliding_window 4: Qwen3 has no sliding window"),
+    (dict(qkv_bias=True), "qkv_bias True: qwen3 has no qkv bias option \\(family 'llama' has it\\)"),
+    (dict(sliding_window=4), "sliding_window 4: qwen3 has no sliding window option \\(family 'llama' has it\\)"),
     (dict(head_dim=0), "head_dim 0 must be a positive integer"),
     (dict(num_key_value_heads=2), "num_kv_heads 2 does not divide num_heads 3"),
 ])

@@ -22,7 +22,9 @@ def test_defaults_are_qwen3_30b_a3b():
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(qkv_bias=True), "qkv_bias True: Qwen3 has no qkv bias"),
+    (dict(qkv_bias=True), "qkv_bias True: qwen3_moe has no qkv bias option \\(family 'llama' has it\\)"),
+    (dict(shared_expert_mlp_dim=16), "shared_expert_mlp_dim 16: qwen3_moe has no shared expert mlp dim option "
+                                     r"\(family 'qwen2_moe' has it\)"),
     (dict(num_experts_per_token=5), "num_experts_per_token 5 exceeds num_experts 4"),
     (dict(expert_mlp_dim=0), "expert_mlp_dim 0 must be a positive integer"),
 ])

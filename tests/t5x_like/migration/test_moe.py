@@ -10,6 +10,7 @@ import pytest
 
 from t5x_like.errors import UserError
 from t5x_like.migration import translate, upstream
+from t5x_like.migration.model import preset_fields
 from tests.support.cli import run_cli
 from tests.support.migration import printed_config
 from tests.support.migration import megatron_flags, migrated, stand_in_tokenizer
@@ -17,6 +18,11 @@ from tests.support.migration import megatron_flags, migrated, stand_in_tokenizer
 DATA = Path(__file__).resolve().parents[2] / "data" / "upstream"
 SCRIPT = "train_mixtral_8x7b_distributed.sh"
 
+
+
+def resolved_fields(out: translate.Out) -> dict:
+    """The migrated model's fields: its preset's, with the overrides migrate writes."""
+    return {**preset_fields(out.value("model_config.preset")), **{k: v for k, (v, _) in out.overrides.items()}}
 
 def bare(text: str) -> str:
     """File names without their folders (the tests' files are in tmp_path)."""
@@ -61,13 +67,16 @@ def test_megatron_core_moe_flags_set_the_expert_fields(tmp_path):
               96, "--moe-shared-expert-gate", "--expert-model-parallel-size", 2, "--expert-tensor-parallel-size", 1,
               "--moe-router-load-balancing-type", "aux_loss", "--moe-router-score-function", "softmax",
               "--moe-layer-freq", 1)
-    fields = {name: value for name, (value, _) in out.overrides.items()}
-    assert out.value("model_config.preset") == "mixtral_8x7b"
+    fields = resolved_fields(out)
+    assert out.value("model_config.preset") == "qwen1_5_moe_a2_7b"  # a shared expert: not transformers' Mixtral
     assert {k: fields[k] for k in ("num_experts", "num_experts_per_token", "expert_mlp_dim", "router_aux_loss_coef",
                                    "router_z_loss_coef", "capacity_factor", "normalize_router_weights",
-                                   "shared_expert_mlp_dim")} == dict(
+                                   "shared_expert_mlp_dim", "qkv_bias")} == dict(
         num_experts=4, num_experts_per_token=1, expert_mlp_dim=64, router_aux_loss_coef=0.02,
-        router_z_loss_coef=1e-3, capacity_factor=1.25, normalize_router_weights=False, shared_expert_mlp_dim=96)
+        router_z_loss_coef=1e-3, capacity_factor=1.25, normalize_router_weights=False, shared_expert_mlp_dim=96,
+        qkv_bias=False)
+    assert ("the qwen2_moe family, not mixtral: shared_expert_mlp_dim, normalize_router_weights, expert_mlp_dim as "
+            "upstream has them") in "\n".join(out.notes)
     assert out.value("EXPERT_PARALLEL") == 2
     assert "moe" not in skipped(out) and "expert" not in skipped(out), skipped(out)
     assert "about num_layers / k times less here" in "\n".join(out.notes)
@@ -158,11 +167,12 @@ def neox(tmp_path: Path, extra: str, files=("llama/7B.yml", "llama/train_config.
 
 def test_neox_moe_keys_set_the_expert_fields_of_a_llama_config(tmp_path):
     out = neox(tmp_path, NEOX_MOE)
-    fields = {name: value for name, (value, _) in out.overrides.items()}
-    assert out.value("model_config.preset") == "mixtral_8x7b" and out.value("EXPERT_PARALLEL") == 2
-    assert (fields["num_experts"] if "num_experts" in fields else 8, fields["router_aux_loss_coef"],
-            fields["normalize_router_weights"]) == (8, 0.02, False)
-    assert "num_experts_per_token" not in fields and "capacity_factor" not in fields  # top-2, dropless megablocks
+    fields = resolved_fields(out)
+    # megablocks' top-k probabilities are not renormalised: not transformers' Mixtral
+    assert out.value("model_config.preset") == "qwen1_5_moe_a2_7b" and out.value("EXPERT_PARALLEL") == 2
+    assert (fields["num_experts"], fields["router_aux_loss_coef"], fields["normalize_router_weights"],
+            fields["num_experts_per_token"], fields["capacity_factor"], fields["shared_expert_mlp_dim"],
+            fields["qkv_bias"]) == (8, 0.02, False, 2, None, None, False)  # top-2, dropless megablocks
     assert "moe_lbl_in_fp32 (moe.yml:3): XLA computes the router in float32" in skipped(out)
     assert "enable_expert_tensor_parallelism" not in skipped(out) and "expert_interval" not in skipped(out)
 
