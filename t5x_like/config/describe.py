@@ -7,10 +7,12 @@ import dataclasses
 import jax
 
 from partitioning import PartitioningError, make_mesh
-from t5x_like import experiment, optim
+from t5x_like import data, experiment, optim
 from t5x_like.config import bindings
-from t5x_like.config.configurables import check_data_settings, has_checkpoint, make_source, restored_config
+from t5x_like.config.configurables import (check_data_settings, has_checkpoint, make_source, restored_config,
+                                           run_vocab_size)
 from t5x_like.config.settings import RunSettings
+from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
 from t5x_like.run.loop import check_model_dir, check_settings, train
@@ -48,7 +50,8 @@ def describe_run(settings: RunSettings) -> str:
         num_params = make_lm(config).num_params()
         mesh_line = (f"#   mesh not checked on this machine's {jax.device_count()} devices ({mesh_note}); "
                      "`python -m t5x_like.compile --topology=...` checks it for the target")
-    lines = [f"# Model: {config.summary()}", f"#   {num_params:,} parameters", mesh_line]
+    lines = [f"# Model: {config.summary()}", f"#   {num_params:,} parameters", vocabulary_line(config.vocab_size),
+             mesh_line]
     if restored_from:
         lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
     if model_dir is None:
@@ -57,3 +60,18 @@ def describe_run(settings: RunSettings) -> str:
     lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
     lines.append(f"# Schedule: {optim.describe_schedule(**bindings.arguments(optim.make_optimizer))}")
     return settings.operative_config + "\n" + "\n".join(lines) + "\n"
+
+
+def vocabulary_line(model_vocab_size: int) -> str:
+    """The data's vocabulary against the model's, refused as training refuses it when the model's is smaller; read
+    from TOKENIZER, or from the tokenizer the token files' P.json names (no data is read). Data this machine cannot
+    read (a cluster's paths) is reported, not checked."""
+    settings = bindings.bound(make_source)
+    tokenizer = settings.get("tokenizer") or (f"the one DATA_PATH={settings['data_path']!r} was made with"
+                                              if settings.get("data_path") else "the builtin corpus's")
+    try:
+        size = run_vocab_size()
+    except UserError as e:
+        return f"#   vocabulary not checked against the data's tokenizer: {e}"
+    data.check_model_vocabulary(model_vocab_size, size, tokenizer)
+    return f"#   vocabulary: {model_vocab_size:,} ids hold the {size:,} of the data's tokenizer ({tokenizer})"
