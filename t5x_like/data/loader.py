@@ -100,7 +100,7 @@ class GrainBatchSource:
         self.num_batches = num_batches
         self.rows_per_epoch = rows_per_epoch  # rows of one pass over the split (EPOCHS counts in them)
         self.global_batch, self.lengths, self.fingerprint = global_batch, dict(lengths), fingerprint
-        self._ramp, self._rampup = rampup, None if rampup is None else rampup.record()
+        self._ramp, self._ramp_record = rampup, None if rampup is None else rampup.record()
         self._passes, self.passes_begun = passes, []
         self._batches, self._paths = batches, list(data_paths)
         self._iterator = None
@@ -140,7 +140,8 @@ class GrainBatchSource:
     def get_state(self) -> dict:
         return {"format": DATA_STATE_FORMAT, "rows": self.rows_read, "start_row": self._start_row,
                 "iterator": self._iterator.get_state(), "global_batch": self.global_batch, "lengths": self.lengths,
-                "fingerprint": self.fingerprint and completed(self.fingerprint, self._paths), "rampup": self._rampup}
+                "fingerprint": None if self.fingerprint is None else completed(self.fingerprint, self._paths),
+                "rampup": self._ramp_record}
 
     def set_state(self, state: dict) -> None:
         old_format = state.get("format") != DATA_STATE_FORMAT  # written by an older version: grain's state alone
@@ -173,14 +174,15 @@ class GrainBatchSource:
         (another ramp-up or none, or the same one over another BATCH_SIZE or FEATURE_LENGTHS): the rows of a step
         would not be the ones the checkpoint's run would have read."""
         saved = state.get("rampup")
-        if saved is None and self._rampup is None:
+        if saved is None and self._ramp_record is None:
             return
-        if saved == self._rampup and state["global_batch"] == self.global_batch and state["lengths"] == self.lengths:
+        same_batches = state["global_batch"] == self.global_batch and state["lengths"] == self.lengths
+        if saved == self._ramp_record and same_batches:
             return
         raise UserError(
             f"the checkpoint's data position was read with {RAMPUP}={ramp_setting(saved)} (BATCH_SIZE="
             f"{state.get('global_batch')}, FEATURE_LENGTHS={state.get('lengths')}), this run reads with {RAMPUP}="
-            f"{ramp_setting(self._rampup)} (BATCH_SIZE={self.global_batch}, FEATURE_LENGTHS={self.lengths}): a "
+            f"{ramp_setting(self._ramp_record)} (BATCH_SIZE={self.global_batch}, FEATURE_LENGTHS={self.lengths}): a "
             "ramp-up's rows follow from these, so keep the checkpoint's values to resume (after the ramp-up, "
             f"{RAMPUP}=None with --gin.train.restart_data=True starts the data over).")
 

@@ -259,6 +259,16 @@ def lcqmc_dataset_ids(tokenizer, records) -> list[dict[str, list[int]]]:
     return data
 
 
+def write_lcqmc(folder: Path) -> Path:
+    """CPM-2-Finetune's LCQMC layout: DATA_PATH/{train,dev}.jsonl, one {"sentence1", "sentence2", "label"} a line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, records in (("train", LCQMC_RECORDS), ("dev", LCQMC_RECORDS[:2])):
+        (folder / f"{name}.jsonl").write_text("".join(
+            json.dumps({"sentence1": a, "sentence2": b, "label": label}, ensure_ascii=False) + "\n"
+            for a, b, label in records), encoding="utf-8")
+    return folder
+
+
 LCSTS_PAIRS = [("清华大学的研究者发布了 CPM-2 模型，它有一百一十亿个参数。", "清华发布 CPM-2"),
                ("北京今天天气晴朗，气温二十度，适合出行。\n明天有雨。", "北京天气晴"),
                ("这家公司第三季度的收入增长了百分之十五，利润创下新高。", "公司收入增长"),
