@@ -142,6 +142,11 @@ def open_token_file(prefix: str | os.PathLike) -> TokenFile:
     """Opens `prefix.bin` + `prefix.idx` (+ `prefix.json` when present) and validates them."""
     prefix = str(prefix)
     idx_path, bin_path, json_path = prefix + ".idx", prefix + ".bin", prefix + ".json"
+    if os.path.isdir(prefix) or prefix.endswith(("/", os.sep)):
+        found = sorted(p[:-len(".idx")] for p in glob.glob(os.path.join(glob.escape(prefix), "*.idx")))
+        there = f"give one of its files' prefix, e.g. {found[0]!r}" if found else "there is no token file (.idx) in it"
+        raise TokenFileError(f"{prefix}: names a folder, but a token file is named by its prefix (PREFIX for "
+                             f"PREFIX.bin and PREFIX.idx); {there}")
     if prefix.endswith((".bin", ".idx")) and not os.path.exists(bin_path):
         raise TokenFileError(f"{prefix}: DATA_PATH takes the token file's prefix, without .bin / .idx: "
                              f"DATA_PATH='{prefix[:-4]}'")

@@ -339,6 +339,8 @@ CASES = [
     case("train", QUICK + ["--gin.DATA_PATH='{tokens}'", "--gin.model_config.vocab_from_tokenizer=False",
                            "--gin.model_config.overrides={{'vocab_size': 1000}}"],
          "has 50257 ids but the model's vocab_size is 1000", id="train:print_config, model vocab below the data's"),
+    case("train", QUICK + ["--gin.DATA_PATH='{tmp}/'"], "{tmp}/: names a folder, but a token file is named by its "
+         "prefix", id="train:DATA_PATH naming a folder"),
     # preprocess and train_tokenizer (one subprocess each, below)
     case("preprocess", ["--input={text}", "--output_prefix={afile}/out", "--tokenizer={tok}", "--workers=1"],
          "--output_prefix={afile}/out"),
