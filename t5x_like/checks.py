@@ -94,6 +94,9 @@ def writable_file(name: str, path: str, *, suffixes: tuple[str, ...] = (), value
     """`path` can be written as a file: not a directory, its directory writable or creatable, and, when
     `suffixes` are given, ending in one of them. Errors show `name`=`value` (default: the path)."""
     value = path if value is None else value
+    if path.endswith(("/", os.sep)):
+        raise UserError(f"{name}={value} ends with a separator, so it names a folder; give a file path, e.g. "
+                        f"{name}={os.path.join(path, 'NAME' + (suffixes[0] if suffixes else ''))}.")
     if suffixes and not path.lower().endswith(suffixes):
         raise UserError(f"{name}={value}: the file name must end in {' or '.join(suffixes)}.")
     if os.path.isdir(path):
@@ -110,6 +113,19 @@ def output_file(name: str, path: str, *, suffixes: tuple[str, ...] = (), value: 
     outside_checkpoints(name, path, value=value)
     _make_dirs(name, os.path.dirname(os.path.abspath(path)), path if value is None else value)
     return path
+
+
+def output_prefix(name: str, prefix: str, suffixes: tuple[str, ...]) -> str:
+    """`prefix` starts the names of files this CLI writes (PREFIX.bin, ...: output_file each), and is not a folder
+    or a path ending in a separator (whose files would be hidden ones, `.bin`, inside it)."""
+    if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        example = os.path.join(prefix, "corpus")
+        raise UserError(f"{name}={prefix} names a folder, but it is the start of the files' names "
+                        f"({', '.join('PREFIX' + s for s in suffixes)}); give one inside it, e.g. {name}={example} "
+                        f"writes {example}{suffixes[0]}.")
+    for suffix in suffixes:
+        output_file(name, prefix + suffix, value=prefix)
+    return prefix
 
 
 def output_dir(name: str, path: str, *, new_folder_for: str = "") -> str:

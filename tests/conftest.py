@@ -34,6 +34,7 @@ class SyntheticSource:
         self.seq_len = feature_lengths["targets"]
         self.shard_index, self.vocab_size = shard_index, vocab_size
         self.eod_id, self.tokenizer_path, self.index, self.num_batches = 0, None, 0, None
+        self.passes_begun = ()  # endless rows: no epochs
 
     def __iter__(self):
         return self

@@ -8,10 +8,12 @@ import jax
 
 import models
 from partitioning import PartitioningError, make_mesh
-from t5x_like import experiment, optim
+from t5x_like import data, experiment, optim
 from t5x_like.config import bindings
-from t5x_like.config.configurables import check_data_settings, has_checkpoint, make_source, restored_config
+from t5x_like.config.configurables import (check_data_settings, has_checkpoint, make_source, restored_config,
+                                           run_vocab_size)
 from t5x_like.config.settings import RunSettings
+from t5x_like.errors import UserError
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
 from t5x_like.run.loop import adopts_family, check_model_dir, check_settings, train
@@ -37,6 +39,7 @@ def describe_run(settings: RunSettings) -> str:
     restored_from = model_dir if resuming else restore_from
     restored = restored_config(restored_from) if restored_from else None
     config, lines = assembled(settings.mesh_sizes, restored, resuming, restore_from, adopts_family(settings))
+    lines.insert(2, vocabulary_line(config.vocab_size, settings.unset))
     if restored_from:
         lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
     lines += [f"#   {name} unset: training needs it (--gin.{name}=\"'{UNSET_EXAMPLES.get(name, '...')}'\")"
@@ -72,3 +75,21 @@ def assembled(mesh_sizes: dict, restored: models.FamilyConfig | None, resuming: 
                         f"#   batch {exp.batch_size} rows a step: {accumulated} accumulated microbatch"
                         f"{'es' if accumulated > 1 else ''} of {exp.batch_size // accumulated} rows over "
                         f"{exp.partitioner.batch_shards} data-parallel shards"]
+
+
+def vocabulary_line(model_vocab_size: int, unset: tuple[str, ...]) -> str:
+    """The data's vocabulary against the model's, refused as training refuses it when the model's is smaller; read
+    from TOKENIZER, or from the tokenizer the token files' P.json names (no data is read). Data this machine cannot
+    read (a cluster's paths), or left unset (`unset`: the macros --print_config leaves None), is reported, not
+    checked."""
+    if unset_data := [name for name in unset if name != "MODEL_DIR"]:
+        return f"#   vocabulary not checked against the data's tokenizer: {', '.join(unset_data)} unset"
+    settings = bindings.bound(make_source)
+    tokenizer = settings.get("tokenizer") or (f"the one DATA_PATH={settings['data_path']!r} was made with"
+                                              if settings.get("data_path") else "the builtin corpus's")
+    try:
+        size = run_vocab_size()
+    except UserError as e:
+        return f"#   vocabulary not checked against the data's tokenizer: {e}"
+    data.check_model_vocabulary(model_vocab_size, size, tokenizer)
+    return f"#   vocabulary: {model_vocab_size:,} ids hold the {size:,} of the data's tokenizer ({tokenizer})"

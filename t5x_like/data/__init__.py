@@ -14,6 +14,7 @@ import importlib
 _EXPORTS = {
     "BUILTIN_VOCAB_SIZE": "t5x_like.data.builtin",
     "BatchSource": "t5x_like.data.loader",
+    "check_model_vocabulary": "t5x_like.data.sources",
     "make_source": "t5x_like.data.sources",
     "open_token_file": "t5x_like.data.token_file",
     "Tokenizer": "t5x_like.data.tokenizer",

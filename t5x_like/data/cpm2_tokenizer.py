@@ -1,7 +1,9 @@
 """CPM-2's tokenizer as ModelCenter's `CPM2Tokenizer` implements it (`model_center/tokenizer/cpm2_tokenizer.py`,
 with the `▂` / `▃` space and line tokens its `from_pretrained` sets): jieba words, then a greedy longest match
 over the vocabulary (vocab.txt, one piece a line, the line number its id); a space becomes `▂`, a newline `▃`;
-a piece no match covers is `<unk>` (one per character). The last 190 ids are the sentinels `<s_0>` ... `<s_189>`.
+a piece no match covers is `<unk>` (one per character). The last 190 ids are the sentinels `<s_0>` ... `<s_189>`;
+one written in a text is its id (as T5's `<extra_id_0>` is), which ModelCenter's encode cuts into pieces (its users
+put the ids in by hand, as CPM-2-Finetune's LCQMC ends its inputs with `<s_0>`).
 
 A vocab.txt is CPM-2's when it ends with those sentinels and holds `<eod>`, `▂` and `▃` (CPM-2-Finetune's
 bpe_cn/vocab.txt, ModelCenter's cpm2 folders): a directory holding one, or the file itself, loads as this
@@ -10,15 +12,17 @@ tokenizer wherever a tokenizer is taken.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from t5x_like.data.cpm_tokenizer import import_jieba
-from t5x_like.data.tokenizer_base import Tokenizer
+from t5x_like.data.tokenizer_base import Tokenizer, split_special, tokenizer_config
 from t5x_like.errors import UserError
 
 TOKENIZER_CLASS = "CPM2Tokenizer"
 NUM_SENTINELS = 190
+SENTINEL = re.compile(r"<s_\d+>")
 SPACE, LINE = "\u2582", "\u2583"
 _SPACE, _LINE = "\uFFF2", "\uFFF3"
 """The stand-ins CPM2Tokenizer puts for spaces and newlines before segmenting (its _space_token, _line_token)."""
@@ -35,6 +39,29 @@ def read_vocab(path: Path) -> list[str]:
         raise UserError(f"{path}: not a UTF-8 vocabulary ({e})") from None
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     return [line.strip() for line in (lines[:-1] if text.endswith(("\n", "\r")) or not text else lines)]
+
+
+EXPECTED = (f"CPM-2's vocab.txt holds {', '.join(REQUIRED)} and ends with the {NUM_SENTINELS} sentinels <s_0> ... "
+            f"<s_{NUM_SENTINELS - 1}> (CPM-2-Finetune's bpe_cn/vocab.txt, the vocab.txt of ModelCenter's cpm2 folders)")
+
+
+def shortfall(pieces: list[str]) -> list[str]:
+    """What keeps `pieces` (a vocab.txt's) from being CPM-2's vocabulary, in words; [] when nothing does."""
+    have = set(pieces)
+    wanted = REQUIRED + tuple(f"<s_{i}>" for i in range(NUM_SENTINELS))
+    missing = [p for p in wanted if p not in have]
+    if missing:
+        return [f"it lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}"]
+    if pieces[-1] != wanted[-1]:
+        return [f"pieces follow {wanted[-1]} (the first: {pieces[pieces.index(wanted[-1]) + 1]!r})"]
+    return []
+
+
+def meant_as_cpm2(pieces: list[str], directory: Path) -> bool:
+    """Whether a vocab.txt that is not CPM-2's was meant as CPM-2's: it holds a sentinel `<s_N>`, CPM-2's `▂` or
+    `▃`, or the tokenizer_config.json beside it names CPM2Tokenizer."""
+    return any(p in (SPACE, LINE) or SENTINEL.fullmatch(p) for p in pieces) or \
+        tokenizer_config(directory).get("tokenizer_class") == TOKENIZER_CLASS
 
 
 def is_cpm2_vocab(path: Path) -> bool:
@@ -60,10 +87,8 @@ class CPM2Tokenizer(Tokenizer):
         self._encoder = {piece: i for i, piece in enumerate(pieces)}
         self._decoder = {i: piece for piece, i in self._encoder.items()}
         self.vocab_size = len(pieces)
-        missing = [p for p in REQUIRED + tuple(f"<s_{i}>" for i in range(NUM_SENTINELS)) if p not in self._encoder]
-        if missing:
-            raise UserError(f"{vocab_file}: not CPM-2's vocabulary (it lacks {missing[:4]}); CPM-2-Finetune's "
-                            "bpe_cn/vocab.txt is")
+        if problems := shortfall(pieces):
+            raise UserError(f"{vocab_file}: not CPM-2's vocabulary: {problems[0]}; {EXPECTED}.")
         self.eod_id = self._encoder["<eod>"]
         self.unk_id, self.sod_id = self._encoder["<unk>"], self._encoder["<s>"]
         self._stand_ins = {_SPACE: self._encoder[SPACE], _LINE: self._encoder[LINE]}
@@ -74,6 +99,17 @@ class CPM2Tokenizer(Tokenizer):
         return self._encoder[f"<s_{index}>"]
 
     def encode(self, text: str) -> list[int]:
+        """ModelCenter's ids, but for a sentinel written in the text (`<s_0>`), which is its id (as T5's
+        `<extra_id_0>` is T5's) where ModelCenter's encode cuts it into five pieces."""
+        if "<s_" not in text:
+            return self._encode_text(text)
+        return [i for part in split_special(text, self._sentinel) for i in
+                ([part] if isinstance(part, int) else self._encode_text(part))]
+
+    def _sentinel(self, name: str) -> int | None:
+        return self._encoder[name] if SENTINEL.fullmatch(name) and name in self._encoder else None
+
+    def _encode_text(self, text: str) -> list[int]:
         text = text.replace("\n", _LINE).replace(LINE, _LINE).replace(" ", _SPACE).replace(SPACE, _SPACE)
         ids = []
         for word in self._jieba.cut(text, cut_all=False):

@@ -89,6 +89,26 @@ def read_documents(paths: Sequence[str], fmt: str = "auto", json_keys: Sequence[
             raise InputError(f"{path}: no documents (empty file?); remove it from --input")
 
 
+def nul_warning(stats: collections.Counter, became: str) -> str | None:
+    """One line on the NUL characters (U+0000) read_documents counted in `stats`, naming the file and line of the
+    first and what `became` of them; None when there were none."""
+    if not stats["nul"]:
+        return None
+    path = stats["nul_first"]
+    return (f"warning: {path}:{first_nul_line(path)}: {stats['nul']:,} NUL characters (U+0000) in "
+            f"{stats['nul_documents']:,} documents (the first here) {became}; a binary or UTF-16 file among the "
+            "inputs? Remove them from the corpus if unintended")
+
+
+def first_nul_line(path: str) -> int | None:
+    """The line of `path` holding its first NUL character: a NUL byte, or JSON's \\u0000 escape."""
+    with open_binary(path) as f:
+        for number, line in enumerate(f, 1):
+            if b"\x00" in line or b"\\u0000" in line:
+                return number
+    return None
+
+
 def detect_format(path: str) -> str:
     name = _strip_compression(Path(path).name)
     suffix = Path(name).suffix

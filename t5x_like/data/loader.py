@@ -20,7 +20,6 @@ target counts only when it is in the same document as its input.
 """
 from __future__ import annotations
 
-import array
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +30,9 @@ import numpy as np
 from absl import flags
 
 from t5x_like.data.counted_rows import PaddingRows, RampRows, RowsBefore
-from t5x_like.data.fingerprint import describe_change
+from t5x_like.data.fingerprint import completed, describe_change
+from t5x_like.data.packing import next_fit, piece_bounds, walk_rows
+from t5x_like.data.passes import FilePasses, PassBegun, PassCounter
 from t5x_like.data.rampup import SETTING as RAMPUP
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.data.token_file import TokenFile
@@ -40,7 +41,6 @@ from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECOD
                                DECODER_TARGET_TOKENS)
 
 SPLITS = ("train", "validation", "test")
-_PLAN_WINDOW = 1 << 20  # pieces per step of the packing plan's walk
 
 
 class BatchSource(Protocol):
@@ -53,6 +53,9 @@ class BatchSource(Protocol):
     """Batches in one pass over the split (validation, test), None when the batches never end (training)."""
     rows_per_epoch: int | None
     """Rows in one pass over the split (training's too: EPOCHS counts in them), None when not known (a stream)."""
+    passes_begun: Sequence[PassBegun]
+    """The passes over the training files that the latest batch begins (passes.py; the step loop logs them once
+    it has trained that batch's step)."""
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
 
@@ -84,19 +87,21 @@ class GrainBatchSource:
     or the hosts) continues at the next unseen row; one with other FEATURE_LENGTHS reads rows of another length,
     and starts about as many tokens in; one on other data (the `fingerprint`: files, tokenizer, split, blend) is
     refused (DataChangedError), and so is one that changes a batch-size ramp-up's stream (`rampup`: its settings,
-    BATCH_SIZE and FEATURE_LENGTHS must stay)."""
+    BATCH_SIZE and FEATURE_LENGTHS must stay). `passes` says which rows of a training stream begin an epoch."""
 
     def __init__(self, batches: Callable[[int], grain.IterDataset], *, vocab_size: int, eod_id: int,
                  tokenizer_path: str | None, global_batch: int, lengths: dict[str, int],
                  fingerprint: dict | None = None, data_paths: Sequence[str] = (), num_batches: int | None = None,
-                 rows_per_epoch: int | None = None, rampup: BatchRampup | None = None):
+                 rows_per_epoch: int | None = None, rampup: BatchRampup | None = None,
+                 passes: PassCounter | None = None):
         self.vocab_size = vocab_size
         self.eod_id = eod_id
         self.tokenizer_path = tokenizer_path
         self.num_batches = num_batches
         self.rows_per_epoch = rows_per_epoch  # rows of one pass over the split (EPOCHS counts in them)
         self.global_batch, self.lengths, self.fingerprint = global_batch, dict(lengths), fingerprint
-        self._rampup = None if rampup is None else rampup.record()
+        self._ramp, self._ramp_record = rampup, None if rampup is None else rampup.record()
+        self._passes, self.passes_begun = passes, []
         self._batches, self._paths = batches, list(data_paths)
         self._iterator = None
         self._start(0)
@@ -113,8 +118,19 @@ class GrainBatchSource:
 
     def __next__(self) -> dict[str, np.ndarray]:
         batch = next(self._iterator)
+        if self._passes is not None:
+            self.passes_begun = self._passes.begun(*self._trained_rows(self.rows_read))
         self._read += 1
         return batch
+
+    def _trained_rows(self, first: int) -> tuple[int, int]:
+        """[first, end) of the rows of the stream that the global batch starting at row `first` trains on (a ramp-up
+        step's b(s) rows, BatchRampup.counted)."""
+        if self._ramp is None:
+            return first, first + self.global_batch
+        step = first // self.global_batch
+        start = self._ramp.consumed_before(step)
+        return start, start + self._ramp.batch_at(step)
 
     @property
     def rows_read(self) -> int:
@@ -124,7 +140,8 @@ class GrainBatchSource:
     def get_state(self) -> dict:
         return {"format": DATA_STATE_FORMAT, "rows": self.rows_read, "start_row": self._start_row,
                 "iterator": self._iterator.get_state(), "global_batch": self.global_batch, "lengths": self.lengths,
-                "fingerprint": self.fingerprint, "rampup": self._rampup}
+                "fingerprint": None if self.fingerprint is None else completed(self.fingerprint, self._paths),
+                "rampup": self._ramp_record}
 
     def set_state(self, state: dict) -> None:
         old_format = state.get("format") != DATA_STATE_FORMAT  # written by an older version: grain's state alone
@@ -157,14 +174,15 @@ class GrainBatchSource:
         (another ramp-up or none, or the same one over another BATCH_SIZE or FEATURE_LENGTHS): the rows of a step
         would not be the ones the checkpoint's run would have read."""
         saved = state.get("rampup")
-        if saved is None and self._rampup is None:
+        if saved is None and self._ramp_record is None:
             return
-        if saved == self._rampup and state["global_batch"] == self.global_batch and state["lengths"] == self.lengths:
+        same_batches = state["global_batch"] == self.global_batch and state["lengths"] == self.lengths
+        if saved == self._ramp_record and same_batches:
             return
         raise UserError(
             f"the checkpoint's data position was read with {RAMPUP}={ramp_setting(saved)} (BATCH_SIZE="
             f"{state.get('global_batch')}, FEATURE_LENGTHS={state.get('lengths')}), this run reads with {RAMPUP}="
-            f"{ramp_setting(self._rampup)} (BATCH_SIZE={self.global_batch}, FEATURE_LENGTHS={self.lengths}): a "
+            f"{ramp_setting(self._ramp_record)} (BATCH_SIZE={self.global_batch}, FEATURE_LENGTHS={self.lengths}): a "
             "ramp-up's rows follow from these, so keep the checkpoint's values to resume (after the ramp-up, "
             f"{RAMPUP}=None with --gin.train.restart_data=True starts the data over).")
 
@@ -235,7 +253,7 @@ class PackedRows:
     def __init__(self, tokens: np.ndarray, document_offsets: np.ndarray, seq_len: int):
         self._tokens, self._row_len = tokens, seq_len + 1
         self._bounds = piece_bounds(np.asarray(document_offsets, np.int64), self._row_len)
-        self._rows = _next_fit_rows(self._bounds, self._row_len)
+        self._rows = walk_rows(next_fit(np.diff(self._bounds), self._row_len))
 
     def __len__(self) -> int:
         return len(self._rows) - 1
@@ -251,51 +269,6 @@ class PackedRows:
         positions = np.zeros(self._row_len, np.int32)
         positions[:end - begin] = np.arange(end - begin) - np.repeat(pieces[:-1] - begin, lengths)
         return {"tokens": tokens, "segments": segments, "positions": positions}
-
-
-def piece_bounds(offsets: np.ndarray, row_len: int) -> np.ndarray:
-    """Document offsets with extra cuts every `row_len` tokens inside documents longer than a row."""
-    lengths = np.diff(offsets)
-    pieces = np.maximum(1, -(-lengths // row_len))
-    starts = np.repeat(offsets[:-1], pieces)
-    within = np.arange(len(starts)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    return np.append(starts + within * row_len, offsets[-1])
-
-
-def _next_fit_rows(bounds: np.ndarray, row_len: int) -> np.ndarray:
-    """Indices into `bounds` where rows start: each row takes pieces while they fit in `row_len` tokens."""
-    return walk_rows(np.searchsorted(bounds, bounds + row_len, side="right") - 1)
-
-
-def walk_rows(next_row: np.ndarray) -> np.ndarray:
-    """Where rows start, plus the end: a row starting at item i ends before item `next_row[i]` (> i).
-
-    `next_row` has one entry per item and one for the end."""
-    rows = array.array("q")
-    piece, end = 0, len(next_row) - 1
-    while piece < end:  # walk the jumps a window at a time: Python ints only for one window
-        base = piece
-        window = next_row[base:base + _PLAN_WINDOW].tolist()
-        while piece < end and piece - base < len(window):
-            rows.append(piece)
-            piece = window[piece - base]
-    rows.append(end)
-    return np.array(rows, np.int64)
-
-
-class _LogEpochs:
-    """map_with_index function that logs when a repeated dataset starts another pass over its rows, numbering the
-    passes from 1 as users count them (the second pass is "epoch 2")."""
-
-    def __init__(self, name: str, num_rows: int):
-        self._name, self._num_rows, self._epoch = name, num_rows, 0
-
-    def __call__(self, index: int, row):
-        epoch = index // self._num_rows  # from 0
-        if epoch > self._epoch:
-            self._epoch = epoch
-            logging.info("data: %s: epoch %d begins (%d rows per epoch)", self._name, epoch + 1, self._num_rows)
-        return row
 
 
 def split_rows(file: TokenFile, split: str, *, data_split: str, seq_len: int, packing: bool) -> Windows | PackedRows:
@@ -318,7 +291,7 @@ def split_pass(source, name: str, split: str, seed: int) -> grain.MapDataset:
     rows = grain.MapDataset.source(source)
     if split != "train":
         return rows
-    return rows.shuffle(seed=seed).repeat().map_with_index(_LogEpochs(name, len(source)))
+    return FilePasses(rows.shuffle(seed=seed).repeat(), name, len(source))
 
 
 def combine(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | None, split: str) -> grain.MapDataset:
@@ -338,13 +311,15 @@ def combine(datasets: Sequence[grain.MapDataset], weights: Sequence[float] | Non
 def batch_source(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int, worker_count: int,
                  vocab_size: int, eod_id: int, tokenizer_path: str | None, feature_lengths: dict[str, int],
                  fingerprint: dict | None = None, data_paths: Sequence[str] = (),
-                 arrays: Callable[[dict], dict] | None = None, rampup: BatchRampup | None = None) -> GrainBatchSource:
+                 arrays: Callable[[dict], dict] | None = None, rampup: BatchRampup | None = None,
+                 passes: PassCounter | None = None) -> GrainBatchSource:
     """This host's slice of every global batch of `rows` (`arrays` turns a batch of rows into the features,
     when the rows are not features already). Endless rows (training) give endless batches; one pass over a
     split gives ceil(rows / global batch) batches, the last filled up with padding rows that count nothing
     (zero loss weights, no label). With a batch-size ramp-up (training: `rampup`, of the global batch), global
     batch s holds the b(s) rows step s trains on, then rows that count nothing (RampRows).
-    `fingerprint` identifies the data (fingerprint.data_fingerprint)."""
+    `fingerprint` identifies the data (fingerprint.data_fingerprint); `passes` counts a training stream's epochs.
+    """
     num_rows = len(rows) if len(rows) < sys.maxsize else None
     global_batch = batch_size * shard_count
     counted = None
@@ -370,16 +345,8 @@ def batch_source(rows: grain.MapDataset, *, batch_size: int, shard_index: int, s
                             global_batch=global_batch, lengths=feature_lengths, fingerprint=fingerprint,
                             data_paths=data_paths,
                             num_batches=None if num_rows is None else -(-num_rows // global_batch),
-                            rows_per_epoch=pass_rows(rows), rampup=rampup)
-
-
-def pass_rows(rows: grain.MapDataset) -> int | None:
-    """The rows of one pass over a dataset that may repeat (training repeats each file's rows, shuffled per
-    epoch; a blend repeats several): the sum of what each repetition repeats; None when that is not known."""
-    if len(rows) < sys.maxsize:
-        return len(rows)
-    counts = [pass_rows(parent) for parent in rows.parents if isinstance(parent, grain.MapDataset)]
-    return sum(counts) if counts and None not in counts else None
+                            rows_per_epoch=num_rows if passes is None else passes.rows_per_pass, rampup=rampup,
+                            passes=passes)
 
 
 def host_slice(rows: grain.MapDataset, *, batch_size: int, shard_index: int, shard_count: int) -> grain.MapDataset:

@@ -129,7 +129,7 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
     """Tokenizes `inputs` into the token file `output_prefix` (each document after the tokenizer's beginning-of-text
     id when `bos` and it has one); returns its metadata plus timing."""
     checks.positive_int("--workers", workers)
-    checks.output_file("--output_prefix", output_prefix + ".bin", value=output_prefix)
+    checks.output_prefix("--output_prefix", output_prefix, OUTPUT_SUFFIXES)
     paths = formats.expand_inputs(inputs)
     refuse_writing_over_inputs(output_prefix, paths)
     tokenizer = checks.tokenizer("--tokenizer", tokenizer_path)
@@ -150,8 +150,7 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
     seconds = time.perf_counter() - start
     return {"num_documents": writer.num_documents, "num_tokens": writer.num_tokens, "seconds": seconds,
             "dtype": dtype.name, "files": len(paths), "max_id": writer.max_id, "vocab_size": tokenizer.vocab_size,
-            "byte_order_marks": stats["bom"], "nul_characters": stats["nul"],
-            "nul_documents": stats["nul_documents"], "nul_first_file": stats.get("nul_first"),
+            "byte_order_marks": stats["bom"], "nul_warning": formats.nul_warning(stats, "were tokenized as text"),
             "document_layout": document_layout(tokenizer, append_eod, add_bos)}
 
 
@@ -174,10 +173,8 @@ def unusual_characters(summary: dict) -> list[str]:
     if summary["byte_order_marks"]:
         lines.append(f"note: {summary['byte_order_marks']:,} UTF-8 byte-order marks (U+FEFF) opening files or "
                      "documents were dropped, as utf-8-sig readers drop them")
-    if summary["nul_characters"]:
-        lines.append(f"warning: {summary['nul_characters']:,} NUL characters (U+0000) in "
-                     f"{summary['nul_documents']:,} documents (first in {summary['nul_first_file']}) were tokenized "
-                     "as text; a binary or UTF-16 file among the inputs? Remove them from the corpus if unintended")
+    if summary["nul_warning"]:
+        lines.append(summary["nul_warning"])
     return lines
 
 

@@ -51,3 +51,13 @@ def tokenizer_vocab_size(*, objective: str = "causal_lm", data_path=None, tokeni
     wanted = inspect.signature(module.vocab_size).parameters
     return module.vocab_size(data_path=data_path, tokenizer=tokenizer,
                              **{k: v for k, v in settings.items() if k in wanted})
+
+
+def check_model_vocabulary(model_vocab_size: int, data_vocab_size: int, tokenizer: str | None) -> None:
+    """UserError when the data's ids (`tokenizer`'s, with what the objective adds) do not all fit the model's
+    vocabulary: training and --print_config refuse such a run alike."""
+    if data_vocab_size > model_vocab_size:
+        raise UserError(
+            f"the tokenizer ({tokenizer}) has {data_vocab_size} ids but the model's vocab_size is {model_vocab_size}; "
+            f"give the model the tokenizer's vocabulary (--gin.model_config.vocab_from_tokenizer=True, or "
+            f"--gin.model_config.overrides=\"{{'vocab_size': {data_vocab_size}}}\") or use the model's own tokenizer.")

@@ -7,12 +7,14 @@ train in those stacks and theirs train here. `P.idx` is:
     sizes int32[n] | byte pointers int64[n] | document index int64[n+1]
 
 Each sequence is one document (Megatron's GPT datasets read them the same way). `P.json` is ours: which
-tokenizer produced the ids and the counts, checked when the file is opened. Megatron files have no
-`P.json`; they open without metadata.
+tokenizer produced the ids, the counts (checked when the file is opened) and the sha256 of `P.bin` and `P.idx`
+(which identify the data in checkpoints: fingerprint.py). Megatron files have no `P.json`; they open without
+metadata.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from t5x_like.data.fingerprint import sha256_of
 from t5x_like.errors import UserError
 from t5x_like.run.lock import pid_running
 
@@ -139,6 +142,11 @@ def open_token_file(prefix: str | os.PathLike) -> TokenFile:
     """Opens `prefix.bin` + `prefix.idx` (+ `prefix.json` when present) and validates them."""
     prefix = str(prefix)
     idx_path, bin_path, json_path = prefix + ".idx", prefix + ".bin", prefix + ".json"
+    if os.path.isdir(prefix) or prefix.endswith(("/", os.sep)):
+        found = sorted(p[:-len(".idx")] for p in glob.glob(os.path.join(glob.escape(prefix), "*.idx")))
+        there = f"give one of its files' prefix, e.g. {found[0]!r}" if found else "there is no token file (.idx) in it"
+        raise TokenFileError(f"{prefix}: names a folder, but a token file is named by its prefix (PREFIX for "
+                             f"PREFIX.bin and PREFIX.idx); {there}")
     if prefix.endswith((".bin", ".idx")) and not os.path.exists(bin_path):
         raise TokenFileError(f"{prefix}: DATA_PATH takes the token file's prefix, without .bin / .idx: "
                              f"DATA_PATH='{prefix[:-4]}'")
@@ -254,6 +262,7 @@ class TokenFileWriter:
         self.num_tokens = 0
         self.max_id = -1
         self._tmp = f".tmp{os.getpid()}"
+        self._bin_sha256 = hashlib.sha256()  # recorded in P.json: fingerprint.py identifies the data by it
 
     def __enter__(self) -> TokenFileWriter:
         Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +275,9 @@ class TokenFileWriter:
     def write(self, ids: np.ndarray, lengths: np.ndarray) -> None:
         if len(ids):
             self.max_id = max(self.max_id, int(np.max(ids)))
-        self._bin.write(np.asarray(ids, self.dtype).tobytes())
+        data = np.asarray(ids, self.dtype).tobytes()
+        self._bin.write(data)
+        self._bin_sha256.update(data)
         self._sizes.write(np.asarray(lengths, np.int32).tobytes())
         self.num_documents += len(lengths)
         self.num_tokens += int(np.sum(lengths, dtype=np.int64))
@@ -285,8 +296,9 @@ class TokenFileWriter:
         if self.num_documents == 0:
             raise TokenFileError(f"{self.prefix}: no documents to write (all inputs were empty)")
         self._write_index(self.prefix + ".idx" + self._tmp)
+        sha256 = {"bin": self._bin_sha256.hexdigest(), "idx": sha256_of(self.prefix + ".idx" + self._tmp)}
         metadata = {"format": METADATA_FORMAT, **self.metadata, "dtype": self.dtype.name,
-                    "num_documents": self.num_documents, "num_tokens": self.num_tokens}
+                    "num_documents": self.num_documents, "num_tokens": self.num_tokens, "sha256": sha256}
         with open(self.prefix + ".json" + self._tmp, "w") as f:
             json.dump(metadata, f, indent=2)
         Path(self.prefix + ".json").unlink(missing_ok=True)

@@ -31,7 +31,7 @@ import sentencepiece
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from t5x_like.data import layouts
+from t5x_like.data import cpm2_tokenizer, layouts
 from t5x_like.data.cpm2_tokenizer import CPM2Tokenizer, cpm2_vocab_file
 from t5x_like.data.cpm_tokenizer import CPM_TOKENIZER_CLASSES, cpm_tokenizer
 from t5x_like.data.tokenizer_base import (EOD_TOKENS, Tokenizer, decode_runs, find_eod, split_special,
@@ -269,12 +269,29 @@ def read_vocab_txt(vocab_file: str) -> dict[str, int]:
 
 def wordpiece_tokenizer(vocab_file: Path, path: str) -> WordPieceTokenizer:
     """A vocab.txt, lower-cased as transformers' default unless a tokenizer_config.json beside it says not."""
+    check_bert_vocab(vocab_file)
     config = tokenizer_config(vocab_file.parent)
     options = {"do_lower_case": config.get("do_lower_case", True), "strip_accents": config.get("strip_accents"),
                "tokenize_chinese_chars": config.get("tokenize_chinese_chars", True)}
     tokenizer = bert_wordpiece(str(vocab_file), options["do_lower_case"], options["strip_accents"],
                                options["tokenize_chinese_chars"])
     return WordPieceTokenizer(tokenizer, path, str(vocab_file), options)
+
+
+def check_bert_vocab(vocab_file: Path) -> None:
+    """A vocab.txt that is not CPM-2's is read as BERT's: one that is not BERT's either is named with what each
+    vocabulary holds, or with what CPM-2's does when it was meant as CPM-2's (cpm2_tokenizer.meant_as_cpm2)."""
+    pieces = cpm2_tokenizer.read_vocab(vocab_file)
+    lacks = [token for token in WORDPIECE_REQUIRED_TOKENS if token not in set(pieces)]
+    if not lacks or not pieces:
+        return
+    if cpm2_tokenizer.meant_as_cpm2(pieces, vocab_file.parent):
+        raise UserError(f"{vocab_file}: not CPM-2's vocabulary: {cpm2_tokenizer.shortfall(pieces)[0]}; "
+                        f"{cpm2_tokenizer.EXPECTED}. Give that file, or a folder holding it.")
+    raise UserError(f"{vocab_file}: neither a BERT vocab.txt (it lacks {', '.join(lacks)}: BERT's holds "
+                    f"{', '.join(WORDPIECE_REQUIRED_TOKENS)}, one a line) nor CPM-2's ({cpm2_tokenizer.EXPECTED}); "
+                    "pass the model's own vocab.txt (train_tokenizer --type=wordpiece or --type=char writes a BERT "
+                    "one).")
 
 
 def huggingface_tokenizer(json_file: str, path: str) -> HuggingFaceTokenizer:

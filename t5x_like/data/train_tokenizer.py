@@ -51,6 +51,12 @@ def train_byte_level_bpe(texts: Iterable[str], vocab_size: int) -> tokenizers.To
     return tokenizer
 
 
+NUL_BECOMES = {"bpe": "were trained on as the byte 0x00",
+               "sentencepiece": "have no piece of their own: the model encodes each as the byte piece <0x00>",
+               "cpm": "have no piece of their own: the model encodes each as the byte piece <0x00>",
+               "wordpiece": "were dropped by BERT's normaliser, as it drops them when it encodes",
+               "char": "were dropped by BERT's normaliser, as it drops them when it encodes"}
+"""What becomes of NUL characters (U+0000) in the training text, by --type (measured on each trainer)."""
 T5_SPECIAL_IDS = dict(pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
 CPM_SPECIAL_IDS = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
 CPM_USER_SYMBOLS = ("\u2583", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>", "<cls>")
@@ -173,6 +179,27 @@ def write_tokenizer_config(directory: Path, config: dict) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
+def fewest_ids(kind: str) -> tuple[int, str]:
+    """The fewest ids a tokenizer of `kind` (--type) has, whatever the corpus, and what they are."""
+    specials = {"sentencepiece": ["<pad>", "</s>", "<unk>"], "cpm": ["<unk>", "<s>", "</s>", *CPM_USER_SYMBOLS]}
+    if kind == "bpe":
+        return len(pre_tokenizers.ByteLevel.alphabet()) + 1, f"the 256 byte ids and {EOD_TOKENS[0]}"
+    if kind in specials:
+        return 256 + len(specials[kind]), (f"the 256 byte pieces and its {len(specials[kind])} special ones; one "
+                                           "more per character of the corpus")
+    return len(WORDPIECE_SPECIAL_TOKENS) + 1, (f"its special tokens {', '.join(WORDPIECE_SPECIAL_TOKENS)} and a "
+                                               "character; one more per character of the corpus")
+
+
+def check_vocab_size(kind: str, vocab_size: int) -> None:
+    """A --vocab_size below what `kind` can give is refused before the corpus is read (or a folder made)."""
+    checks.positive_int("--vocab_size", vocab_size)
+    fewest, what = fewest_ids(kind)
+    if vocab_size < fewest:
+        raise UserError(f"--vocab_size={vocab_size}: a --type={kind} tokenizer has at least {fewest} ids ({what}); "
+                        f"pass --vocab_size={fewest} or more.")
+
+
 def train(texts: Iterable[str], kind: str, vocab_size: int, output: str, *, min_count: int = 1,
           lowercase: bool = True) -> int:
     """Trains a tokenizer of `kind` (--type) on `texts`, writes it to `output` and returns its number of ids."""
@@ -185,6 +212,10 @@ def train(texts: Iterable[str], kind: str, vocab_size: int, output: str, *, min_
     if kind in ("wordpiece", "char"):
         vocab = train_wordpiece(texts, vocab_size, lowercase) if kind == "wordpiece" else \
             character_vocabulary(texts, vocab_size, min_count, lowercase)
+        if len(vocab) > vocab_size:
+            raise UserError(f"--vocab_size={vocab_size}: WordPiece keeps every character of this corpus (alone and "
+                            f"as ##c) besides its {len(WORDPIECE_SPECIAL_TOKENS)} special tokens, {len(vocab)} ids in "
+                            f"all; pass --vocab_size={len(vocab)} or more. Nothing was written.")
         write_vocab_txt(vocab, output, lowercase)
         return len(vocab)
     (train_cpm if kind == "cpm" else train_sentencepiece)(texts, vocab_size, output)
@@ -194,14 +225,17 @@ def train(texts: Iterable[str], kind: str, vocab_size: int, output: str, *, min_
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     del argv
-    checks.positive_int("--vocab_size", FLAGS.vocab_size)
+    check_vocab_size(FLAGS.type, FLAGS.vocab_size)
     checks.positive_int("--min_count", FLAGS.min_count)
     checks.output_file("--output", FLAGS.output)
+    stats = collections.Counter()
     texts = formats.read_documents(formats.expand_inputs(FLAGS.input), FLAGS.format, FLAGS.json_keys,
-                                   FLAGS.decode_errors)
+                                   FLAGS.decode_errors, stats)
     size = train(texts, FLAGS.type, FLAGS.vocab_size, FLAGS.output, min_count=FLAGS.min_count,
                  lowercase=FLAGS.lowercase)
     print(f"wrote {FLAGS.output}: {FLAGS.type}, {size} ids")
+    if warning := formats.nul_warning(stats, NUL_BECOMES[FLAGS.type]):
+        print(warning)
     if size < FLAGS.vocab_size:
         reason = "characters" if FLAGS.type == "char" else "merges to learn"
         print(f"note: fewer ids than --vocab_size={FLAGS.vocab_size}: the corpus has no more {reason}. "

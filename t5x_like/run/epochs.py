@@ -29,8 +29,11 @@ def steps_per_pass(epochs: int, settings: DataSettings) -> int:
     rows = training_rows(settings)
     batch = settings.batch_size
     steps = math.ceil(rows / batch)
+    borrowed = steps * batch - rows
     logging.info("EPOCHS=%d: %d training rows per pass, %d steps of BATCH_SIZE=%d each: TRAIN_STEPS=%d, validation "
-                 "and a checkpoint every %d steps", epochs, rows, steps, batch, epochs * steps, steps)
+                 "and a checkpoint every %d steps%s", epochs, rows, steps, batch, epochs * steps, steps,
+                 f" (the last batch of a pass takes its missing {borrowed} rows from the next pass, so the run's last "
+                 f"steps begin epoch {epochs + 1})" if borrowed else "")
     return steps
 
 

@@ -22,7 +22,7 @@ from t5x_like.cluster import processes
 from t5x_like.config import configurables
 from t5x_like.config.configurables import make_source
 from t5x_like.config.settings import RunSettings
-from t5x_like.data import load_tokenizer
+from t5x_like.data import check_model_vocabulary, load_tokenizer
 from t5x_like.errors import UserError
 from t5x_like.eval.harness import during_training
 from t5x_like.experiment import Experiment, build_experiment, takes_checkpoint_architecture
@@ -133,6 +133,8 @@ class Loop:
                 self.throughput.reset()
             state, step_metrics = step_fn(state, batch)
             step += 1
+            for began in self.source.passes_begun:  # once its step is trained, not when the loader reads ahead
+                logging.info("%s", began.describe(step))
             pending = self.after_step(step, state, step_metrics, pending)
         self.finish(step, state, pending)
         if self.primary:
@@ -266,12 +268,7 @@ def open_source(run: contextlib.ExitStack, data_source: Callable, split: str, ex
     source = data_source(split, batch_size=exp.host_batch_size, feature_lengths=exp.lengths, seed=exp.seed,
                          shard_index=index, shard_count=count, **ramp, **exp.lm.source_settings())
     run.callback(source.close)
-    if source.vocab_size > exp.config.vocab_size:
-        raise UserError(
-            f"the tokenizer ({source.tokenizer_path}) has {source.vocab_size} ids but the model's vocab_size is "
-            f"{exp.config.vocab_size}; give the model the tokenizer's vocabulary (--gin.model_config."
-            f"vocab_from_tokenizer=True, or --gin.model_config.overrides=\"{{'vocab_size': {source.vocab_size}}}\") "
-            "or use the model's own tokenizer.")
+    check_model_vocabulary(exp.config.vocab_size, source.vocab_size, source.tokenizer_path)
     return source
 
 

@@ -227,6 +227,13 @@ def _lcsts(dest: Path) -> None:
     cpm2.write_lcsts(dest)
 
 
+def _lcqmc(dest: Path) -> None:
+    """CPM-2-Finetune's LCQMC layout: lcqmc/{train,dev}.jsonl of {"sentence1", "sentence2", "label"}."""
+    from tests.support import cpm2
+
+    cpm2.write_lcqmc(dest)
+
+
 def _cpm2_finetune(dest: Path) -> None:
     """The parts of a CPM-2-Finetune clone its full_model scripts read (tests/data/upstream/cpm2_finetune, as
     upstream wrote them), the LCSTS script with the three lines its README has users set (WORKING_DIR, DATA_PATH,
@@ -287,6 +294,7 @@ BUILDERS = {
     "cpm-generate": _cpm_generate,
     "cpm2-modelcenter": _cpm2_modelcenter,
     "lcsts": _lcsts,
+    "lcqmc": _lcqmc,
     "CPM-2-Finetune": _cpm2_finetune,
     "train.json": _gpt2_chinese,
     "megatron": _megatron,

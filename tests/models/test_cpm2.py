@@ -28,8 +28,8 @@ def preset(name: str) -> CPM2Config:
 
 def test_the_11b_has_cpm2s_parameter_count():
     lm = make_lm(preset("cpm2"))
-    without_output = 10_979_618_816  # ModelCenter's CPM2: the input embedding and the two stacks
-    assert lm.num_params() == without_output + 26240 * 4096  # and CPM2ForLM's untied output_projection
+    without_output = 10_979_618_816  # ModelCenter 1.0.2's CPM2: the input embedding and the two stacks
+    assert lm.num_params() == without_output + 26240 * 4096  # and its output_projection (its config's tied: false)
 
 
 def ours_from(model, **choices) -> tuple[CPM2Config, dict]:

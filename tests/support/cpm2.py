@@ -235,6 +235,40 @@ def cpm2_datasets_rows(tokenizer, path: Path) -> dict[str, np.ndarray]:
     return rows
 
 
+LCQMC_RECORDS = [("喜欢打篮球的男生喜欢什么样的女生", "爱打篮球的男生喜欢什么样的女生", 1),
+                 ("我手机丢了，我想换个手机", "我想买个新手机，求推荐", 1),
+                 ("大家觉得她好看吗", "大家觉得跑男好看吗？", 0),
+                 ("求秋色之空漫画全集", "求秋色之空全集漫画", 1),
+                 ("晚上睡觉带着耳机听音乐有什么害处吗？", "孕妇可以戴耳机听音乐吗?", 0),
+                 ("学日语软件手机上的", "手机学日语的软件", 1)]
+"""LCQMC's records (sentence1, sentence2, label), as CPM-2-Finetune reads them from {"sentence1", "sentence2",
+"label"} lines."""
+
+
+def lcqmc_dataset_ids(tokenizer, records) -> list[dict[str, list[int]]]:
+    """CPM-2-Finetune's CPM2Datasets.py LCQMCDataset.process_data (no prompt config, not do_infer,
+    add_target_post=False), transcribed: each record's enc_input_ids, dec_input_ids and label_ids; `tokenizer` is
+    ModelCenterCPM2Tokenizer (ids 39, 41, 62, 11, 1348 are “ ” 与 的 意思)."""
+    label_word_map = ["矛盾", "相似"]
+    data = []
+    for sentence1, sentence2, label in records:
+        context = [39] + tokenizer.encode(sentence1) + [41, 62, 39] + tokenizer.encode(sentence2) + \
+            [41, 11, 1348, tokenizer.get_sentinel_id(0)]
+        target = [1, tokenizer.get_sentinel_id(0)] + tokenizer.encode(label_word_map[label])
+        data.append({"enc_input_ids": context, "dec_input_ids": target[:-1], "label_ids": target[1:]})
+    return data
+
+
+def write_lcqmc(folder: Path) -> Path:
+    """CPM-2-Finetune's LCQMC layout: DATA_PATH/{train,dev}.jsonl, one {"sentence1", "sentence2", "label"} a line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, records in (("train", LCQMC_RECORDS), ("dev", LCQMC_RECORDS[:2])):
+        (folder / f"{name}.jsonl").write_text("".join(
+            json.dumps({"sentence1": a, "sentence2": b, "label": label}, ensure_ascii=False) + "\n"
+            for a, b, label in records), encoding="utf-8")
+    return folder
+
+
 LCSTS_PAIRS = [("清华大学的研究者发布了 CPM-2 模型，它有一百一十亿个参数。", "清华发布 CPM-2"),
                ("北京今天天气晴朗，气温二十度，适合出行。\n明天有雨。", "北京天气晴"),
                ("这家公司第三季度的收入增长了百分之十五，利润创下新高。", "公司收入增长"),

@@ -343,6 +343,12 @@ CASES = [
     case("train", QUICK + ["--gin.model_config.overrides={{'num_layers': -1}}"], "'num_layers': -1"),
     case("train", QUICK + ["--gin.LEARNING_RATE=1e400"], "LEARNING_RATE=inf"),
     case("train", QUICK + ["--gin.TOKENIZER='{binary_json}'"], "{binary_json}"),
+    # issue 52: --print_config checks the model's vocabulary against the token files' tokenizer (their P.json)
+    case("train", QUICK + ["--gin.DATA_PATH='{tokens}'", "--gin.model_config.vocab_from_tokenizer=False",
+                           "--gin.model_config.overrides={{'vocab_size': 1000}}"],
+         "has 50257 ids but the model's vocab_size is 1000", id="train:print_config, model vocab below the data's"),
+    case("train", QUICK + ["--gin.DATA_PATH='{tmp}/'"], "{tmp}/: names a folder, but a token file is named by its "
+         "prefix", id="train:DATA_PATH naming a folder"),
     # preprocess and train_tokenizer (one subprocess each, below)
     case("preprocess", ["--input={text}", "--output_prefix={afile}/out", "--tokenizer={tok}", "--workers=1"],
          "--output_prefix={afile}/out"),
@@ -354,6 +360,19 @@ CASES = [
          "--workers=0", writes=["{tmp}/out.bin"]),
     case("preprocess", ["--input={arr}", "--output_prefix={tmp}/arr", "--tokenizer={tok}", "--workers=1"],
          "would write {tmp}/arr.json over the input {arr}", writes=["{tmp}/arr.bin"]),
+    # issue 52: a prefix that names a folder wrote hidden .bin/.idx/.json in it; sizes below what a tokenizer can give
+    case("preprocess", ["--input={text}", "--output_prefix={tmp}/pfx/", "--tokenizer={tok}", "--workers=1"],
+         "--output_prefix={tmp}/pfx/ names a folder", writes=["{tmp}/pfx"]),
+    case("preprocess", ["--input={text}", "--output_prefix={tmp}", "--tokenizer={tok}", "--workers=1"],
+         "--output_prefix={tmp} names a folder", writes=["{tmp}.bin", "{tmp}/.bin"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/tokdir/"], "--output={tmp}/tokdir/ ends with a "
+         "separator", writes=["{tmp}/tokdir"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/b/t.json", "--vocab_size=10"],
+         "--vocab_size=10: a --type=bpe tokenizer has at least 257 ids", writes=["{tmp}/b"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/w/v.txt", "--type=wordpiece", "--vocab_size=10"],
+         "--vocab_size=10: WordPiece keeps every character of this corpus", writes=["{tmp}/w/v.txt"]),
+    case("train_tokenizer", ["--input={text}", "--output={tmp}/c/v.txt", "--type=char", "--vocab_size=3"],
+         "--vocab_size=3: a --type=char tokenizer has at least 6 ids", writes=["{tmp}/c"]),
     case("train_tokenizer", ["--input={text}", "--output={tmp}/t.json", "--vocab_size=0"], "--vocab_size=0",
          writes=["{tmp}/t.json"]),
     case("train_tokenizer", ["--input={text}", "--output={tmp}/t.model", "--type=sentencepiece", "--vocab_size=-5"],
@@ -384,6 +403,11 @@ CASES = [
     case("generate", GEN + ["--tokenizer={swapped}"], "--tokenizer={swapped} is another vocabulary"),
     case("generate", ["--checkpoint={unrecorded}", "--prompt=hi", "--max_new_tokens=4", "--tokenizer={t5_spiece}"],
          "--tokenizer={t5_spiece} has 32000 ids but the model's vocab_size is 50257"),
+    # issue 52: a vocab.txt that is neither BERT's nor CPM-2's, or CPM-2's without <eod>, was described as BERT's
+    case("generate", GEN + ["--tokenizer={cpm2_no_eod}"], "{cpm2_no_eod}: not CPM-2's vocabulary: it lacks <eod>",
+         id="generate:a CPM-2 vocab.txt without eod"),
+    case("generate", GEN + ["--tokenizer={plain_vocab}"], "{plain_vocab}: neither a BERT vocab.txt",
+         id="generate:a vocab.txt neither BERT's nor CPM-2's"),
     # issue 29: no output inside a run's checkpoints (`run` is a copy of the good run)
     case("convert", ["to-torch", "{good}", "{run}/checkpoints/2/params/_METADATA"],
          "FILE={run}/checkpoints/2/params/_METADATA is inside {run}/checkpoints"),
@@ -441,6 +465,9 @@ def placeholders(runs: dict, tmp: str) -> dict:
         lambada_bad=write("lambada.jsonl", b'{"text": "fine"}\n{"txt": "no text field"}\n'),
         pairs=write("pairs.jsonl", b'{"inputs": "a", "targets": "b"}\n'),
         text=write("corpus.txt", b"some text to tokenize\n" * 20),
+        cpm2_no_eod=write("cpm2_vocab.txt", "".join(f"{p}\n" for p in ["<unk>", "<s>", "<pad>", "\u2582", "\u2583", "你",
+                                                                    *(f"<s_{i}>" for i in range(190))]).encode()),
+        plain_vocab=write("plain_vocab.txt", b"a\nb\nc\n"),
         arr=write("arr.json", b'[{"text": "a JSON array of documents"}, {"text": "read by preprocess"}]\n'),
         hf_list=hf_dir("hf_list", config=[1, 2]), hf_fields=hf_dir("hf_fields", config={"model_type": "gpt2"}),
         hf_truncated=hf_dir("hf_truncated", truncate=True),
@@ -667,8 +694,8 @@ def test_preprocess_counts_nul_characters_and_drops_byte_order_marks(tmp_path):
     assert done.stdout.splitlines()[-2:] == [
         "note: 3 UTF-8 byte-order marks (U+FEFF) opening files or documents were dropped, as utf-8-sig readers "
         "drop them",
-        "warning: 3 NUL characters (U+0000) in 2 documents (first in a.txt) were tokenized as text; a binary or "
-        "UTF-16 file among the inputs? Remove them from the corpus if unintended"]
+        "warning: a.txt:1: 3 NUL characters (U+0000) in 2 documents (the first here) were tokenized as text; a "
+        "binary or UTF-16 file among the inputs? Remove them from the corpus if unintended"]
     tokenizer, file = load_tokenizer(gpt2_bpe()), open_token_file(tmp_path / "out" / "tok")
     texts = [tokenizer.decode(file.document(i)[:-1].tolist()) for i in range(file.num_documents)]
     assert texts == ["hello world\x00 and more\n", "json doc", "x\x00y\x00"]

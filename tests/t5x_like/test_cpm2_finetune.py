@@ -3,6 +3,7 @@
 (tests/support/cpm2.py transcribes it); generation stops at <s_1> as CPM-2-Finetune's evaluate_gen does."""
 import functools
 import json
+import runpy
 import subprocess
 import sys
 
@@ -20,7 +21,9 @@ from t5x_like.eval.seq2seq import seq2seq_rows
 from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
 from t5x_like.run import loop
-from tests.support.cpm2 import LCSTS_PAIRS, ModelCenterCPM2Tokenizer, cpm2_datasets_rows, write_lcsts
+from tests.docs.doc_commands import File, read_page
+from tests.support.cpm2 import (LCQMC_RECORDS, LCSTS_PAIRS, ModelCenterCPM2Tokenizer, cpm2_datasets_rows,
+                                lcqmc_dataset_ids, write_lcqmc, write_lcsts)
 from tests.support.environment import cpu_env
 from tests.support.shared_data import needs_shared, shared_file
 
@@ -72,6 +75,35 @@ def test_the_rows_are_cpm2_datasets_and_t5_keeps_seqios(task):
     t5 = next(source(folder)("train", **args | {"feature_lengths": {k: v + 1 for k, v in lengths.items()}}))
     ends = np.array([row[w > 0][-1] for row, w in zip(t5["decoder_target_tokens"], t5["decoder_loss_weights"])])
     assert (ends == EOD).all() and (t5["decoder_input_tokens"][:, 0] == 0).all()
+
+
+def test_lcqmc_pairs_written_as_cpm_md_says_are_lcqmc_datasets_rows(tmp_path, monkeypatch):
+    """docs/cpm.md's lcqmc_pairs.py, run on LCQMC's records: the rows are CPM2Datasets.py's LCQMCDataset's (the
+    encoder's ids end with <s_0>, 26050, written in the text), but for the <s_1> that ends every target here."""
+    script = next(item for item in read_page("docs/cpm.md") if isinstance(item, File) and item.name == "lcqmc_pairs.py")
+    (tmp_path / "lcqmc_pairs.py").write_text(script.text, encoding="utf-8")
+    write_lcqmc(tmp_path / "lcqmc")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lcqmc_pairs.py", "lcqmc", "pairs"])
+    runpy.run_path("lcqmc_pairs.py", run_name="__main__")
+    want = {tuple(d["enc_input_ids"]): d for d in
+            lcqmc_dataset_ids(ModelCenterCPM2Tokenizer(shared_file("cpm2", "vocab.txt")), LCQMC_RECORDS)}
+    batch = next(make_source("train", batch_size=len(want), feature_lengths={"inputs": 64, "targets": 8}, seed=0,
+                             shard_index=0, shard_count=1, objective="seq2seq", data_path=str(tmp_path / "pairs" /
+                                                                                              "train.jsonl"),
+                             data_split="1,0,0", tokenizer=str(shared_file("cpm2", "vocab.txt")),
+                             pair_ends=make_lm(CONFIG).pair_ends))
+    seen = set()
+    for row in range(len(want)):
+        encoder = batch["encoder_input_tokens"][row][batch["encoder_segment_ids"][row] > 0]
+        reference = want[tuple(encoder)]
+        assert encoder[-1] == S0
+        counted = batch["decoder_loss_weights"][row] > 0
+        assert list(batch["decoder_input_tokens"][row][counted]) == reference["dec_input_ids"] + \
+            [reference["label_ids"][-1]]
+        assert list(batch["decoder_target_tokens"][row][counted]) == reference["label_ids"] + [S1]
+        seen.add(tuple(encoder))
+    assert seen == set(want)
 
 
 class Recorded:

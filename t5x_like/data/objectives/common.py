@@ -13,6 +13,7 @@ import numpy as np
 
 from t5x_like.data import builtin, loader
 from t5x_like.data.loader import GrainBatchSource
+from t5x_like.data.passes import PassCounter
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.data.token_file import TokenFile, TokenFileError, open_token_file
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
@@ -115,11 +116,13 @@ def load_data_tokenizer(path: str, data: str) -> Tokenizer:
 
 def combined_source(rows: list[grain.MapDataset], request: SourceRequest, **batches) -> GrainBatchSource:
     """The request's batches of the files' `rows` blended by its weights (`batches`: the rest of
-    loader.batch_source's arguments: vocab_size, eod_id, tokenizer_path, feature_lengths, ...)."""
-    return loader.batch_source(loader.combine(rows, request.blend_weights, request.split),
-                               batch_size=request.batch_size, shard_index=request.shard_index,
+    loader.batch_source's arguments: vocab_size, eod_id, tokenizer_path, feature_lengths, ...); training's count
+    their epochs."""
+    combined = loader.combine(rows, request.blend_weights, request.split)
+    passes = PassCounter.of(rows, request.blend_weights) if request.split == "train" else None
+    return loader.batch_source(combined, batch_size=request.batch_size, shard_index=request.shard_index,
                                shard_count=request.shard_count, worker_count=request.worker_count,
-                               rampup=request.rampup, **batches)
+                               rampup=request.rampup, passes=passes, **batches)
 
 
 def encoder_lengths(feature_lengths: dict[str, int]) -> dict[str, int]:
@@ -139,11 +142,6 @@ def concatenated(sequences: list[np.ndarray], length: int) -> tuple[np.ndarray, 
     segments[:used] = np.repeat(np.arange(1, len(sequences) + 1), lengths)
     positions[:used] = np.concatenate([np.arange(n) for n in lengths])
     return tokens, segments, positions
-
-
-def next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    return np.searchsorted(ends, ends + capacity, side="right") - 1
 
 
 class ExampleRows:

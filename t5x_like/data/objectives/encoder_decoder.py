@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from t5x_like.data import loader
-from t5x_like.data.objectives.common import concatenated, next_fit
+from t5x_like.data.objectives.common import concatenated
+from t5x_like.data.packing import next_fit, walk_rows
 from t5x_like.data.tokenizer import Tokenizer
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_START_ID
@@ -78,5 +78,5 @@ def row_starts(inputs_lengths: np.ndarray, targets_lengths: np.ndarray, feature_
     consecutive examples as fit both lengths (each fits alone)."""
     if not packed:
         return np.arange(len(inputs_lengths) + 1)
-    return loader.walk_rows(np.minimum(next_fit(inputs_lengths, feature_lengths["inputs"]),
-                                       next_fit(targets_lengths, feature_lengths["targets"])))
+    return walk_rows(np.minimum(next_fit(inputs_lengths, feature_lengths["inputs"]),
+                                next_fit(targets_lengths, feature_lengths["targets"])))

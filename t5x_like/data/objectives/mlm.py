@@ -17,7 +17,8 @@ from t5x_like.data import loader
 from t5x_like.data.fingerprint import data_fingerprint
 from t5x_like.data.loader import BatchSource
 from t5x_like.data.objectives.common import (ExampleRows, Pieces, SourceRequest, combined_source, concatenated,
-                                             encoder_lengths, loaded_token_files, next_fit, tokenizer_of)
+                                             encoder_lengths, loaded_token_files, tokenizer_of)
+from t5x_like.data.packing import next_fit, piece_bounds, walk_rows
 from t5x_like.data.token_file import TokenFile
 from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
 from t5x_like.errors import UserError
@@ -181,11 +182,11 @@ def _mlm_pieces(file: TokenFile, split: str, data_split: str, length: int, packi
     row is made): one per row, or packed with their [CLS]/[SEP]. A piece that would hold only a document's
     end-of-document id joins the piece before it."""
     first, last = loader.split_documents(data_split, file.num_documents, split, file.prefix)
-    bounds = np.unique(loader.piece_bounds(file.offsets[first:last + 1], length - 2))
+    bounds = np.unique(piece_bounds(file.offsets[first:last + 1], length - 2))
     lone_eod = (np.diff(bounds) == 1) & (np.asarray(file.tokens[bounds[:-1]]) == eod_id)
     bounds = np.delete(bounds, np.flatnonzero(lone_eod[1:]) + 1)
     sizes = np.diff(bounds) - (np.asarray(file.tokens[bounds[1:] - 1]) == eod_id) + 2
-    starts = loader.walk_rows(next_fit(sizes, length)) if packing else np.arange(len(bounds))
+    starts = walk_rows(next_fit(sizes, length)) if packing else np.arange(len(bounds))
     rows = ExampleRows(Pieces(file.tokens, bounds), starts)
     if len(rows) == 0:
         raise UserError(f"{file.prefix} ({split}): no documents in this split; give the split more documents "

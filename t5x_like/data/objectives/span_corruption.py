@@ -21,6 +21,7 @@ from t5x_like.data.objectives.common import (ExampleRows, Pieces, SourceRequest,
                                              tokenizer_of)
 from t5x_like.data.objectives.encoder_decoder import (encoder_decoder_lengths, row_features, row_starts,
                                                       vocabulary_with_sentinels)
+from t5x_like.data.packing import piece_bounds
 from t5x_like.data.token_file import TokenFile
 from t5x_like.data.tokenizer import load_tokenizer
 from t5x_like.errors import UserError
@@ -186,7 +187,7 @@ def _span_examples(file: TokenFile, split: str, data_split: str, raw_length: int
     first, last = loader.split_documents(data_split, file.num_documents, split, file.prefix)
     start, end = int(file.offsets[first]), int(file.offsets[last])
     if packing:
-        bounds = np.unique(loader.piece_bounds(file.offsets[first:last + 1], raw_length))  # no empty pieces
+        bounds = np.unique(piece_bounds(file.offsets[first:last + 1], raw_length))  # no empty pieces
         rows = ExampleRows(Pieces(file.tokens, bounds),
                            row_starts(*corrupted_lengths(np.diff(bounds), *spans), lengths, packed=True))
     else:

@@ -295,7 +295,7 @@ def test_a_data_split_without_validation_names_eval_every():
 
 def test_walk_rows_crosses_plan_windows(monkeypatch):
     """The packing plan's walk, a window of jumps at a time, equals a plain walk whatever the window."""
-    from t5x_like.data import loader
+    from t5x_like.data import packing
     rng = np.random.default_rng(0)
     n = 100
     next_row = np.minimum(np.arange(n + 1) + rng.integers(1, 5, n + 1), n)
@@ -304,8 +304,8 @@ def test_walk_rows_crosses_plan_windows(monkeypatch):
         want.append(i)
         i = int(next_row[i])
     for window in (7, 1 << 20):
-        monkeypatch.setattr(loader, "_PLAN_WINDOW", window)
-        got = loader.walk_rows(next_row)
+        monkeypatch.setattr(packing, "_PLAN_WINDOW", window)
+        got = packing.walk_rows(next_row)
         assert got.dtype == np.int64 and got.tolist() == want + [n], window
 
 

@@ -236,9 +236,9 @@ def test_missing_jieba_is_one_line_naming_the_extra(cpm_folder, monkeypatch):
 def test_train_tokenizer_cpm_names_the_smallest_size(tmp_path_factory, tmp_path):
     corpus = _corpus(tmp_path_factory, CHINESE)
     done = train_tokenizer(f"--input={corpus}", "--type=cpm", f"--output={tmp_path / 'spiece.model'}",
-                           "--vocab_size=100")
+                           "--vocab_size=270")  # above what any corpus needs (266), below this one's need
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "error: --vocab_size=100: this corpus needs at least" in done.stderr
+    assert "error: --vocab_size=270: this corpus needs at least" in done.stderr
 
 
 # --- conversion keeps the tokenizer ----------------------------------------------------------------------------

@@ -45,3 +45,20 @@ def test_an_empty_input_directory_is_reported_as_empty(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"error: --input={tmp_path / 'empty'}: the directory holds no " \
                                                    "files (hidden ones are skipped)"
+
+
+@pytest.mark.parametrize("kind, became", [
+    ("sentencepiece", "have no piece of their own: the model encodes each as the byte piece <0x00>"),
+    ("wordpiece", "were dropped by BERT's normaliser, as it drops them when it encodes")])
+def test_nul_characters_are_warned_naming_the_file_and_line(small_corpus, tmp_path, kind, became):
+    """sentencepiece logged its 'Found null character' below its log level and trained on; now one line names the
+    first NUL's file and line and what became of them (a JSON line's \\u0000 escape counts too)."""
+    (tmp_path / "corpus.txt").write_text((small_corpus / "part0.txt").read_text())
+    (tmp_path / "more.jsonl").write_text('{"text": "clean"}\n{"text": "a\\u0000b"}\n{"text": "c\\u0000"}\n')
+    output = tmp_path / ("tok.model" if kind == "sentencepiece" else "vocab.txt")
+    done = train_tokenizer(f"--input={tmp_path / 'corpus.txt'},{tmp_path / 'more.jsonl'}", f"--type={kind}",
+                           f"--output={output}", "--vocab_size=400")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[1] == (
+        f"warning: {tmp_path / 'more.jsonl'}:2: 2 NUL characters (U+0000) in 2 documents (the first here) {became}; "
+        "a binary or UTF-16 file among the inputs? Remove them from the corpus if unintended")
