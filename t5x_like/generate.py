@@ -33,15 +33,14 @@ from t5x_like import checks
 from t5x_like.cluster import peers, processes
 from t5x_like.errors import UserError, exit_on_user_error
 from t5x_like.inference import loading, prompts
-from t5x_like.inference.decoding import GenerationOptions, check_model_fits
+from t5x_like.inference.decoding import DEFAULTS, GenerationOptions, check_model_fits
 from t5x_like.inference.model import LoadedModel
-
-DEFAULTS = GenerationOptions()
 
 
 def generation_options(args: argparse.Namespace) -> GenerationOptions:
     """The decoding flags, checked (in flag names, with the fix)."""
-    return GenerationOptions(**{field.name: getattr(args, field.name) for field in dataclasses.fields(GenerationOptions)})
+    return GenerationOptions(**{field.name: getattr(args, field.name)
+                                for field in dataclasses.fields(GenerationOptions)})
 
 
 def check_arguments(args: argparse.Namespace) -> GenerationOptions:
@@ -74,7 +73,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--interactive", action="store_true",
                         help="read prompts typed at the terminal, one per line ('stop' or end of input exits), and "
                              "print their completions as they come")
-    parser.add_argument("--max_new_tokens", type=int, default=DEFAULTS.max_new_tokens, help="new tokens per completion at most")
+    parser.add_argument("--max_new_tokens", type=int, default=DEFAULTS.max_new_tokens,
+                        help="new tokens per completion at most")
     parser.add_argument("--num_samples", type=int, default=DEFAULTS.num_samples,
                         help="completions per prompt (GPT2-Chinese's --nsamples), each its own sample")
     parser.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="0 = greedy")

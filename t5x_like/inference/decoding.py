@@ -89,6 +89,9 @@ class GenerationOptions:
         return Sampling(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
 
 
+DEFAULTS = GenerationOptions()
+
+
 def penalize_repetition(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
     """transformers' RepetitionPenaltyLogitsProcessor (Keskar et al. 2019): the logit of every id already in
     the row (prompt or generated) is divided by `penalty` when positive and multiplied by it when negative, so

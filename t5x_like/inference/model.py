@@ -14,6 +14,7 @@ flag names (`--top_k=-1`: the argument top_k)."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -24,22 +25,22 @@ from t5x_like.errors import UserError
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS,
                                ENCODER_INPUT_TOKENS)
 from t5x_like.inference import loading
-from t5x_like.inference.decoding import GenerationOptions, Generator, check_model_fits
+from t5x_like.inference.decoding import DEFAULTS, GenerationOptions, Generator, check_model_fits
 from t5x_like.inference.prompts import records
 from t5x_like.lm import make_lm
 
-DEFAULTS = GenerationOptions()
 INPUT_FEATURES = {"inputs": ENCODER_INPUT_TOKENS, "targets": DECODER_INPUT_TOKENS}
 """The feature each of a model's lengths feeds (LanguageModel.required_lengths: a decoder's 'targets', an
 encoder's 'inputs', both for an encoder-decoder, in the order `logits` takes them)."""
 
 
-def load_model(checkpoint: str, *, tokenizer: str | None = None, data_parallel: int = -1, fsdp_parallel: int = 1,
+def load_model(checkpoint: str | os.PathLike, *, tokenizer: str | None = None, data_parallel: int = -1, fsdp_parallel: int = 1,
                tensor_parallel: int = 1, rules: str = "fsdp_tensor", dtype: str | None = None) -> LoadedModel:
     """The checkpoint (a MODEL_DIR: its latest step; or one step's directory) on a mesh of this process's devices,
     with the tokenizer it records (or `tokenizer`, any form training takes, checked against the recorded one), as
     the generate command's flags of the same names choose: the mesh sizes (-1 fills the devices), the rule set,
     the compute dtype (default: the checkpoint's; on CPU float32 for a float16/bfloat16 one)."""
+    checkpoint = os.fspath(checkpoint)
     flags = argparse.Namespace(checkpoint=checkpoint, tokenizer=tokenizer, data_parallel=data_parallel,
                                fsdp_parallel=fsdp_parallel, tensor_parallel=tensor_parallel, rules=rules, dtype=dtype)
     loading.check_mesh_flags(flags)
@@ -157,8 +158,10 @@ class LoadedModel:
         prompt's samples follow it. The arguments are the command's flags (GenerationOptions): temperature 0 is
         greedy, num_beams > 1 beam search; the same seed gives the same samples. A prompt longer than a
         decoder-only model leaves room for keeps its last tokens, with a warning, as the command does."""
-        options = GenerationOptions(max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_beams,
-                                    length_penalty, num_samples, batch_size)
+        options = GenerationOptions(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            repetition_penalty=repetition_penalty, num_beams=num_beams, length_penalty=length_penalty,
+            num_samples=num_samples, batch_size=batch_size)
         if isinstance(prompts, str):
             raise UserError(f"prompts {prompts!r} is one text: give a list of prompts, e.g. [{prompts!r}].")
         encoded = [self._prompt_ids(number, prompt) for number, prompt in enumerate(prompts)]

@@ -6,6 +6,8 @@ generate(do_sample=False) token for token and the generate command's records; th
 docs/generation.md and docs/conversion.md run as written; mistakes are one UserError naming the value."""
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from t5x_like.convert import __main__ as convert  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
 from tests.docs.doc_commands import python_blocks  # noqa: E402
 from tests.support import hf_models  # noqa: E402
+from tests.support.environment import cpu_env  # noqa: E402
 from tests.support.shared_data import needs_shared, shared_file  # noqa: E402
 
 LOGITS_ATOL = 1e-4  # fp32, logits of magnitude ~10
@@ -102,7 +105,8 @@ def t5_root(tmp_path_factory):
     """A T5 v1.1 folder (transformers' 32128 rows, spiece.model beside it) and its import, runs/t5. The 28 rows
     past the tokenizer's ids are zero in transformers' head, so its greedy choice is among the real ids."""
     root = tmp_path_factory.mktemp("t5_api")
-    model = hf_models.random_hf_model("v1.1", seed=2, sizes=dict(hf_models.HF_SIZES, vocab_size=32128, num_decoder_layers=2))
+    sizes = dict(hf_models.HF_SIZES, vocab_size=32128, num_decoder_layers=2)  # its generate: as many as num_layers
+    model = hf_models.random_hf_model("v1.1", seed=2, sizes=sizes)
     with torch.no_grad():
         model.lm_head.weight[T5_REAL_IDS:] = 0.0
     model.save_pretrained(root / "t5")
@@ -212,6 +216,15 @@ def test_the_pages_python_blocks_run_as_written(gpt2_root, page, monkeypatch, ca
     monkeypatch.chdir(gpt2_root[0])
     [block] = python_blocks(page)
     namespace: dict = {}
-    exec(compile(block, page, "exec"), namespace)
-    assert namespace["logits"].shape[-1] == 50257 if "logits" in namespace else namespace["expected"].shape[-1]
-    assert capsys.readouterr().out or page == "docs/conversion.md"
+    exec(compile(block, page, "exec"), namespace)  # conversion.md's block asserts transformers' logits itself
+    if page == "docs/generation.md":
+        assert namespace["logits"].shape == (*namespace["ids"].shape, 50257) and len(namespace["records"]) == 2
+        assert namespace["records"][0]["completion"] in capsys.readouterr().out
+
+
+@pytest.mark.system
+def test_importing_the_package_imports_no_jax():
+    """`from t5x_like import load_model` resolves on first use (the tests above): `import t5x_like` stays cheap."""
+    code = "import sys, t5x_like; assert 'jax' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cpu_env(1))
+    assert done.returncode == 0, done.stderr
