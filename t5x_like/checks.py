@@ -13,6 +13,8 @@ import os
 import tempfile
 from typing import Any
 
+import numpy as np
+
 from t5x_like.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -59,6 +61,29 @@ def one_of(name: str, value: Any, choices: tuple) -> Any:
     if value not in choices:
         raise UserError(f"{name}={value!r}: choose one of {', '.join(map(repr, choices))}.")
     return value
+
+
+def token_ids(name: str, value: Any, vocab_size: int, max_length: int | None = None) -> np.ndarray:
+    """`value` as int32 token ids [rows, length]: integers in [0, vocab_size), at most `max_length` per row."""
+    try:
+        ids = np.asarray(value)
+    except ValueError:
+        ids = np.asarray(value, dtype=object)
+    if ids.ndim != 2 or 0 in ids.shape or ids.dtype.kind not in "iu":
+        raise UserError(f"{name}: expected integer token ids [batch, length], rows of one length (one row: "
+                        f"np.array([ids])); got {_described(ids)}.")
+    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    if outside.size:
+        raise UserError(f"{name} holds id {outside[0]}, outside the model's {vocab_size}-id vocabulary (0 to "
+                        f"{vocab_size - 1}): give ids of the model's tokenizer.")
+    if max_length is not None and ids.shape[1] > max_length:
+        raise UserError(f"{name} has {ids.shape[1]} tokens per row but the model takes at most {max_length} (its "
+                        "max_len): shorten the rows.")
+    return ids.astype(np.int32)
+
+
+def _described(array: np.ndarray) -> str:
+    return f"{array.dtype} values of shape {array.shape}" if array.dtype != object else "rows of different lengths"
 
 
 def existing_file(name: str, path: str) -> str:

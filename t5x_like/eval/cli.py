@@ -47,7 +47,7 @@ import re
 import sys
 from typing import Sequence
 
-from t5x_like import checks, generate
+from t5x_like import checks
 from t5x_like.checkpoint import store
 from t5x_like.cluster import peers, processes
 from t5x_like.data import loader
@@ -59,7 +59,7 @@ from t5x_like.eval.lambada import evaluate_lambada
 from t5x_like.eval.scoring import Scorer
 from t5x_like.eval.seq2seq import evaluate_seq2seq
 from t5x_like.eval.wikitext import evaluate_tokens, evaluate_wikitext
-from t5x_like.inference import loading
+from t5x_like.inference import decoding, loading
 from t5x_like.lm import make_lm
 
 
@@ -148,9 +148,9 @@ def run(args: argparse.Namespace) -> dict:
                         "scores encoder-decoder checkpoints, the other tasks decoder-only ones.")
     limit = row_limit(args.max_batches, args.max_examples, scorer.batch_size)
     if args.task == "seq2seq":
-        generator_for = lambda steps: generate.Generator(  # noqa: E731
+        generator_for = lambda steps: decoding.Generator(  # noqa: E731
             config, params, partitioner, eod_id=tokenizer.eod_id, max_new_tokens=steps,
-            settings=generate.Sampling(temperature=0.0), batch_size=args.batch_size)
+            settings=decoding.Sampling(temperature=0.0), batch_size=args.batch_size)
         result = evaluate_seq2seq(scorer, generator_for, tokenizer, args.data, limit)
     else:
         seq_len = args.seq_len or lm.max_length

@@ -6,10 +6,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from t5x_like import generate
 from t5x_like.data.objectives import seq2seq
 from t5x_like.eval.scoring import INPUTS, TARGETS, WEIGHTS, Rows, Scorer, safe_exp
 from t5x_like.features import DECODER_START_ID, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS
+from t5x_like.inference import decoding
 
 
 def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: int, targets_len: int,
@@ -31,7 +31,7 @@ def seq2seq_rows(examples: Sequence[tuple[list[int], list[int]]], inputs_len: in
     return rows
 
 
-def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], generate.Generator], tokenizer,
+def evaluate_seq2seq(scorer: Scorer, generator_for: Callable[[int], decoding.Generator], tokenizer,
                      path: str, max_examples: int | None = None) -> dict:
     pairs = seq2seq.read_pairs(path)[:max_examples]
     texts = [tokenizer.encode(i) for i, _ in pairs]

@@ -126,19 +126,26 @@ MESH_FLAGS = ("data_parallel", "fsdp_parallel", "tensor_parallel")
 
 def check_flags(args: argparse.Namespace) -> None:
     """The mesh and multi-host flags, checked before anything is loaded (in flag names, with the fix)."""
-    from partitioning import rules
-
     checks.positive_int("--heartbeat_timeout_seconds", args.heartbeat_timeout_seconds)
     checks.positive_int("--initialization_timeout_seconds", args.initialization_timeout_seconds)
     if args.num_processes is not None:
         checks.positive_int("--num_processes", args.num_processes)
     if args.process_id is not None:
         checks.non_negative_int("--process_id", args.process_id)
-    sizes = {f"--{name}": getattr(args, name) for name in MESH_FLAGS}
+    check_mesh_flags(args)
+
+
+def check_mesh_flags(args: argparse.Namespace) -> None:
+    """The mesh sizes, the rule set and the compute dtype."""
+    from partitioning import rules
+
+    sizes = {f"--{name}": checks.integer(f"--{name}", getattr(args, name)) for name in MESH_FLAGS}
     given = " ".join(f"{flag}={size}" for flag, size in sizes.items())
     if any(size < 1 and size != -1 for size in sizes.values()) or list(sizes.values()).count(-1) > 1:
         raise UserError(f"{given}: mesh sizes are positive, or -1 for one of them to fill the devices.")
     checks.one_of("--rules", args.rules, tuple(rules.RULE_SETS))
+    if args.dtype is not None:
+        checks.one_of("--dtype", args.dtype, tuple(sorted(models.DTYPES)))
 
 
 def check_mesh_fits(args: argparse.Namespace) -> None:

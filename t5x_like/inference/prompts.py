@@ -62,10 +62,11 @@ def typed_prompts(stdin: TextIO, stdout: TextIO) -> Iterator[str]:
         yield line.rstrip("\n").replace("\\n", "\n")
 
 
-def records(prompts: list[str], prompt_tokens: list[list[int]], generated: list[list[int]],
+def records(prompts: list[str | list[int]], prompt_tokens: list[list[int]], generated: list[list[int]],
             decode: Callable[[list[int]], str], max_new_tokens: int, num_samples: int) -> list[dict]:
     """One JSON record per completion (`sample`, counted from 1, when a prompt has several); `prompt_tokens` are
-    the prompt's ids as the tokenizer gave them, for users to check their tokenisation."""
+    the prompt's ids as the tokenizer gave them, for users to check their tokenisation (a prompt given as ids:
+    those ids, in `prompt` too)."""
     out = []
     for k, ids in enumerate(generated):
         record = {"prompt": prompts[k // num_samples], "prompt_tokens": list(map(int, prompt_tokens[k // num_samples])),

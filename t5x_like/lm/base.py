@@ -172,6 +172,15 @@ class LanguageModel:
                                                  vocab_size=self.config.vocab_size)
         return {"log_prob": log_prob, "correct": correct}
 
+    def logits(self, params: Any, batch: Batch) -> jax.Array:
+        """fp32 logits over the real vocabulary (its padding ids cut) at every position the batch's inputs feed."""
+        args, kwargs = self.module_inputs(batch)
+        return self.module.apply({"params": params}, *args, **kwargs)[..., :self.config.vocab_size]
+
+    def max_lengths(self) -> dict[str, int]:
+        """The most tokens a row of each feature length ('inputs', 'targets') may hold, where the model has a limit."""
+        return {}
+
     def flops_per_step(self, lengths: Lengths, batch_size: int) -> float:
         """Training FLOPs (forward + backward) of one step of `batch_size` rows."""
         return self.config.train_flops_per_example(lengths) * batch_size

@@ -32,6 +32,9 @@ class DecoderOnlyLM(LanguageModel):
         """The longest sequence the model takes (decoder-only configs have `max_len`)."""
         return self.config.max_len
 
+    def max_lengths(self) -> dict[str, int]:
+        return {"targets": self.max_length}
+
     def batch_spec(self, lengths: Lengths, batch_size: int, *, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
         shape = (batch_size, lengths["targets"])
         spec = {DECODER_INPUT_TOKENS: jnp.int32, DECODER_TARGET_TOKENS: jnp.int32, DECODER_LOSS_WEIGHTS: jnp.float32}

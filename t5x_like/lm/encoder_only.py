@@ -88,6 +88,16 @@ class EncoderOnlyLM(LanguageModel):
         return {"log_prob": jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0],
                 "correct": predictions == labels, "predictions": predictions}
 
+    def logits(self, params: Any, batch: Batch) -> jax.Array:
+        """Masked-LM: per token, over the real vocabulary; classification: per row, one logit per label."""
+        if not self.classifies:
+            return super().logits(params, batch)
+        args, kwargs = self.module_inputs(batch)
+        return self.module.apply({"params": params}, *args, **kwargs)
+
+    def max_lengths(self) -> dict[str, int]:
+        return {"inputs": self.config.max_input_length()}
+
     def max_prompt_length(self, max_new_tokens: int) -> None:
         raise UserError(f"{self.config.family} is an encoder-only model: it does not generate text; use a "
                         "decoder-only or encoder-decoder checkpoint, or `t5x_like.eval.cli --task=classification`.")

@@ -80,29 +80,52 @@ class File:
     text: str
 
 
-def read_page(page: str) -> list[Command | File]:
-    """The commands and files of a page, in order."""
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """A fenced block: the line its body starts on, its info string (`bash`, `python`, ...), its body (the
+    fence's indentation removed) and the nonblank line before it (a mark, or prose)."""
+    line: int
+    info: str
+    body: list[str]
+    before: str
+
+
+def fences(page: str) -> list[Fence]:
+    """The fenced blocks of a page, in order."""
     lines = (REPO / page).read_text(encoding="utf-8").splitlines()
-    items: list[Command | File] = []
+    found: list[Fence] = []
     i = 0
     while i < len(lines):
         match = FENCE.match(lines[i])
         if not match:
             i += 1
             continue
-        indent, fence, info = len(match["indent"]), match["fence"], match["info"]
-        before = _previous_nonblank(lines, i)
+        indent, fence = len(match["indent"]), match["fence"]
         end = i + 1
         while end < len(lines) and not (lines[end].strip().startswith(fence) and lines[end].strip() == fence):
             end += 1
         body = [line[indent:] if line[:indent].strip() == "" else line.lstrip() for line in lines[i + 1:end]]
-        if (file := FILE.match(before)):
-            items.append(File(page, i + 2, file["name"], "\n".join(body) + "\n"))
-        elif info in SHELL:
-            reason = NOT_RUN.match(before)
-            items += split_commands(page, i + 2, body, reason["reason"] if reason else None)
+        found.append(Fence(i + 2, match["info"], body, _previous_nonblank(lines, i)))
         i = end + 1
+    return found
+
+
+def read_page(page: str) -> list[Command | File]:
+    """The commands and files of a page, in order."""
+    items: list[Command | File] = []
+    for fence in fences(page):
+        if (file := FILE.match(fence.before)):
+            items.append(File(page, fence.line, file["name"], "\n".join(fence.body) + "\n"))
+        elif fence.info in SHELL:
+            reason = NOT_RUN.match(fence.before)
+            items += split_commands(page, fence.line, fence.body, reason["reason"] if reason else None)
     return items
+
+
+def python_blocks(page: str) -> list[str]:
+    """The ```python blocks of a page: not run here (they are not shell commands); the test of what a block shows
+    executes it (tests/t5x_like/inference/test_model.py runs generation.md's and conversion.md's)."""
+    return ["\n".join(fence.body) + "\n" for fence in fences(page) if fence.info == "python"]
 
 
 def _previous_nonblank(lines: list[str], i: int) -> str:

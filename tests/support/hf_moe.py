@@ -19,10 +19,9 @@ import transformers
 import configs
 import models
 from partitioning import Partitioner, make_mesh
-from t5x_like import generate
 from t5x_like.convert import __main__ as cli
 from t5x_like.convert import hf
-from t5x_like.inference import loading
+from t5x_like.inference import decoding, loading
 from tests.support.hf_models import SHAPE, VOCAB, hf_logits
 
 LOGITS_ATOL = 1e-4
@@ -104,13 +103,13 @@ def check_greedy_decoding(model, ours) -> None:
     params = loading.restore_sharded(str(ours), config, partitioner)
     eod = VOCAB - 1
     prompts = [[464, 748, 286], list(range(100, 112)), [31, 7, 998, 2, 50, 311, 4, 800, 9, 10, 11]]
-    ours_out = generate.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=NEW_TOKENS,
-                                  settings=generate.Sampling(temperature=0.0), batch_size=4).generate(prompts)
+    ours_out = decoding.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=NEW_TOKENS,
+                                  settings=decoding.Sampling(temperature=0.0), batch_size=4).generate(prompts)
     for prompt, row in zip(prompts, ours_out):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eod, pad_token_id=eod)
-        assert row == generate.cut_at(out[0, len(prompt):].numpy(), eod)
+        assert row == decoding.cut_at(out[0, len(prompt):].numpy(), eod)
     assert len(set(map(tuple, ours_out))) == len(prompts) and max(map(len, ours_out)) == NEW_TOKENS
 
 

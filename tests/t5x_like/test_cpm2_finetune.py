@@ -14,11 +14,12 @@ import pytest
 
 from models.cpm2 import CPM2Config
 from partitioning import make_mesh
-from t5x_like import generate, optim
+from t5x_like import optim
 from t5x_like.data import make_source
 from t5x_like.eval.scoring import INPUTS, TARGETS, WEIGHTS
 from t5x_like.eval.seq2seq import seq2seq_rows
 from t5x_like.experiment import build_experiment
+from t5x_like.inference import decoding
 from t5x_like.lm import make_lm
 from t5x_like.run import loop
 from tests.docs.doc_commands import File, read_page
@@ -175,7 +176,7 @@ def test_generation_stops_at_s1_for_cpm2_only(config, stops):
                     cache_layout=(shapes, jax.tree.map(lambda _: one_device, shapes)), track_seen=True)
     out = np.asarray(out[0])
     assert list(out) == ([token_a, S1, EOD, EOD, EOD] if stops else [token_a, S1, S1, S1, S1])
-    assert generate.cut_at(out, *lm.end_ids(EOD)) == ([token_a] if stops else [token_a, S1, S1, S1, S1])
+    assert decoding.cut_at(out, *lm.end_ids(EOD)) == ([token_a] if stops else [token_a, S1, S1, S1, S1])
 
 
 @pytest.mark.system

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from t5x_like import generate
 from t5x_like.data import load_tokenizer, make_source
 from t5x_like.eval import cli as evaluation
 from t5x_like.eval import seq2seq
+from t5x_like.inference import decoding
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
@@ -43,7 +43,7 @@ def setup(tmp_path_factory):
         with torch.no_grad():
             out = model.generate(input_ids=prompt, max_new_tokens=steps, do_sample=False, eos_token_id=eos_id,
                                  decoder_start_token_id=0, pad_token_id=0)
-        return generate.cut_at(out[0, 1:].numpy(), tok.eod_id) if eos_id is not None else out[0, 1:].tolist()
+        return decoding.cut_at(out[0, 1:].numpy(), tok.eod_id) if eos_id is not None else out[0, 1:].tolist()
 
     liked = greedy(6, None)[5]
     with torch.no_grad():  # EOS (id 0) outbids a token the model likes: the first pair's output ends early

@@ -12,7 +12,7 @@ import pytest
 
 from partitioning import Partitioner, make_mesh
 from t5x_like import generate
-from t5x_like.inference import loading
+from t5x_like.inference import decoding, loading
 from tests.support.shared_data import shared_file, shared_file_if_present
 
 EOD = 50256
@@ -48,13 +48,13 @@ PROMPTS = [[464, 1748, 286], list(range(1000, 1009)), [31, 7, 1999, 2, 50, 311, 
 
 def generator(loaded, settings, eod_id=EOD):
     config, params, partitioner = loaded
-    return generate.Generator(config, params, partitioner, eod_id=eod_id, max_new_tokens=NEW, settings=settings,
+    return decoding.Generator(config, params, partitioner, eod_id=eod_id, max_new_tokens=NEW, settings=settings,
                               batch_size=4)
 
 
 @pytest.fixture(scope="module")
 def greedy(loaded):
-    return generator(loaded, generate.Sampling(temperature=0.0)).generate(PROMPTS)
+    return generator(loaded, decoding.Sampling(temperature=0.0)).generate(PROMPTS)
 
 
 def test_greedy_equals_transformers_generate(converted, greedy):
@@ -65,7 +65,7 @@ def test_greedy_equals_transformers_generate(converted, greedy):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  do_sample=False, max_new_tokens=NEW, eos_token_id=EOD, pad_token_id=EOD)
-        theirs = generate.cut_at(out[0, len(prompt):].numpy(), EOD)
+        theirs = decoding.cut_at(out[0, len(prompt):].numpy(), EOD)
         assert ours == theirs
     assert len(set(map(tuple, greedy))) == len(PROMPTS) and all(len(g) == NEW for g in greedy)
 
@@ -73,14 +73,14 @@ def test_greedy_equals_transformers_generate(converted, greedy):
 def test_rows_stop_at_end_of_document(loaded, greedy):
     stop = greedy[1][3]
     first = greedy[1].index(stop)
-    got = generator(loaded, generate.Sampling(temperature=0.0), eod_id=stop).generate(PROMPTS)
+    got = generator(loaded, decoding.Sampling(temperature=0.0), eod_id=stop).generate(PROMPTS)
     assert got[1] == greedy[1][:first]
     for ours, full in zip(got, greedy):
-        assert ours == generate.cut_at(np.array(full), stop)
+        assert ours == decoding.cut_at(np.array(full), stop)
 
 
 def test_sampling_is_reproducible_by_seed(loaded, greedy):
-    sampler = generator(loaded, generate.Sampling(temperature=1.0, top_k=50, top_p=0.95))
+    sampler = generator(loaded, decoding.Sampling(temperature=1.0, top_k=50, top_p=0.95))
     first, again, other = sampler.generate(PROMPTS, seed=1), sampler.generate(PROMPTS, seed=1), \
         sampler.generate(PROMPTS, seed=2)
     assert first == again
@@ -96,7 +96,7 @@ def test_top_p_sampling_on_the_mesh_draws_what_one_device_draws(converted, loade
     config, _ = loading.read_config(str(checkpoint))
     one = Partitioner(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor")
     single = (config, loading.restore_sharded(str(checkpoint), config, one), one)
-    settings = generate.Sampling(temperature=1.0, top_p=0.9)
+    settings = decoding.Sampling(temperature=1.0, top_p=0.9)
     drawn = generator(loaded, settings).generate(PROMPTS, seed=3)
     assert drawn == generator(single, settings).generate(PROMPTS, seed=3)
     assert drawn != generator(loaded, settings).generate(PROMPTS, seed=4)
@@ -104,15 +104,15 @@ def test_top_p_sampling_on_the_mesh_draws_what_one_device_draws(converted, loade
 
 def test_top_k_1_and_tiny_top_p_are_greedy():
     logits = jnp.array([[0.1, 2.0, 1.0, -1.0], [3.0, 0.0, 2.9, 1.0]])
-    for settings in (generate.Sampling(1.0, top_k=1), generate.Sampling(1.0, top_p=1e-6)):
-        samples = jax.vmap(lambda k: generate.sample(logits, k, settings))(jax.random.split(jax.random.PRNGKey(0), 64))
+    for settings in (decoding.Sampling(1.0, top_k=1), decoding.Sampling(1.0, top_p=1e-6)):
+        samples = jax.vmap(lambda k: decoding.sample(logits, k, settings))(jax.random.split(jax.random.PRNGKey(0), 64))
         assert (samples == jnp.array([1, 0])).all()
 
 
 def test_top_p_keeps_the_smallest_set_with_that_mass():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-    settings = generate.Sampling(1.0, top_p=0.7)
-    samples = jax.vmap(lambda k: generate.sample(logits, k, settings))(jax.random.split(jax.random.PRNGKey(0), 400))
+    settings = decoding.Sampling(1.0, top_p=0.7)
+    samples = jax.vmap(lambda k: decoding.sample(logits, k, settings))(jax.random.split(jax.random.PRNGKey(0), 400))
     assert set(np.asarray(samples).ravel().tolist()) == {0, 1}
 
 
@@ -139,10 +139,10 @@ def test_cli_writes_jsonl(converted, tmp_path):
 def test_bad_requests_are_refused(loaded, tmp_path, capsys):
     config, params, partitioner = loaded
     with pytest.raises(ValueError, match="--max_new_tokens=40 must be between 1 and the model's max_len - 1"):
-        generate.Generator(config, params, partitioner, eod_id=EOD, max_new_tokens=40,
-                           settings=generate.Sampling())
+        decoding.Generator(config, params, partitioner, eod_id=EOD, max_new_tokens=40,
+                           settings=decoding.Sampling())
     with pytest.raises(ValueError, match="need temperature >= 0"):
-        generate.Sampling(temperature=-1.0)
+        decoding.Sampling(temperature=-1.0)
     with pytest.raises(SystemExit):  # main is wrapped by exit_on_user_error: one line, exit 1
         generate.main([f"--checkpoint={tmp_path}"])
     assert "error: no prompts" in capsys.readouterr().err
@@ -154,16 +154,16 @@ def test_beam_search_equals_transformers(converted, loaded):
 
     _, model = converted
     config, params, partitioner = loaded
-    eos = generator(loaded, generate.Sampling(temperature=0.0)).generate(PROMPTS)[0][2]  # some beams end early
-    ours = generate.Generator(config, params, partitioner, eod_id=eos, max_new_tokens=NEW, batch_size=4,
-                              settings=generate.Sampling(temperature=0.0), num_beams=4,
+    eos = generator(loaded, decoding.Sampling(temperature=0.0)).generate(PROMPTS)[0][2]  # some beams end early
+    ours = decoding.Generator(config, params, partitioner, eod_id=eos, max_new_tokens=NEW, batch_size=4,
+                              settings=decoding.Sampling(temperature=0.0), num_beams=4,
                               length_penalty=0.6).generate(PROMPTS)
     for prompt, got in zip(PROMPTS, ours):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  do_sample=False, num_beams=4, early_stopping=False, length_penalty=0.6,
                                  max_new_tokens=NEW, eos_token_id=eos, pad_token_id=eos)
-        assert got == generate.cut_at(out[0, len(prompt):].numpy(), eos)
+        assert got == decoding.cut_at(out[0, len(prompt):].numpy(), eos)
 
 
 def test_repetition_penalty_equals_transformers_generate(converted, loaded):
@@ -172,18 +172,18 @@ def test_repetition_penalty_equals_transformers_generate(converted, loaded):
     import torch
 
     _, model = converted
-    ours = generator(loaded, generate.Sampling(temperature=0.0, repetition_penalty=1.5)).generate(PROMPTS)
+    ours = generator(loaded, decoding.Sampling(temperature=0.0, repetition_penalty=1.5)).generate(PROMPTS)
     for prompt, got in zip(PROMPTS, ours):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  do_sample=False, repetition_penalty=1.5, max_new_tokens=NEW, eos_token_id=EOD,
                                  pad_token_id=EOD)
-        assert got == generate.cut_at(out[0, len(prompt):].numpy(), EOD)
-    assert ours != generator(loaded, generate.Sampling(temperature=0.0)).generate(PROMPTS)
+        assert got == decoding.cut_at(out[0, len(prompt):].numpy(), EOD)
+    assert ours != generator(loaded, decoding.Sampling(temperature=0.0)).generate(PROMPTS)
 
 
 def test_several_samples_per_prompt_differ_and_follow_their_prompt(loaded):
-    sampler = generator(loaded, generate.Sampling(temperature=1.0, top_k=50))
+    sampler = generator(loaded, decoding.Sampling(temperature=1.0, top_k=50))
     samples = sampler.generate(PROMPTS[:2], seed=3, num_samples=3)
     assert len(samples) == 6 and len({tuple(s) for s in samples[:3]}) == 3
     assert samples[3:] != samples[:3]

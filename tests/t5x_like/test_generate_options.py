@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import generate
-from t5x_like.inference import prompts
+from t5x_like.inference import decoding, prompts
 
 
 @pytest.mark.parametrize("penalty", [1.3, 0.7])
@@ -26,9 +25,9 @@ def test_the_repetition_penalty_is_transformers(penalty):
     seen = np.zeros((3, 50), bool)
     for row, ids in enumerate(histories):
         seen[row, ids] = True
-    ours = generate.penalize_repetition(jnp.asarray(logits), jnp.asarray(seen), penalty)
+    ours = decoding.penalize_repetition(jnp.asarray(logits), jnp.asarray(seen), penalty)
     np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6)
-    greedy = generate.sample(jnp.asarray(logits), None, generate.Sampling(0.0, repetition_penalty=penalty),
+    greedy = decoding.sample(jnp.asarray(logits), None, decoding.Sampling(0.0, repetition_penalty=penalty),
                              jnp.asarray(seen))
     assert np.asarray(greedy).tolist() == theirs.argmax(-1).tolist()
 

@@ -6,7 +6,7 @@ import pytest
 
 from partitioning import Partitioner, make_mesh
 from t5x_like import generate
-from t5x_like.inference import loading
+from t5x_like.inference import decoding, loading
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")
@@ -41,8 +41,8 @@ def converted(tmp_path_factory):
 
 def ours(loaded, eos_id, **beams):
     config, params, partitioner = loaded
-    return generate.Generator(config, params, partitioner, eod_id=eos_id, max_new_tokens=NEW, batch_size=4,
-                              settings=generate.Sampling(temperature=0.0), **beams).generate(PROMPTS)
+    return decoding.Generator(config, params, partitioner, eod_id=eos_id, max_new_tokens=NEW, batch_size=4,
+                              settings=decoding.Sampling(temperature=0.0), **beams).generate(PROMPTS)
 
 
 def theirs(model, eos_id, **beams):
@@ -53,7 +53,7 @@ def theirs(model, eos_id, **beams):
         with torch.no_grad():
             ids = model.generate(input_ids=torch.tensor([prompt + [eos_id]]), max_new_tokens=NEW, do_sample=False,
                                  eos_token_id=eos_id, early_stopping=False, use_cache=False, **beams)
-        out.append(generate.cut_at(ids[0, 1:].numpy(), eos_id))
+        out.append(decoding.cut_at(ids[0, 1:].numpy(), eos_id))
     return out
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from t5x_like import generate
+from t5x_like.inference import decoding
 from tests.support.shared_data import SHARED_DATA, needs_shared
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
@@ -69,7 +70,7 @@ def theirs(model, input_ids: list[int], **beams) -> list[int]:
         out = model.generate(input_ids=torch.tensor([input_ids]), max_new_tokens=NEW, do_sample=False,
                              eos_token_id=EOS, early_stopping=False, use_cache=False,
                              suppress_tokens=list(range(REAL_IDS, HF_SIZES["vocab_size"])), **beams)
-    return generate.cut_at(out[0, 1:].numpy(), EOS)
+    return decoding.cut_at(out[0, 1:].numpy(), EOS)
 
 
 def test_transformers_tokenizer_appends_eos(converted):

@@ -35,11 +35,10 @@ from tqdm import tqdm
 
 import models
 from partitioning import Partitioner
-from t5x_like import generate
 from t5x_like.cluster import processes
 from t5x_like.errors import UserError
 from t5x_like.eval.harness import sequences as seqs
-from t5x_like.inference import loading
+from t5x_like.inference import decoding, loading
 from t5x_like.lm import make_lm
 
 DEFAULT_MAX_GEN_TOKS = 256
@@ -98,7 +97,7 @@ class CheckpointLM(TemplateLM):
         if not 0 < self.stride <= self.max_length:
             raise UserError(f"--stride={stride} must be between 1 and the model's max_len {self.max_length}.")
         self.scorer = TokenScorer(self.lm, params, partitioner, batch_size)
-        self._generators: dict[tuple, generate.Generator] = {}
+        self._generators: dict[tuple, decoding.Generator] = {}
 
     def set_params(self, params: Any) -> None:
         """Evaluate these parameters from now on (training: the current state's), keeping what was compiled."""
@@ -189,7 +188,7 @@ class CheckpointLM(TemplateLM):
             texts[i] = postprocess_generated_text(self.tok_decode(ids), until, None)
         return texts
 
-    def _generator(self, kwargs: dict, tasks: str) -> generate.Generator:
+    def _generator(self, kwargs: dict, tasks: str) -> decoding.Generator:
         """The generator for normalized generation kwargs (one per setting, compiled once per prompt length)."""
         unknown = sorted(set(kwargs) - {"max_gen_toks", *SAMPLING_KWARGS})
         if unknown:
@@ -204,18 +203,18 @@ class CheckpointLM(TemplateLM):
         num_beams = int(kwargs.get("num_beams") or 1)
         key = (max_gen_toks, settings, num_beams, float(kwargs.get("length_penalty", 1.0)))
         if key not in self._generators:
-            self._generators[key] = generate.Generator(
+            self._generators[key] = decoding.Generator(
                 self.config, self.params, self.partitioner, eod_id=self.eot_token_id, max_new_tokens=max_gen_toks,
                 settings=settings, batch_size=self.batch_size, num_beams=num_beams, length_penalty=key[3])
         return self._generators[key]
 
 
-def sampling(kwargs: dict) -> generate.Sampling:
+def sampling(kwargs: dict) -> decoding.Sampling:
     """Greedy unless do_sample with a positive temperature (lm-eval's normalized kwargs), as transformers does."""
     temperature = float(kwargs.get("temperature") or 0.0)
     if not kwargs.get("do_sample") or temperature == 0.0:
-        return generate.Sampling(temperature=0.0)
-    return generate.Sampling(temperature, int(kwargs.get("top_k") or 0), float(kwargs.get("top_p") or 1.0))
+        return decoding.Sampling(temperature=0.0)
+    return decoding.Sampling(temperature, int(kwargs.get("top_k") or 0), float(kwargs.get("top_p") or 1.0))
 
 
 def task_names(requests: Iterable) -> str:

@@ -17,11 +17,10 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 import configs  # noqa: E402
 import models  # noqa: E402
 from partitioning import Partitioner, make_mesh  # noqa: E402
-from t5x_like import generate  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, llama  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
-from t5x_like.inference import loading  # noqa: E402
+from t5x_like.inference import decoding, loading  # noqa: E402
 from tests.support.hf_models import VARIANTS, VOCAB, bos_tokenizer, random_model  # noqa: E402
 from tests.support.shared_data import needs_shared  # noqa: E402
 
@@ -81,13 +80,13 @@ def test_greedy_decoding_on_a_mesh_equals_transformers_generate(converted):
     params = loading.restore_sharded(str(ours), config, partitioner)
     eod, new = VOCAB - 1, 32
     prompts = [[464 % VOCAB, 748, 286], list(range(100, 112)), [31, 7, 999 - 1, 2, 50, 311, 4, 800, 9, 10, 11]]
-    ours_out = generate.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=new,
-                                  settings=generate.Sampling(temperature=0.0), batch_size=4).generate(prompts)
+    ours_out = decoding.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=new,
+                                  settings=decoding.Sampling(temperature=0.0), batch_size=4).generate(prompts)
     for prompt, row in zip(prompts, ours_out):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  do_sample=False, max_new_tokens=new, eos_token_id=eod, pad_token_id=eod)
-        assert row == generate.cut_at(out[0, len(prompt):].numpy(), eod), variant
+        assert row == decoding.cut_at(out[0, len(prompt):].numpy(), eod), variant
     assert len(set(map(tuple, ours_out))) == len(prompts)
 
 
@@ -112,7 +111,7 @@ def test_a_folder_with_sharded_weights_and_its_tokenizer_generates_what_transfor
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
                              eos_token_id=eod, pad_token_id=eod)
-    assert records[0]["tokens"] == generate.cut_at(out[0, ids.shape[1]:].numpy(), eod)
+    assert records[0]["tokens"] == decoding.cut_at(out[0, ids.shape[1]:].numpy(), eod)
     assert records[0]["completion"] == tokenizer.decode(records[0]["tokens"])
 
 

@@ -19,13 +19,13 @@ transformers = pytest.importorskip("transformers", reason="needs the torch extra
 import models  # noqa: E402
 from partitioning import Partitioner, make_mesh  # noqa: E402
 from t5x_like import step_fns  # noqa: E402
-from t5x_like import generate, optim  # noqa: E402
+from t5x_like import optim  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
 from t5x_like.convert import hf, mapping, neox  # noqa: E402
 from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
 from t5x_like.errors import UserError  # noqa: E402
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS  # noqa: E402
-from t5x_like.inference import loading  # noqa: E402
+from t5x_like.inference import decoding, loading  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
 from tests.support.shared_data import shared_file, shared_file_if_present
 
@@ -208,13 +208,13 @@ def test_greedy_generation_equals_transformers_generate(random_hf_neox, tmp_path
     params = loading.restore_sharded(str(tmp_path / "ours"), config, partitioner)
     eod, new = 0, 8
     prompts = [[464, 1748, 286], list(range(1000, 1009)), [31, 7, 1999, 2, 50, 311, 4, 8000, 9, 10, 11]]
-    ours = generate.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=new,
-                              settings=generate.Sampling(temperature=0.0), batch_size=4).generate(prompts)
+    ours = decoding.Generator(config, params, partitioner, eod_id=eod, max_new_tokens=new,
+                              settings=decoding.Sampling(temperature=0.0), batch_size=4).generate(prompts)
     for prompt, row in zip(prompts, ours):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  do_sample=False, max_new_tokens=new, eos_token_id=eod, pad_token_id=eod)
-        assert row == generate.cut_at(out[0, len(prompt):].numpy(), eod)
+        assert row == decoding.cut_at(out[0, len(prompt):].numpy(), eod)
     assert len(set(map(tuple, ours))) == len(prompts) and all(len(r) == new for r in ours)
 
 

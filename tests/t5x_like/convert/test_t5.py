@@ -148,19 +148,19 @@ def ours_logits(checkpoint: str, inputs, targets) -> np.ndarray:
 def greedy_pair(checkpoint: str, model, prompts) -> tuple[list, list]:
     """(ours, transformers') greedy ids of each prompt (EOS = 1 appended to the encoder input, cut at EOS)."""
     from partitioning import Partitioner, make_mesh
-    from t5x_like import generate
+    from t5x_like.inference import decoding
 
     config, _ = loading.read_config(checkpoint)
     partitioner = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor")
     params = loading.restore_sharded(checkpoint, config, partitioner)
-    got = generate.Generator(config, params, partitioner, eod_id=1, max_new_tokens=GREEDY_STEPS, batch_size=4,
-                             settings=generate.Sampling(temperature=0.0)).generate(prompts)
+    got = decoding.Generator(config, params, partitioner, eod_id=1, max_new_tokens=GREEDY_STEPS, batch_size=4,
+                             settings=decoding.Sampling(temperature=0.0)).generate(prompts)
     want = []
     for prompt in prompts:
         with torch.no_grad():
             ids = model.generate(input_ids=torch.tensor([prompt + [1]]), max_new_tokens=GREEDY_STEPS,
                                  do_sample=False, eos_token_id=1, decoder_start_token_id=0, pad_token_id=0)
-        want.append(generate.cut_at(ids[0, 1:].numpy(), 1))
+        want.append(decoding.cut_at(ids[0, 1:].numpy(), 1))
     return got, want
 
 
