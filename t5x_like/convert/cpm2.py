@@ -163,6 +163,8 @@ def from_modelcenter(src: str, dst: str, *, step: int = 0, **choices) -> str:
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
     del flat
     store.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
+    if tokenizer is None:
+        hf.note_no_tokenizer(src, VOCAB)
     return os.path.join(dst, store.CHECKPOINT_SUBDIR, str(step))
 
 

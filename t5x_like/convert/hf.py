@@ -19,7 +19,7 @@ from models.registry import declaring_modules
 from t5x_like.checkpoint import store
 from t5x_like.convert import mapping
 from t5x_like.data.tokenizer_files import save_tokenizer, tokenizer_record
-from t5x_like.errors import UserError
+from t5x_like.errors import UserError, note
 from t5x_like.inference import loading
 
 FAMILIES = declaring_modules("t5x_like.convert", "HF_MODEL_TYPE")
@@ -177,7 +177,16 @@ def from_hf(src: str, dst: str, *, step: int = 0, **choices) -> str:
     del tensors, copies
     params = jax.tree.map(jax.numpy.asarray, mapping.unflatten(flat))
     store.save_params(dst, step, params, {"config": dataclasses.asdict(config), "tokenizer": tokenizer})
+    if tokenizer is None:
+        note_no_tokenizer(src, ", ".join(HF_TOKENIZER_FILES[:3]))
     return os.path.join(dst, store.CHECKPOINT_SUBDIR, str(step))
+
+
+def note_no_tokenizer(src: str, files: str) -> None:
+    """Say at conversion time that the checkpoint records no tokenizer (generate and eval then need --tokenizer)."""
+    note(f"{src} has no tokenizer files ({files}), so the checkpoint records none: generate and eval will need "
+         "--tokenizer=PATH (the model's own tokenizer), and an export writes none without it; or copy its files "
+         "into the folder and convert again.")
 
 
 def hf_model_types(family) -> tuple[str, ...]:

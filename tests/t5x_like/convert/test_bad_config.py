@@ -142,9 +142,12 @@ def test_a_config_json_that_cannot_be_right_is_one_line_and_writes_nothing(saved
 
 
 @pytest.mark.parametrize("family", sorted({family for family, _, _ in CASES}))
-def test_the_unedited_models_import(saved, tmp_path, family):
-    """The cases' models themselves import: each refusal above is the edited value's."""
+def test_the_unedited_models_import(saved, tmp_path, family, capfd):
+    """The cases' models themselves import: each refusal above is the edited value's. Saved without a tokenizer,
+    each import says at once that it records none (issue 52: generate used to ask for --tokenizer only later)."""
     assert os.path.isdir(hf.from_hf(saved[family], str(tmp_path / "imported")))
+    assert f"note: {saved[family]} has no tokenizer files (tokenizer.json, vocab.json, merges.txt), so the " \
+           "checkpoint records none: generate and eval will need --tokenizer=PATH" in capfd.readouterr().err
 
 
 def state_dict_folder(folder, model, state: dict) -> str:

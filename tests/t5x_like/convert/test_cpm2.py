@@ -134,6 +134,7 @@ def test_to_modelcenter_takes_the_vocabulary_from_tokenizer_when_the_checkpoint_
     for name in ("config.json", "pytorch_model.pt"):
         (tmp_path / "novocab" / name).write_bytes((root / "modelcenter" / name).read_bytes())
     cli.main(["from-modelcenter", str(tmp_path / "novocab"), str(tmp_path / "ours")])
+    assert "has no tokenizer files (vocab.txt), so the checkpoint records none" in capsys.readouterr().err
     cli.main(["to-modelcenter", str(tmp_path / "ours"), str(tmp_path / "plain")])
     assert "note: no vocab.txt written" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["config.json", "pytorch_model.pt"]
