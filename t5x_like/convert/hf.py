@@ -83,7 +83,8 @@ def to_hf(src: str, dst: str, tokenizer: str | None = None) -> None:
     readable_as_the_others(os.path.join(dst, "model.safetensors"))
     del tensors
     bos = tokenizer.configured_token_id("bos_token") if tokenizer is not None else None
-    if bos is not None and "bos_token_id" in hf_config:  # the tokenizer's own beginning-of-text token
+    own = tokenizer is not None and tokenizer.own_special_tokens  # its beginning-of-text token, or none as it has
+    if (bos is not None or own) and "bos_token_id" in hf_config:
         hf_config["bos_token_id"] = bos
     write_json(os.path.join(dst, "config.json"), hf_config)
     if tokenizer:

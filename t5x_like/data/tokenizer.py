@@ -58,10 +58,12 @@ SENTINEL = re.compile(r"<extra_id_(\d+)>")
 
 
 KEPT_CONFIG = ("tokenizer_class", "bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
-               "mask_token", "additional_special_tokens", "add_bos_token", "add_eos_token", "chat_template")
+               "mask_token", "additional_special_tokens", "add_bos_token", "add_eos_token", "chat_template",
+               "model_max_length")
 """The entries of a tokenizer folder's tokenizer_config.json that a tokenizer.json loaded from it keeps, and writes
-again wherever it is saved (a checkpoint's record, `convert to-hf`): its class, its special tokens and how they
-are added, so an import followed by an export keeps every special token (Llama's `<s>`, `</s>`, `<unk>`)."""
+again wherever it is saved (a checkpoint's record, `convert to-hf`): its class, its special tokens, how they are
+added and its length, so an import followed by an export keeps every special token (Llama's `<s>`, `</s>`,
+`<unk>`) and adds none the original lacked."""
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -96,6 +98,11 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def id_to_token(self, token_id: int) -> str:
         return self._tokenizer.id_to_token(token_id)
+
+    @property
+    def own_special_tokens(self) -> bool:
+        """Whether its folder's tokenizer_config.json said which special tokens it has (more than its class)."""
+        return bool(set(self._kept_config) - {"tokenizer_class"})
 
     def hf_files(self) -> dict[str, bytes]:
         return {"tokenizer.json": self._tokenizer.to_str().encode()}

@@ -64,6 +64,10 @@ class Tokenizer:
         """The tokenizer_config.json entries that go with `hf_files` (the tokenizer class, its own specials)."""
         raise NotImplementedError
 
+    own_special_tokens: bool = False
+    """Whether the tokenizer came with its own tokenizer_config.json saying which special tokens it has: an export
+    then writes those (and adds no family defaults, e.g. a bos_token the original has not)."""
+
     def configured_token_id(self, name: str) -> int | None:
         """The id of the token its tokenizer_config.json entries name as `name` ('bos_token', ...); None without."""
         token = self.hf_tokenizer_config().get(name)

@@ -27,11 +27,14 @@ def cache_root() -> Path:
 
 def hf_tokenizer_files(tokenizer: Tokenizer, family_config: dict | None = None) -> dict[str, bytes]:
     """The files of a Hugging Face tokenizer directory for `tokenizer`, tokenizer_config.json included: the
-    tokenizer's own entries over `family_config` (a model family's special tokens and length). Its `extra_ids`
+    tokenizer's own entries over `family_config` (a model family's special tokens and length; none of those for a
+    tokenizer with its own, `own_special_tokens`, so an export adds nothing the original lacked). Its `extra_ids`
     (T5's sentinels above the tokenizer's ids, `<extra_id_0>` the highest) stay as T5Tokenizer's `extra_ids`, and
     become added tokens at those ids for every other tokenizer class."""
     config = dict(family_config or {})
     extra_ids = config.pop("extra_ids", 0)
+    if tokenizer.own_special_tokens:  # the original's special tokens and length, nothing added
+        config = {}
     config.update(tokenizer.hf_tokenizer_config())
     if config["tokenizer_class"] == T5_TOKENIZER_CLASS:
         config["extra_ids"] = extra_ids

@@ -19,6 +19,7 @@ import models  # noqa: E402
 from models.gpt2 import GPT2Config  # noqa: E402
 from t5x_like.checkpoint import store  # noqa: E402
 from t5x_like.convert import __main__ as cli  # noqa: E402
+from t5x_like.convert import hf  # noqa: E402
 from t5x_like.data import train_tokenizer  # noqa: E402
 from t5x_like.data.tokenizer import load_tokenizer  # noqa: E402
 from t5x_like.data.tokenizer_files import tokenizer_record  # noqa: E402
@@ -131,7 +132,6 @@ def test_t5_sentinels_are_added_tokens_of_a_byte_fallback_tokenizer(trained, tmp
     """T5's sentinels sit above the tokenizer's ids (<extra_id_0> the highest): T5Tokenizer's extra_ids for
     T5's own sentencepiece model, added tokens at those ids for the byte-fallback model T5Tokenizer cannot read."""
     from models.t5 import T5Config
-    from t5x_like.convert import hf
 
     ours = load_tokenizer(trained / "sp" / "sp.model")
     config = T5Config(vocab_size=ours.vocab_size + 100, num_layers=1, num_decoder_layers=1, num_heads=2,
@@ -146,3 +146,35 @@ def test_t5_sentinels_are_added_tokens_of_a_byte_fallback_tokenizer(trained, tmp
                                                                                    ours.vocab_size]
     text = "Hello <extra_id_0> world <extra_id_1>."
     assert reference.encode(text, add_special_tokens=False) == ours.encode(text)
+
+
+def test_an_import_exports_its_own_special_tokens_and_adds_none(tmp_path):
+    """Issue 52: a folder whose tokenizer_config.json names only an end-of-text and a padding token (no bos, no unk,
+    transformers' unset model_max_length) and whose config.json has no bos_token_id: from-hf then to-hf gives back
+    those entries as they were (once: bos_token / unk_token added, model_max_length the model's, bos_token_id 0)."""
+    import json
+
+    import tokenizers
+    import transformers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    bpe = tokenizers.Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(["a few words to learn a few merges from"] * 8, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
+                                                pad_token="<|endoftext|>")
+    transformers.set_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(fast), n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=None,
+        eos_token_id=fast.eos_token_id)).save_pretrained(tmp_path / "orig")
+    fast.save_pretrained(tmp_path / "orig")
+    hf.from_hf(str(tmp_path / "orig"), str(tmp_path / "ours"))
+    hf.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"))
+    original, exported = (json.loads((tmp_path / f / "tokenizer_config.json").read_text()) for f in ("orig", "back"))
+    kept = ("bos_token", "eos_token", "unk_token", "pad_token", "model_max_length")
+    assert {k: exported.get(k) for k in kept} == {k: original.get(k) for k in kept}, exported
+    assert "bos_token" not in exported and "unk_token" not in exported
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (None, fast.eos_token_id)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "back").bos_token is None
