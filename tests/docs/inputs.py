@@ -156,15 +156,37 @@ def _llama_hf(dest: Path) -> None:
 
 
 def _qwen2_moe_hf(dest: Path) -> None:
-    """A Qwen1.5-MoE-style folder without a tokenizer: a tiny random Qwen2MoeForCausalLM (4 experts, top-2, a
-    shared expert), as save_pretrained writes it (one tensor per expert)."""
+    """A Qwen1.5-MoE-style folder: a tiny random Qwen2MoeForCausalLM (4 experts, top-2, a shared expert), as
+    save_pretrained writes it (one tensor per expert), with a byte-level BPE of 1000 ids (`<|endoftext|>` its end of
+    text, as Qwen's) trained on the builtin corpus's first documents."""
+    import tokenizers
     import transformers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
+    from t5x_like.data.builtin import builtin_documents
+
+    bpe = tokenizers.Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(builtin_documents()[:200], trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
     transformers.set_seed(0)
     transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
         vocab_size=1000, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
         shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)).save_pretrained(dest)
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id)).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+
+
+def _my_corpus(dest: Path) -> None:
+    """A user's own corpus: a folder of .txt documents (the builtin corpus's, which needs nothing beside the
+    checkout)."""
+    from t5x_like.data.builtin import builtin_documents
+
+    dest.mkdir(parents=True)
+    for i, text in enumerate(builtin_documents()[:120]):
+        (dest / f"{i:04d}.txt").write_text(text + "\n", encoding="utf-8")
 
 def _t5_hf(dest: Path) -> None:
     import transformers
@@ -289,6 +311,7 @@ BUILDERS = {
     "t5-v1_1-base": _t5_hf,
     "my-llama": _llama_hf,
     "my-qwen2-moe": _qwen2_moe_hf,
+    "my-corpus": _my_corpus,
     "bert-base-uncased": _bert_hf,
     "zh": _zh,
     "cpm-generate": _cpm_generate,

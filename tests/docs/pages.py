@@ -8,7 +8,7 @@ MODEL_PAGES = {
     "docs/configure.md": Page(),
     "docs/neox.md": Page(("pile", "20B_tokenizer.json")),
     "docs/llama.md": Page(("wikitext-103", "lambada_test.jsonl", "my-llama", "openwebtext")),
-    "docs/moe.md": Page(("my-qwen2-moe",)),
+    "docs/moe.md": Page(("my-qwen2-moe", "my-corpus")),
     "docs/cpm.md": Page(("cpm-generate", "zh", "cpm2-modelcenter", "lcsts", "lcqmc", "CPM-2-Finetune")),
     "docs/t5.md": Page(("t5-v1_1-base", "c4", "train.jsonl", "dev.jsonl")),
     "docs/bert.md": Page(("bert-base-uncased", "wiki", "BoolQ")),
