@@ -31,9 +31,10 @@ CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, 
                     dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
 NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=8, num_heads=4, embed_dim=32, mlp_dim=64,
                          dtype="float32")
-# Every Llama option at once: grouped key/value heads, Qwen2's q/k/v biases, Mistral's window (half the length).
+# Mistral's options: grouped key/value heads and a window of half the length (biases are GPT-2's and NeoX's here;
+# no Llama-class model has both q/k/v biases and a window).
 LLAMA_CONFIG = LlamaConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=4, num_heads=4, num_key_value_heads=2,
-                           embed_dim=32, mlp_dim=64, qkv_bias=True, sliding_window=SEQ_LEN // 2, dtype="float32")
+                           embed_dim=32, mlp_dim=64, sliding_window=SEQ_LEN // 2, dtype="float32")
 
 
 def make_optimizer():
