@@ -48,13 +48,13 @@ def batches(source_cls):
 
 
 def experiment(mesh, rules, *, schedule=(1, 1, 1), grad_accum_steps=1, config=CONFIG, seed=SEED, restored=None,
-               adopt_architecture=False, resuming=False):
+               adopt_architecture=False, resuming=False, adopt_family=False):
     """The run the train CLI would assemble for this mesh and pipeline schedule."""
     _, microbatches, repeats = schedule
     return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=make_optimizer(), batch_size=BATCH,
                             feature_lengths={"targets": SEQ_LEN}, seed=seed, grad_accum_steps=grad_accum_steps,
                             pipeline_microbatches=microbatches, pipeline_repeats=repeats, restored=restored,
-                            adopt_architecture=adopt_architecture, resuming=resuming)
+                            adopt_architecture=adopt_architecture, resuming=resuming, adopt_family=adopt_family)
 
 
 def losses(mesh, rules, data, **settings):
