@@ -6,7 +6,7 @@ import importlib
 
 from partitioning.errors import PartitioningError
 
-_HOMES = {"AXES": "mesh", "make_mesh": "mesh", "resolve_axis_sizes": "mesh", "Partitioner": "partitioner",
+_HOMES = {"AXES": "mesh", "MeshShape": "mesh", "make_mesh": "mesh", "resolve_axis_sizes": "mesh", "Partitioner": "partitioner",
           "RULE_SETS": "rules", "RuleSet": "rules", "get_rule_set": "rules"}
 
 __all__ = ["PartitioningError", *_HOMES]

@@ -1,6 +1,7 @@
 """Device meshes from named sizes. Axes, outermost first: data, stage, fsdp, expert, tensor."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -68,24 +69,50 @@ DCN_MACROS = {"data": "DCN_DATA_PARALLEL", "stage": "DCN_PIPELINE_PARALLEL", "fs
               "expert": "DCN_EXPERT_PARALLEL", "tensor": "DCN_TENSOR_PARALLEL"}
 
 
-def make_mesh(data: int = -1, stage: int = 1, fsdp: int = 1, tensor: int = 1, expert: int = 1, *, dcn_data: int = 1,
-              dcn_stage: int = 1, dcn_fsdp: int = 1, dcn_tensor: int = 1, dcn_expert: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A mesh over `devices` (default: all) with Auto axes ('data', 'stage', 'fsdp', 'expert', 'tensor').
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshShape:
+    """A mesh's axis sizes (DATA_PARALLEL, ... and their DCN_ twins; gin: partitioning.make_mesh.*), built into a
+    Mesh with `build`. The sizes are whole axes. `dcn_*` say how many ways of an axis run between slices (TPU) or
+    nodes (GPU, CPU: one process per node) over the data-centre network; the rest of each axis stays inside a slice
+    or node (ICI / NVLink). `devices`: the devices it spans (None: every device of the job)."""
 
-    The sizes are whole axes. `dcn_*` say how many ways of an axis run between slices (TPU) or nodes
-    (GPU, CPU: one process per node) over the data-centre network; the rest of each axis stays inside
-    a slice or node (ICI / NVLink). With any dcn size > 1 the devices are arranged by jax's
-    `mesh_utils.create_hybrid_device_mesh`, as MaxText does."""
-    devices = list(jax.devices() if devices is None else devices)
-    sizes = resolve_axis_sizes(dict(data=data, stage=stage, fsdp=fsdp, expert=expert, tensor=tensor), len(devices),
-                               simulable=can_simulate(devices))
-    shape = tuple(sizes[axis] for axis in AXES)
-    axis_types = (AxisType.Auto,) * len(AXES)
-    dcn = dict(data=dcn_data, stage=dcn_stage, fsdp=dcn_fsdp, expert=dcn_expert, tensor=dcn_tensor)
-    if all(size == 1 for size in dcn.values()):
-        return jax.make_mesh(shape, AXES, axis_types=axis_types, devices=devices)
-    return Mesh(hybrid_devices(sizes, dcn, devices), AXES, axis_types=axis_types)
+    data: int = -1
+    stage: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    expert: int = 1
+    dcn_data: int = 1
+    dcn_stage: int = 1
+    dcn_fsdp: int = 1
+    dcn_tensor: int = 1
+    dcn_expert: int = 1
+    devices: Sequence[jax.Device] | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """Each axis's size as given (-1: fills)."""
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    def dcn(self) -> dict[str, int]:
+        """Each axis's ways between slices or nodes."""
+        return {axis: getattr(self, f"dcn_{axis}") for axis in AXES}
+
+    def build(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+        """The mesh over `devices` (default: its own, else all) with Auto axes ('data', 'stage', 'fsdp', 'expert',
+        'tensor'); with any dcn size > 1 the devices are arranged by jax's `mesh_utils.create_hybrid_device_mesh`,
+        as MaxText does."""
+        devices = list(devices if devices is not None else self.devices if self.devices is not None else
+                       jax.devices())
+        sizes = resolve_axis_sizes(self.sizes(), len(devices), simulable=can_simulate(devices))
+        shape = tuple(sizes[axis] for axis in AXES)
+        axis_types = (AxisType.Auto,) * len(AXES)
+        if all(size == 1 for size in self.dcn().values()):
+            return jax.make_mesh(shape, AXES, axis_types=axis_types, devices=devices)
+        return Mesh(hybrid_devices(sizes, self.dcn(), devices), AXES, axis_types=axis_types)
+
+
+def make_mesh(**sizes) -> Mesh:
+    """MeshShape(**sizes).build(): a mesh of these axis sizes (data=-1, stage=1, ... dcn_data=1, ..., devices)."""
+    return MeshShape(**sizes).build()
 
 
 def hybrid_devices(sizes: dict[str, int], dcn: dict[str, int], devices: list[jax.Device]):

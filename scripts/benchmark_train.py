@@ -28,9 +28,9 @@ import numpy as np
 
 import configs
 import models
-from partitioning import make_mesh
+from partitioning import MeshShape
 from t5x_like import lm, metrics, optim
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
 
 
@@ -83,12 +83,12 @@ def measure(args: argparse.Namespace, values: dict | None = None) -> dict:
     """Build, compile and time our train step (of the model config `values`, default model_values(args));
     returns the result row."""
     values = model_values(args) if values is None else values
-    exp = build_experiment(
+    exp = build_experiment(ExperimentSettings(
         model=models.config_from_dict(values),
-        mesh=make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor, expert=args.expert),
-        rules=args.rules, optimizer=optim.make_optimizer(learning_rate=1e-4, warmup_steps=10, total_steps=1000),
+        mesh=MeshShape(data=args.data, fsdp=args.fsdp, tensor=args.tensor, expert=args.expert),
+        rules=args.rules, optimizer=optim.OptimizerSettings(learning_rate=1e-4, warmup_steps=10),
         batch_size=args.batch_size, feature_lengths={"targets": args.seq_len}, grad_accum_steps=args.grad_accum,
-        cross_entropy=args.cross_entropy, loss_chunk_size=args.loss_chunk_size)
+        cross_entropy=args.cross_entropy, loss_chunk_size=args.loss_chunk_size), train_steps=1000)
     config, mesh, num_params = exp.config, exp.mesh, exp.num_params
     rng = np.random.default_rng(0)
     state = exp.init_state()

@@ -26,11 +26,11 @@ import numpy as np
 from absl import flags
 from jax.sharding import Mesh
 
-from partitioning import make_mesh
 from t5x_like import checks, metrics
-from t5x_like.config import cli, configurables, frontend
-from t5x_like.config.settings import RunSettings, read_run_settings
+from t5x_like.config import cli, frontend
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
+from t5x_like.experiment import build_experiment
+from t5x_like.run.settings import RunSettings
 
 GiB = 1 << 30
 # HBM per chip by jax device_kind; a chip's TensorCores shown as separate devices share it.
@@ -97,10 +97,9 @@ def device_memory(devices: Sequence, override_gib: float | None) -> int | None:
     return stats.get("bytes_limit") if stats else None
 
 
-def mesh_for(devices: Sequence, settings: RunSettings | None = None) -> Mesh:
-    """The mesh of the run's axis sizes (`settings`; default: those of the gin configuration parsed), built over
-    `devices`."""
-    return make_mesh(**(settings or read_run_settings()).mesh_sizes, devices=devices)
+def mesh_for(devices: Sequence, settings: RunSettings) -> Mesh:
+    """The mesh of the run's axis sizes, built over `devices`."""
+    return settings.experiment.mesh.build(devices)
 
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
@@ -116,11 +115,11 @@ def bytes_per_device(abstract: Any, shardings: Any, *, host: bool = False) -> in
     return sum(jax.tree.leaves(jax.tree.map(shard_bytes, abstract, shardings)))
 
 
-def compile_step(devices: Sequence, memory: int | None,
-                 settings: RunSettings | None = None) -> tuple[dict[str, Any], jax.stages.Compiled]:
-    """Compile one train step of the parsed gin configuration (its `settings`, default: read from it) for
-    `devices`: (report, executable)."""
-    exp = configurables.experiment_on(mesh_for(devices, settings))
+def compile_step(devices: Sequence, memory: int | None, settings: RunSettings) -> tuple[dict[str, Any],
+                                                                                     jax.stages.Compiled]:
+    """Compile one train step of the run `settings` describe for `devices`: (report, executable)."""
+    exp = build_experiment(settings.experiment, train_steps=settings.loop.train_steps,
+                           mesh=mesh_for(devices, settings))
     state = exp.sharded_abstract_state()
     state_bytes = bytes_per_device(state, exp.shardings)
     check_fits("the train state (parameters + optimizer state)", state_bytes, memory)

@@ -1,9 +1,9 @@
 """`build_experiment()`: the one place a run is assembled.
 
-From a model config, a mesh, a rule set, an optimizer and the batch settings it builds the
-Partitioner, the LanguageModel (pipelined when PIPELINE_PARALLEL > 1), the train state's abstract
-shape and shardings, and the jitted train and eval steps. train, compile, the benchmarks and the
-tests all call it; gin binds its arguments (gin/base.gin: `build_experiment.batch_size = ...`).
+From its ExperimentSettings (a model config, a mesh, a rule set, an optimizer and the batch settings) it builds the
+Partitioner, the LanguageModel (pipelined when PIPELINE_PARALLEL > 1), the train state's abstract shape and
+shardings, and the jitted train and eval steps. train, compile, the benchmarks and the tests all call it; the gin
+front-end (t5x_like/config/) makes the settings from a run's `build_experiment.*` bindings.
 """
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ import functools
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
-import gin
 import jax
 import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
 import models
-from partitioning import Partitioner, pipeline
+from partitioning import MeshShape, Partitioner, pipeline
 from t5x_like import checks, optim, step_fns
 from t5x_like.cluster import processes
 from t5x_like.data.rampup import BatchRampup, batch_rampup
@@ -127,58 +126,93 @@ def global_batch(local: Mapping[str, np.ndarray], sharding, global_rows: int) ->
             for k, v in arrays.items()}
 
 
-@gin.configurable(denylist=["restored", "adopt_architecture", "resuming", "adopt_family"])
-def build_experiment(*, model: models.FamilyConfig = gin.REQUIRED, mesh: Mesh = gin.REQUIRED,
-                     rules: str = "fsdp_tensor", optimizer: optim.Optimizer = gin.REQUIRED,
-                     batch_size: int = gin.REQUIRED, feature_lengths: Mapping[str, int] = gin.REQUIRED,
-                     batch_size_rampup: tuple[int, int, int] | None = None, seed: int = 0,
-                     grad_accum_steps: int = 1, micro_batch_size: int | None = None, z_loss: float = 0.0,
-                     loss_scale: step_fns.LossScaleConfig = step_fns.LossScaleConfig(),
-                     on_nonfinite: str = "stop", cross_entropy: str = "chunked", loss_chunk_size: int = 256,
-                     offload_optimizer_state: bool = False, pipeline_microbatches: int = 1,
-                     pipeline_repeats: int = 1, restored: models.FamilyConfig | None = None,
-                     adopt_architecture: bool = False, resuming: bool = False,
-                     adopt_family: bool = False) -> Experiment:
-    """Assemble a run. `restored`: the model config of the checkpoint the run resumes (`resuming`) or restores
-    from; the model must have its architecture (or, with `adopt_architecture`, takes it: a RESTORE_FROM run,
-    started or resumed), of another family too with `adopt_family` (the run file's own model), and keeps its
-    vocabulary padding where it divides. `batch_size_rampup`: BATCH_SIZE_RAMPUP, Megatron's (start, increment,
-    samples) batch-size ramp-up (t5x_like/data/rampup.py). `micro_batch_size`: MICRO_BATCH_SIZE, which derives the
-    accumulation steps from the mesh (accumulation())."""
-    check_step_settings(on_nonfinite, batch_size, grad_accum_steps, loss_chunk_size, seed)
-    rampup = batch_rampup(batch_size_rampup, batch_size)
-    lengths = check_lengths(feature_lengths)
-    partitioner = Partitioner(mesh, rules)
-    grad_accum_steps, pipeline_microbatches = accumulation(batch_size, micro_batch_size, grad_accum_steps,
-                                                           pipeline_microbatches, partitioner)
-    check_batch(batch_size, grad_accum_steps, partitioner)
-    config = resolve_model_config(model, mesh.shape["tensor"], restored, adopt_architecture=adopt_architecture,
-                                  resuming=resuming, adopt_family=adopt_family)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentSettings:
+    """What a run is assembled from (gin: build_experiment.*): the model config, the mesh's shape (or a Mesh, for
+    code that builds its own: compile's target devices), the rule set, the optimizer, the batch (BATCH_SIZE rows of
+    FEATURE_LENGTHS; BATCH_SIZE_RAMPUP, Megatron's (start, increment, samples) ramp-up, data/rampup.py), SEED, the
+    microbatches (GRAD_ACCUM_STEPS, or MICRO_BATCH_SIZE rows per data-parallel shard, from which accumulation()
+    derives them on the mesh; NUM_MICROBATCHES and PIPELINE_REPEATS of a pipeline), the loss (z_loss, the float16
+    loss scale, CROSS_ENTROPY and its chunk), the non-finite policy and the optimizer state's offload."""
+
+    model: models.FamilyConfig
+    mesh: MeshShape | Mesh
+    rules: str = "fsdp_tensor"
+    optimizer: optim.OptimizerSettings
+    batch_size: int
+    feature_lengths: Mapping[str, int]
+    batch_size_rampup: tuple[int, int, int] | None = None
+    seed: int = 0
+    grad_accum_steps: int = 1
+    micro_batch_size: int | None = None
+    z_loss: float = 0.0
+    loss_scale: step_fns.LossScaleConfig = step_fns.LossScaleConfig()
+    on_nonfinite: str = "stop"
+    cross_entropy: str = "chunked"
+    loss_chunk_size: int = 256
+    offload_optimizer_state: bool = False
+    pipeline_microbatches: int = 1
+    pipeline_repeats: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """The checkpoint a run starts from: its model `config`, and whether the run resumes it (`resuming`: MODEL_DIR's)
+    or takes its architecture (`adopt_architecture`: a RESTORE_FROM run, started or resumed; `adopt_family`: of
+    another family too, when the model is the run file's own)."""
+
+    config: models.FamilyConfig
+    adopt_architecture: bool = False
+    adopt_family: bool = False
+    resuming: bool = False
+
+
+def build_experiment(settings: ExperimentSettings, *, train_steps: int, restored: Restored | None = None,
+                     mesh: Mesh | None = None) -> Experiment:
+    """Assemble a run of `train_steps` steps (the optimizer's schedule) from `settings`, on `mesh` when given (else
+    the settings' mesh). The model must have `restored`'s architecture (or takes it, see Restored), and keeps its
+    vocabulary padding where it divides."""
+    s = settings
+    check_step_settings(s.on_nonfinite, s.batch_size, s.grad_accum_steps, s.loss_chunk_size, s.seed)
+    rampup = batch_rampup(s.batch_size_rampup, s.batch_size)
+    lengths = check_lengths(s.feature_lengths)
+    mesh = mesh or (s.mesh if isinstance(s.mesh, Mesh) else s.mesh.build())
+    partitioner = Partitioner(mesh, s.rules)
+    grad_accum_steps, microbatches = accumulation(s.batch_size, s.micro_batch_size, s.grad_accum_steps,
+                                                  s.pipeline_microbatches, partitioner)
+    check_batch(s.batch_size, grad_accum_steps, partitioner)
+    config = resolve_model_config(s.model, mesh.shape["tensor"], restored)
     with as_user_error():
         config.check_lengths(lengths)
     step_config = step_fns.StepConfig(
-        grad_accum_steps=grad_accum_steps, z_loss=z_loss,
-        loss_scale=loss_scale if config.dtype == "float16" else None,
-        cross_entropy=cross_entropy, loss_chunk_size=loss_chunk_size,
-        offload_optimizer_state=offload_optimizer_state)
-    with as_user_error():
-        layer_stack = pipeline_stack(config, mesh.shape["stage"], pipeline_microbatches, pipeline_repeats,
-                                     batch_size // grad_accum_steps, partitioner.batch_shards,
-                                     partitioner.batch_macros)
-    if layer_stack is not None and config.matmul_dtype == "fp8":
-        raise UserError("model_config.matmul_dtype='fp8' does not run pipelined yet (the pipeline carries no FP8 "
-                        "state): set PIPELINE_PARALLEL=1, or drop matmul_dtype.")
-    lm = make_lm(config, layer_stack)
-    experiment = Experiment(config=config, lm=lm, partitioner=partitioner, optimizer=optimizer,
-                            step_config=step_config, batch_size=batch_size, lengths=lengths, seed=seed,
-                            on_nonfinite=on_nonfinite, abstract_state=None, shardings=None, rampup=rampup)
+        grad_accum_steps=grad_accum_steps, z_loss=s.z_loss, loss_scale=s.loss_scale if config.dtype == "float16" else
+        None, cross_entropy=s.cross_entropy, loss_chunk_size=s.loss_chunk_size,
+        offload_optimizer_state=s.offload_optimizer_state)
+    lm = make_lm(config, layer_stack_of(config, mesh, microbatches, s.pipeline_repeats,
+                                         s.batch_size // grad_accum_steps, partitioner))
+    experiment = Experiment(config=config, lm=lm, partitioner=partitioner,
+                            optimizer=optim.make_optimizer(s.optimizer, train_steps), step_config=step_config,
+                            batch_size=s.batch_size, lengths=lengths, seed=s.seed, on_nonfinite=s.on_nonfinite,
+                            abstract_state=None, shardings=None, rampup=rampup)
     with partitioner.activate():
-        offload = ("opt_state",) if offload_optimizer_state else ()
+        offload = ("opt_state",) if s.offload_optimizer_state else ()
         experiment.abstract_state, experiment.shardings = partitioner.abstract_and_shardings(
-            lambda: experiment._init(jax.random.PRNGKey(seed)), offload)
+            lambda: experiment._init(jax.random.PRNGKey(s.seed)), offload)
     if processes.is_primary():
         log_layout(experiment)
     return experiment
+
+
+def layer_stack_of(config: models.FamilyConfig, mesh: Mesh, microbatches: int, repeats: int, rows: int,
+                   partitioner: Partitioner) -> Callable | None:
+    """The pipelined layer stack of PIPELINE_PARALLEL > 1 (pipeline_stack), refusing FP8 under a pipeline."""
+    with as_user_error():
+        layer_stack = pipeline_stack(config, mesh.shape["stage"], microbatches, repeats, rows,
+                                     partitioner.batch_shards, partitioner.batch_macros)
+    if layer_stack is not None and config.matmul_dtype == "fp8":
+        raise UserError("model_config.matmul_dtype='fp8' does not run pipelined yet (the pipeline carries no FP8 "
+                        "state): set PIPELINE_PARALLEL=1, or drop matmul_dtype.")
+    return layer_stack
 
 
 def check_step_settings(on_nonfinite: str, batch_size: int, grad_accum_steps: int, loss_chunk_size: int,
@@ -254,23 +288,23 @@ def check_batch(batch_size: int, grad_accum_steps: int, partitioner: Partitioner
             "to derive GRAD_ACCUM_STEPS from the mesh.")
 
 
-def resolve_model_config(config: models.FamilyConfig, tensor: int, restored: models.FamilyConfig | None, *,
-                         adopt_architecture: bool = False, resuming: bool = False,
-                         adopt_family: bool = False) -> models.FamilyConfig:
+def resolve_model_config(config: models.FamilyConfig, tensor: int,
+                         start: Restored | None = None) -> models.FamilyConfig:
     """Pad the vocabulary to a multiple of 128 x tensor (the config's own multiple when it is one),
     unless a restored checkpoint fixes the padded size already (and it divides over the tensor axis).
-    A restored checkpoint must hold the same architecture; `adopt_architecture` (RESTORE_FROM: a run from a
-    checkpoint's parameters, and its resumes) takes the checkpoint's instead, keeping the run's own choices
-    (dtype, dropout, attention, remat, scan) and its head (HEAD_FIELDS: a classifier on a masked-LM
-    encoder); with `adopt_family` (the run file's model, not one the user chose) a checkpoint of another family
-    replaces it too, as `from_pretrained` does. A resumed checkpoint's (`resuming`) FP8 state needs the run's
+    The checkpoint a run starts from (`start`) must hold the same architecture; with `adopt_architecture`
+    (RESTORE_FROM: a run from a checkpoint's parameters, and its resumes) the model takes the checkpoint's instead,
+    keeping the run's own choices (dtype, dropout, attention, remat, scan) and its head (HEAD_FIELDS: a classifier
+    on a masked-LM encoder); with `adopt_family` (the run file's model, not one the user chose) a checkpoint of
+    another family replaces it too, as `from_pretrained` does. A resumed checkpoint's FP8 state needs the run's
     matmul dtype to be its own."""
     if config.vocab_pad_multiple % (128 * tensor):
         config = dataclasses.replace(config, vocab_pad_multiple=128 * tensor)
-    if restored is None:
+    if start is None:
         return config
-    check_family(restored, config, adopt_architecture=adopt_architecture, adopt_family=adopt_family)
-    if resuming and restored.matmul_dtype != config.matmul_dtype:
+    restored, adopt_architecture = start.config, start.adopt_architecture
+    check_family(restored, config, adopt_architecture=adopt_architecture, adopt_family=start.adopt_family)
+    if start.resuming and restored.matmul_dtype != config.matmul_dtype:
         raise UserError(f"MODEL_DIR's checkpoint was trained with model_config.matmul_dtype={restored.matmul_dtype!r} "
                         f"but the run sets {config.matmul_dtype!r}: the FP8 state does not carry over a resume; keep "
                         f"{restored.matmul_dtype!r}, or start a new MODEL_DIR from its parameters with RESTORE_FROM.")
@@ -319,11 +353,16 @@ def check_family(restored: models.FamilyConfig, config: models.FamilyConfig, *, 
                     f"family {restored.family!r}), or another MODEL_DIR.")
 
 
-def takes_checkpoint_architecture(resuming: bool, restore_from: str | None) -> bool:
-    """Whether the run's model takes its checkpoint's architecture: a new run from RESTORE_FROM's parameters, and
-    every resume of such a run (MODEL_DIR's checkpoint records the architecture the first run took), so an
-    interrupted or extended RESTORE_FROM run resumes with the command that started it."""
-    return not resuming or restore_from is not None
+def restored(config: models.FamilyConfig | None, *, resuming: bool, restore_from: str | None,
+             adopt_family: bool = False) -> Restored | None:
+    """The start of a run from a checkpoint's model `config` (None: a fresh run). Its model takes the checkpoint's
+    architecture in a new run from RESTORE_FROM's parameters and in every resume of such a run (MODEL_DIR's
+    checkpoint records the architecture the first run took), so an interrupted or extended RESTORE_FROM run resumes
+    with the command that started it; of another family too with `adopt_family`."""
+    if config is None:
+        return None
+    return Restored(config, adopt_architecture=not resuming or restore_from is not None, adopt_family=adopt_family,
+                    resuming=resuming)
 
 
 def pipeline_stack(config: models.FamilyConfig, stages: int, microbatches: int, repeats: int, rows: int,

@@ -5,6 +5,7 @@ peak), Noam's linear warmup then inverse square root, or T5's inverse square roo
 steps or as fractions of the run."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -114,11 +115,12 @@ def inverse_square_root(peak: float, warmup: int, decay: str, minimum: float | N
     return schedule
 
 
-def describe_schedule(*, learning_rate: float, warmup_steps: int | float, total_steps: int, decay: str = "cosine",
-                      decay_steps: int | float | None = None, min_learning_rate: float | None = None,
-                      min_learning_rate_ratio: float = 0.1, **_) -> str:
-    """make_optimizer's schedule in words, from its settings (as gin binds them) resolved by resolve_schedule:
-    the warmup in steps (and the fraction it came from), where the decay ends, and which floor applies."""
+def describe_schedule(settings: OptimizerSettings, total_steps: int) -> str:
+    """The schedule of `settings` over `total_steps` in words, resolved by resolve_schedule: the warmup in steps (and
+    the fraction it came from), where the decay ends, and which floor applies."""
+    learning_rate, warmup_steps, decay = settings.learning_rate, settings.warmup_steps, settings.decay
+    decay_steps, min_learning_rate = settings.decay_steps, settings.min_learning_rate
+    min_learning_rate_ratio = settings.min_learning_rate_ratio
     steps = resolve_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps, decay=decay,
                              min_ratio=min_learning_rate_ratio, decay_steps=decay_steps, minimum=min_learning_rate)
     given = f" (WARMUP_STEPS = {warmup_steps!r} of {steps.decay_end})" if isinstance(warmup_steps, float) else ""
@@ -164,56 +166,71 @@ def decay_mask(params: Any, *, embeddings: bool = False) -> Any:
     return jax.tree_util.tree_map_with_path(decayed, params)
 
 
-def make_optimizer(*, learning_rate: float, warmup_steps: int | float, total_steps: int, name: str = "adamw",
-                   decay: str = "cosine", decay_steps: int | float | None = None,
-                   min_learning_rate: float | None = None, min_learning_rate_ratio: float = 0.1, b1: float = 0.9,
-                   b2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1, decay_embeddings: bool = False,
-                   clip_grad_norm: float = 1.0, adafactor_decay_rate: float = 0.8) -> Optimizer:
-    """OPTIMIZER `name` behind global-norm clipping (0 disables clipping), following the learning-rate
-    schedule `decay` (learning_rate_schedule): WARMUP_STEPS and `decay_steps` in steps or as fractions,
-    and a floor of `min_learning_rate` (absolute, Megatron's --min-lr) when set, else of
-    min_learning_rate_ratio x LEARNING_RATE.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerSettings:
+    """The optimizer and its learning-rate schedule (gin: optim.make_optimizer.*): OPTIMIZER `name` behind
+    global-norm clipping (0 disables clipping), following the schedule `decay` (learning_rate_schedule): WARMUP_STEPS
+    and `decay_steps` in steps or as fractions, and a floor of `min_learning_rate` (absolute, Megatron's --min-lr)
+    when set, else of min_learning_rate_ratio x LEARNING_RATE. The schedule's length is the run's (TRAIN_STEPS).
 
-    'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only; `decay_embeddings`
-    decays the vocabulary tables too, as Megatron-LM does). 'adafactor': optax's,
-    with T5X's defaults — factored second moments for dimensions >= 128, decay rate 0.8, update
-    clipping at RMS 1.0, updates scaled by the parameter's RMS, no momentum, no weight decay — all per
-    layer (`per_layer`), so scanned and unrolled layers train alike."""
-    check_settings(name=name, learning_rate=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
-                   min_learning_rate_ratio=min_learning_rate_ratio, weight_decay=weight_decay,
-                   clip_grad_norm=clip_grad_norm, b1=b1, b2=b2, eps=eps, adafactor_decay_rate=adafactor_decay_rate)
-    schedule = learning_rate_schedule(peak=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
-                                      decay=decay, min_ratio=min_learning_rate_ratio, decay_steps=decay_steps,
-                                      minimum=min_learning_rate)
-    if name == "adamw":
-        update = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                             mask=functools.partial(decay_mask, embeddings=decay_embeddings))
+    'adamw': GPT-2/GPT-3 defaults (b1, b2, eps, weight_decay on matrices only; `decay_embeddings` decays the
+    vocabulary tables too, as Megatron-LM does). 'adafactor': optax's, with T5X's defaults — factored second
+    moments for dimensions >= 128, decay rate 0.8, update clipping at RMS 1.0, updates scaled by the parameter's
+    RMS, no momentum, no weight decay — all per layer (`per_layer`), so scanned and unrolled layers train alike."""
+
+    learning_rate: float
+    warmup_steps: int | float
+    name: str = "adamw"
+    decay: str = "cosine"
+    decay_steps: int | float | None = None
+    min_learning_rate: float | None = None
+    min_learning_rate_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_embeddings: bool = False
+    clip_grad_norm: float = 1.0
+    adafactor_decay_rate: float = 0.8
+
+
+def make_optimizer(settings: OptimizerSettings, total_steps: int) -> Optimizer:
+    """The optimizer `settings` describe, its schedule `total_steps` (TRAIN_STEPS) long."""
+    check_settings(settings, total_steps)
+    schedule = learning_rate_schedule(peak=settings.learning_rate, warmup_steps=settings.warmup_steps,
+                                      total_steps=total_steps, decay=settings.decay,
+                                      min_ratio=settings.min_learning_rate_ratio, decay_steps=settings.decay_steps,
+                                      minimum=settings.min_learning_rate)
+    if settings.name == "adamw":
+        update = optax.adamw(schedule, b1=settings.b1, b2=settings.b2, eps=settings.eps,
+                             weight_decay=settings.weight_decay,
+                             mask=functools.partial(decay_mask, embeddings=settings.decay_embeddings))
     else:
-        update = per_layer(optax.adafactor(schedule, decay_rate=adafactor_decay_rate, clipping_threshold=1.0,
+        update = per_layer(optax.adafactor(schedule, decay_rate=settings.adafactor_decay_rate, clipping_threshold=1.0,
                                            multiply_by_parameter_scale=True, factored=True))
-    clip = optax.clip_by_global_norm(clip_grad_norm) if clip_grad_norm > 0 else optax.identity()
+    clip = optax.clip_by_global_norm(settings.clip_grad_norm) if settings.clip_grad_norm > 0 else optax.identity()
     return Optimizer(optax.chain(clip, update), schedule)
 
 
-def check_settings(*, name, learning_rate, warmup_steps, total_steps, min_learning_rate_ratio, weight_decay,
-                   clip_grad_norm, b1, b2, eps, adafactor_decay_rate) -> None:
-    """make_optimizer's numbers in range, each refusal naming its gin setting."""
-    if name not in OPTIMIZERS:
-        raise UserError(f"OPTIMIZER={name!r} is unknown; choose one of {OPTIMIZERS}.")
-    checks.finite_float("LEARNING_RATE", learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
-    if learning_rate == 0:
+def check_settings(settings: OptimizerSettings, total_steps: int) -> None:
+    """The optimizer's numbers in range, each refusal naming its gin setting."""
+    if settings.name not in OPTIMIZERS:
+        raise UserError(f"OPTIMIZER={settings.name!r} is unknown; choose one of {OPTIMIZERS}.")
+    checks.finite_float("LEARNING_RATE", settings.learning_rate, minimum=0.0, fix="e.g. --gin.LEARNING_RATE=3e-4")
+    if settings.learning_rate == 0:
         logging.warning("LEARNING_RATE=0: every update is zero, so training leaves the parameters as they start "
                         "(weight decay too); set a positive LEARNING_RATE, e.g. --gin.LEARNING_RATE=3e-4")
-    if not isinstance(warmup_steps, float):
-        checks.non_negative_int("WARMUP_STEPS", warmup_steps, fix="or a fraction of the run such as 0.01")
+    if not isinstance(settings.warmup_steps, float):
+        checks.non_negative_int("WARMUP_STEPS", settings.warmup_steps, fix="or a fraction of the run such as 0.01")
     checks.non_negative_int("TRAIN_STEPS", total_steps)
-    checks.finite_float("optim.make_optimizer.min_learning_rate_ratio", min_learning_rate_ratio, minimum=0.0,
-                          maximum=1.0)
-    checks.finite_float("optim.make_optimizer.weight_decay", weight_decay, minimum=0.0)
-    checks.finite_float("optim.make_optimizer.clip_grad_norm", clip_grad_norm, minimum=0.0, fix="0 = no clipping")
-    for beta, value in (("b1", b1), ("b2", b2), ("adafactor_decay_rate", adafactor_decay_rate)):
-        checks.finite_float(f"optim.make_optimizer.{beta}", value, minimum=0.0, maximum=1.0)
-    checks.finite_float("optim.make_optimizer.eps", eps, minimum=0.0, exclusive_minimum=True)
+    checks.finite_float("optim.make_optimizer.min_learning_rate_ratio", settings.min_learning_rate_ratio,
+                        minimum=0.0, maximum=1.0)
+    checks.finite_float("optim.make_optimizer.weight_decay", settings.weight_decay, minimum=0.0)
+    checks.finite_float("optim.make_optimizer.clip_grad_norm", settings.clip_grad_norm, minimum=0.0,
+                        fix="0 = no clipping")
+    for beta in ("b1", "b2", "adafactor_decay_rate"):
+        checks.finite_float(f"optim.make_optimizer.{beta}", getattr(settings, beta), minimum=0.0, maximum=1.0)
+    checks.finite_float("optim.make_optimizer.eps", settings.eps, minimum=0.0, exclusive_minimum=True)
 
 
 def per_layer(inner: optax.GradientTransformation) -> optax.GradientTransformation:

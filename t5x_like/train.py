@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
     if printing:
         print(describe_run(settings), end="")
         return
-    result = train(run_settings=settings)
+    result = train(settings)
     if result.stopped_by_signal:
         sys.exit(128 + result.stopped_by_signal)
 

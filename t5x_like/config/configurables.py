@@ -1,27 +1,35 @@
-"""A run's configuration from gin: the library functions run files configure (registered here; the front-end's
-register_configurables imports this module), the model config (`model_config`), the checks of the data settings
-that need no data, and build_experiment on a mesh other than the one the run files describe (compile's)."""
+"""A run's configuration from gin: the settings run files configure, each registered under the name run files
+write (`train.*`, `build_experiment.*`, `data.make_source.*`, `optim.make_optimizer.*`, `partitioning.make_mesh.*`,
+`trainer.LossScaleConfig.*`, `lm_eval_during_training.*`; importing this module registers them), the model config
+(`model_config`), and the checks of the data settings that need no data. Calling a registered name gives its typed
+settings, which the rooms below take as arguments."""
 from __future__ import annotations
 
 import gin
-from jax.sharding import Mesh
 
 import configs
 import models
-from partitioning import make_mesh
+from partitioning import MeshShape
 from t5x_like import checks, data, optim, step_fns
 from t5x_like.checkpoint import store
-from t5x_like.cluster import agreement, peers
 from t5x_like.config import bindings
 from t5x_like.data import loader
 from t5x_like.errors import UserError
-from t5x_like.experiment import Experiment, build_experiment
+from t5x_like.eval.harness.during_training import LmEvalDuringTraining
+from t5x_like.experiment import ExperimentSettings
 from t5x_like.lm import check_objective
+from t5x_like.run.settings import LoopSettings
 
-gin.external_configurable(make_mesh, module="partitioning")
-gin.external_configurable(optim.make_optimizer, module="optim")
+mesh_shape = gin.external_configurable(MeshShape, name="make_mesh", module="partitioning")
+optimizer_settings = gin.external_configurable(optim.OptimizerSettings, name="make_optimizer", module="optim")
 gin.external_configurable(step_fns.LossScaleConfig, module="trainer")
-make_source = gin.external_configurable(data.make_source, module="data", denylist=["rampup", "pair_ends"])  # train() gives them
+source_settings = gin.external_configurable(data.SourceSettings, name="make_source", module="data")
+experiment_settings = gin.external_configurable(ExperimentSettings, name="build_experiment")
+loop_settings = gin.external_configurable(LoopSettings, name="train")
+lm_eval_settings = gin.external_configurable(LmEvalDuringTraining, name="lm_eval_during_training")
+ROOTS = ("train", "data.make_source", "build_experiment")
+"""The settings a run reads, in the order --print_config and operative_config.gin list them (with what they
+reference: model_config, partitioning.make_mesh, optim.make_optimizer, trainer.LossScaleConfig)."""
 
 
 @gin.configurable
@@ -49,23 +57,23 @@ def model_config(preset: str = gin.REQUIRED, *, vocab_from_tokenizer: bool = Fal
     if negative:
         raise UserError(f"model_config (preset {preset!r}, overrides {overrides}): {negative} must not be negative; "
                         "fix model_config.overrides.")
-    check_objective(config, bindings.bound(make_source, "objective").get("objective", "causal_lm"))
+    check_objective(config, source_settings().objective)
     return config
 
 
 def run_vocab_size() -> int:
     """The vocabulary size of the tokenizer data.make_source's bindings select."""
-    bound = bindings.bound(make_source)
-    return data.tokenizer_vocab_size(data_path=bound.get("data_path"), tokenizer=bound.get("tokenizer"),
-                                     tfds_name=bound.get("tfds_name"), objective=bound.get("objective", "causal_lm"))
+    source = source_settings()
+    return data.tokenizer_vocab_size(data_path=source.data_path, tokenizer=source.tokenizer,
+                                     tfds_name=source.options.get("tfds_name"), objective=source.objective)
 
 
-def check_data_settings(settings: dict) -> None:
+def check_data_settings(source: data.SourceSettings) -> None:
     """What --print_config can check of the data settings without opening the data (training checks the rest)."""
-    loader.split_documents(settings["data_split"], 1000, "train", "DATA_SPLIT")
-    if not isinstance(settings["packing"], bool):
-        raise UserError(f"PACKING={settings['packing']!r}: expected True or False (no quotes).")
-    paths, weights = settings.get("data_path"), settings.get("blend_weights")
+    loader.split_documents(source.data_split, 1000, "train", "DATA_SPLIT")
+    if not isinstance(source.packing, bool):
+        raise UserError(f"PACKING={source.packing!r}: expected True or False (no quotes).")
+    paths, weights = source.data_path, source.blend_weights
     count = len(paths) if isinstance(paths, (list, tuple)) else 1 if paths else 0
     if weights is not None and (not isinstance(weights, (list, tuple)) or len(weights) != count):
         raise UserError(f"BLEND_WEIGHTS={weights!r}: give one weight per DATA_PATH prefix ({count} given), or leave "
@@ -85,19 +93,3 @@ def has_checkpoint(model_dir: str) -> bool:
 def restored_config(checkpoint: str) -> models.FamilyConfig:
     """The model config a checkpoint (MODEL_DIR or step directory) records."""
     return models.config_from_dict(store.read_model_info(checkpoint)["config"])
-
-
-def agree_on_settings(latest: int | None) -> None:
-    """Several processes: each one's settings, data files and checkpoint step must be process 0's."""
-    if not peers.active():
-        return
-    bound = bindings.bound(make_source)
-    agreement.agree(agreement.run_facts(latest, [bound.get("data_path"), bound.get("tokenizer")],
-                                        bindings.every_binding()))
-
-
-def experiment_on(mesh: Mesh) -> Experiment:
-    """build_experiment() as the run files set it up, over `mesh` (compile's target devices) instead of the mesh
-    they build on this machine's devices."""
-    bindings.rebind("build_experiment.mesh", mesh)  # gin evaluates every binding of a call, even one passed
-    return build_experiment()

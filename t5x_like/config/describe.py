@@ -7,17 +7,13 @@ import dataclasses
 import jax
 
 import models
-from partitioning import PartitioningError, make_mesh
+from partitioning import PartitioningError
 from t5x_like import data, experiment, optim
 from t5x_like.config import bindings
-from t5x_like.config.configurables import (check_data_settings, has_checkpoint, make_source, restored_config,
-                                           run_vocab_size)
-from t5x_like.config.settings import RunSettings
+from t5x_like.config.configurables import check_data_settings, has_checkpoint, restored_config, run_vocab_size
 from t5x_like.errors import UserError
-from t5x_like.experiment import build_experiment
 from t5x_like.lm import make_lm
-from t5x_like.run.loop import adopts_family, check_model_dir, check_settings, train
-
+from t5x_like.run.settings import RunSettings, check_model_dir
 
 UNSET_EXAMPLES = {"MODEL_DIR": "runs/NAME", "DATA_PATH": "data/NAME_text_document"}
 
@@ -28,18 +24,18 @@ def describe_run(settings: RunSettings) -> str:
     if any, and writes nothing. MODEL_DIR may be None (unset). A mesh this machine's devices cannot hold (a pod's
     configuration on a workstation) is reported, not checked. The data is not opened: with DATA_PATH unset, EPOCHS
     leaves TRAIN_STEPS to training."""
-    bound = bindings.arguments(train)
-    uncounted = bound["train_steps"] is None and bindings.macro("EPOCHS") is not None
-    check_settings(**(dict(bound, train_steps=0, checkpoint_every=1, eval_every=0) if uncounted else bound))
-    check_data_settings(bindings.arguments(make_source))
-    model_dir, restore_from = bound["model_dir"], bound.get("restore_from")
-    if model_dir is not None:
-        check_model_dir(model_dir)
-    resuming = model_dir is not None and has_checkpoint(model_dir)
-    restored_from = model_dir if resuming else restore_from
-    restored = restored_config(restored_from) if restored_from else None
-    config, lines = assembled(settings.mesh_sizes, restored, resuming, restore_from, adopts_family(settings))
-    lines.insert(2, vocabulary_line(config.vocab_size, settings.unset))
+    loop = settings.loop
+    uncounted = loop.train_steps is None and bindings.macro("EPOCHS") is not None
+    (dataclasses.replace(loop, train_steps=0, checkpoint_every=1, eval_every=0) if uncounted else loop).check()
+    check_data_settings(settings.source)
+    if loop.model_dir is not None:
+        check_model_dir(loop.model_dir)
+    resuming = loop.model_dir is not None and has_checkpoint(loop.model_dir)
+    restored_from = loop.model_dir if resuming else loop.restore_from
+    start = experiment.restored(restored_config(restored_from) if restored_from else None, resuming=resuming,
+                                restore_from=loop.restore_from, adopt_family=not settings.model_chosen)
+    config, lines = assembled(settings, start)
+    lines.insert(2, vocabulary_line(config.vocab_size, settings))
     if restored_from:
         lines.append(f"#   {'resumes from' if resuming else 'parameters from'} {restored_from}")
     lines += [f"#   {name} unset: training needs it (--gin.{name}=\"'{UNSET_EXAMPLES.get(name, '...')}'\")"
@@ -47,28 +43,24 @@ def describe_run(settings: RunSettings) -> str:
     lines.append("#   resolved model config (preset, model_config choices and overrides merged):")
     lines += [f"#     {k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
     schedule = (f"EPOCHS={bindings.macro('EPOCHS')} passes, whose steps training counts from the data" if uncounted
-                else optim.describe_schedule(**bindings.arguments(optim.make_optimizer)))
+                else optim.describe_schedule(settings.experiment.optimizer, loop.train_steps))
     lines.append(f"# Schedule: {schedule}")
     return settings.operative_config + "\n" + "\n".join(lines) + "\n"
 
 
-def assembled(mesh_sizes: dict, restored: models.FamilyConfig | None, resuming: bool, restore_from: str | None,
-              adopt_family: bool) -> tuple[models.FamilyConfig, list[str]]:
+def assembled(settings: RunSettings, start: experiment.Restored | None) -> tuple[models.FamilyConfig, list[str]]:
     """The run's model config, and the lines on its model, mesh and batch: the experiment assembled as train()
-    assembles it (`adopt_family`: loop.adopts_family), or, for a mesh this machine cannot hold, the model alone."""
-    adopt = experiment.takes_checkpoint_architecture(resuming, restore_from)
+    assembles it, or, for a mesh this machine cannot hold, the model alone."""
+    shape = settings.experiment.mesh
     try:
-        mesh = make_mesh(**mesh_sizes)
+        mesh = shape.build()
     except PartitioningError as e:
-        model = bindings.bound("build_experiment", "model")["model"]
-        config = experiment.resolve_model_config(model, max(mesh_sizes.get("tensor", 1), 1), restored,
-                                                 resuming=resuming, adopt_architecture=adopt,
-                                                 adopt_family=adopt_family)
+        config = experiment.resolve_model_config(settings.experiment.model, max(shape.tensor, 1), start)
         return config, [f"# Model: {config.summary()}", f"#   {make_lm(config).num_params():,} parameters",
                         f"#   mesh not checked on this machine's {jax.device_count()} devices ({e}); "
                         "`python -m t5x_like.compile --topology=...` checks it for the target"]
-    exp = build_experiment(mesh=mesh, restored=restored, resuming=resuming, adopt_architecture=adopt,
-                           adopt_family=adopt_family)
+    exp = experiment.build_experiment(settings.experiment, train_steps=settings.loop.train_steps or 0,
+                                      restored=start, mesh=mesh)
     accumulated = exp.step_config.grad_accum_steps
     return exp.config, [f"# Model: {exp.config.summary()}", f"#   {exp.num_params:,} parameters",
                         f"#   mesh {dict(mesh.shape)}, rules {exp.partitioner.rules.name!r}",
@@ -77,16 +69,15 @@ def assembled(mesh_sizes: dict, restored: models.FamilyConfig | None, resuming: 
                         f"{exp.partitioner.batch_shards} data-parallel shards"]
 
 
-def vocabulary_line(model_vocab_size: int, unset: tuple[str, ...]) -> str:
+def vocabulary_line(model_vocab_size: int, settings: RunSettings) -> str:
     """The data's vocabulary against the model's, refused as training refuses it when the model's is smaller; read
     from TOKENIZER, or from the tokenizer the token files' P.json names (no data is read). Data this machine cannot
-    read (a cluster's paths), or left unset (`unset`: the macros --print_config leaves None), is reported, not
-    checked."""
-    if unset_data := [name for name in unset if name != "MODEL_DIR"]:
+    read (a cluster's paths), or left unset (the macros --print_config leaves None), is reported, not checked."""
+    if unset_data := [name for name in settings.unset if name != "MODEL_DIR"]:
         return f"#   vocabulary not checked against the data's tokenizer: {', '.join(unset_data)} unset"
-    settings = bindings.bound(make_source)
-    tokenizer = settings.get("tokenizer") or (f"the one DATA_PATH={settings['data_path']!r} was made with"
-                                              if settings.get("data_path") else "the builtin corpus's")
+    source = settings.source
+    tokenizer = source.tokenizer or (f"the one DATA_PATH={source.data_path!r} was made with"
+                                     if source.data_path else "the builtin corpus's")
     try:
         size = run_vocab_size()
     except UserError as e:

@@ -22,9 +22,10 @@ from gin import config as gin_config
 from gin import config_parser
 
 from t5x_like.config import bindings as gin_bindings
-from t5x_like.config.settings import RunSettings, read_data_settings, read_run_settings
+from t5x_like.config.settings import read_batches, read_run_settings
 from t5x_like.errors import USER_ERRORS, UserError
 from t5x_like.run import epochs
+from t5x_like.run.settings import RunSettings
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gin")
 """The run files of a checkout (gin/); an installed package finds them in INSTALLED_GIN_DIR."""
@@ -290,12 +291,6 @@ def plain_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 # ---------------------------------------------------------------- a run's configuration
 
 
-def register_configurables() -> None:
-    """Register with gin every function run files bind (configurables.py's, build_experiment, lm_eval_during_training
-    and train(), which run/loop.py's imports bring), so any command can parse a run file."""
-    from t5x_like.run import loop  # noqa: F401 (importing it registers them)
-
-
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *, printing: bool = False
               ) -> RunSettings:
     """Load gin files (bare names resolve in gin/), then apply bindings (model_config.overrides merge
@@ -303,7 +298,6 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str], *,
     unset is an error, except, when `printing` (`train --print_config`), MODEL_DIR and the data's macros, which
     become None (EPOCHS is then not counted: TRAIN_STEPS waits for the data). Returns the run's settings, resolved
     once here for the command to pass down."""
-    register_configurables()
     for path in [*search_paths, os.getcwd(), GIN_DIR, INSTALLED_GIN_DIR]:
         gin.add_config_file_search_path(path)
     if not files:
@@ -357,7 +351,7 @@ def resolve_epochs(counted: bool = True) -> None:
         for name in ("TRAIN_STEPS", "CHECKPOINT_EVERY", "EVAL_EVERY"):
             gin_bindings.bind_macro(name, None)
         return
-    steps = epochs.steps_per_pass(count, read_data_settings())
+    steps = epochs.steps_per_pass(count, read_batches())
     gin_bindings.bind_macro("TRAIN_STEPS", count * steps)
     gin_bindings.bind_macro("CHECKPOINT_EVERY", steps)
     if gin_bindings.macro("EVAL_EVERY"):

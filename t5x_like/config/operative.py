@@ -1,14 +1,15 @@
 """The operative configuration: every parameter a run uses, defaults included, as gin text.
 
 gin's own `operative_config_str()` lists only what has run and `config_str()` only what the files bind;
-`operative_config_str` here walks the configurables a root configurable (`train`) reaches through its bindings and
-defaults, so it can be printed (--print_config) and recorded (MODEL_DIR/operative_config.gin) before anything runs.
+`operative_config_str` here walks the configurables the roots (a run's settings: `train`, `data.make_source`,
+`build_experiment`) reach through their bindings and defaults, so it can be printed (--print_config) and recorded
+(MODEL_DIR/operative_config.gin) before anything runs.
 gin has no public API for its registry, so this reads `gin.config._REGISTRY`."""
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import gin
 from gin import config as gin_config
@@ -16,13 +17,13 @@ from gin import config as gin_config
 from t5x_like.config import bindings
 
 
-def operative_config_str(root: str) -> str:
-    """Gin text for every macro and every parameter of each configurable `root` reaches (through
-    bound references, configurable defaults and default instances of configurable classes), bound
-    or default; parameters the caller supplies at call time (no default, not bound) are left out."""
+def operative_config_str(roots: Sequence[str]) -> str:
+    """Gin text for every macro and every parameter of each configurable in `roots` and what they reach (through
+    bound references, configurable defaults and default instances of configurable classes), bound or default;
+    parameters without a default and not bound are left out."""
     lines = ["# Macros"]
     lines += [f"{name} = {_format(value)}" for name, value in sorted(bindings.macro_values().items())]
-    for configurable in _reachable(root):
+    for configurable in _reachable(roots):
         short = _short_name(configurable)
         lines += ["", f"# {short}"]
         for name, value in _parameters(configurable):
@@ -30,9 +31,9 @@ def operative_config_str(root: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _reachable(root: str) -> Iterator[gin_config.Configurable]:
+def _reachable(roots: Sequence[str]) -> Iterator[gin_config.Configurable]:
     seen: set[str] = set()
-    queue = [gin_config._REGISTRY.get_match(root)]
+    queue = [gin_config._REGISTRY.get_match(root) for root in roots]
     while queue:
         configurable = queue.pop(0)
         if configurable is None or configurable.selector in seen:

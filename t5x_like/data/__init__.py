@@ -16,6 +16,7 @@ _EXPORTS = {
     "BatchSource": "t5x_like.data.loader",
     "check_model_vocabulary": "t5x_like.data.sources",
     "make_source": "t5x_like.data.sources",
+    "SourceSettings": "t5x_like.data.sources",
     "open_token_file": "t5x_like.data.token_file",
     "Tokenizer": "t5x_like.data.tokenizer",
     "load_tokenizer": "t5x_like.data.tokenizer",

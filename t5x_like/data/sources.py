@@ -2,8 +2,10 @@
 objective's module in t5x_like/data/objectives/ makes them from a SourceRequest and its own settings)."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from t5x_like.data.loader import BatchSource
 from t5x_like.data.objectives import objective as objective_module
@@ -11,6 +13,36 @@ from t5x_like.data.objectives.common import SourceRequest
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.errors import UserError
 from t5x_like.features import PairEnds
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class SourceSettings:
+    """What a run's data is read with (gin: data.make_source.*): OBJECTIVE, DATA_PATH, BLEND_WEIGHTS, TOKENIZER,
+    DATA_SPLIT, PACKING, the loader's worker processes, and the objective's own settings (`options`: span
+    corruption's noise_density, masked-LM's mask_rate, classification's labels, causal-LM's tfds_name, ...), which
+    make_source takes as `arguments()`."""
+
+    objective: str
+    data_path: str | list[str] | dict | None
+    blend_weights: list[float] | None
+    tokenizer: str | None
+    data_split: str
+    packing: bool
+    worker_count: int
+    options: Mapping[str, Any]
+
+    def __init__(self, *, objective: str = "causal_lm", data_path: str | list[str] | dict | None = None,
+                 blend_weights: list[float] | None = None, tokenizer: str | None = None, data_split: str = "949,50,1",
+                 packing: bool = False, worker_count: int = 0, **options):
+        values = dict(objective=objective, data_path=data_path, blend_weights=blend_weights, tokenizer=tokenizer,
+                      data_split=data_split, packing=packing, worker_count=worker_count, options=options)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def arguments(self) -> dict[str, Any]:
+        """make_source's data arguments (every objective's and this objective's own)."""
+        shared = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "options"}
+        return {**shared, **self.options}
 
 
 def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,

@@ -8,7 +8,6 @@ from typing import Callable, Sequence
 
 from t5x_like.checkpoint import storage, store
 from t5x_like.cluster import processes
-from t5x_like.config.settings import RunSettings
 from t5x_like.run import lock
 
 
@@ -53,11 +52,10 @@ def no_empty_folders_after_failure(model_dir: str) -> Callable[..., None]:
     return on_exit
 
 
-def write_config(model_dir: str, step: int, settings: RunSettings | None) -> None:
-    """MODEL_DIR/config.gin: the validated run's config (config.<step>.gin keeps each start's), and
-    operative_config.gin: every setting, defaults included; both empty for a run without a gin configuration
-    (train() called from Python without `run_settings`)."""
-    config, operative = (settings.config_text, settings.operative_config) if settings else ("", "")
+def write_config(model_dir: str, step: int, config: str, operative: str) -> None:
+    """MODEL_DIR/config.gin: the validated run's config (`config`; config.<step>.gin keeps each start's), and
+    operative_config.gin: every setting, defaults included (`operative`); both empty for a run without a gin
+    configuration (train() called from Python)."""
     texts = {"config.gin": config, f"config.{step}.gin": config, "operative_config.gin": operative}
     for name, text in texts.items():
         path = os.path.join(model_dir, name)

@@ -11,16 +11,29 @@ up).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Mapping
 
 from absl import logging
 
 from t5x_like import checks, data
-from t5x_like.config.settings import DataSettings
 from t5x_like.errors import UserError
 
 
-def steps_per_pass(epochs: int, settings: DataSettings) -> int:
+@dataclasses.dataclass(frozen=True)
+class Batches:
+    """What a pass's steps are counted with: the data's settings, BATCH_SIZE rows of FEATURE_LENGTHS, SEED, and
+    BATCH_SIZE_RAMPUP (which EPOCHS refuses)."""
+
+    source: data.SourceSettings
+    batch_size: int
+    feature_lengths: Mapping[str, int]
+    seed: int
+    batch_size_rampup: tuple[int, int, int] | None = None
+
+
+def steps_per_pass(epochs: int, settings: Batches) -> int:
     """The steps of one pass over the training split `settings` read, for a run of `epochs` passes (checked)."""
     checks.positive_int("EPOCHS", epochs, fix="or None to count the run in TRAIN_STEPS")
     if settings.batch_size_rampup is not None:
@@ -37,10 +50,10 @@ def steps_per_pass(epochs: int, settings: DataSettings) -> int:
     return steps
 
 
-def training_rows(settings: DataSettings) -> int:
+def training_rows(settings: Batches) -> int:
     """The rows of one pass over the training split, as data.make_source reads them."""
     source = data.make_source("train", batch_size=settings.batch_size, feature_lengths=dict(settings.feature_lengths),
-                              seed=settings.seed, shard_index=0, shard_count=1, **settings.source)
+                              seed=settings.seed, shard_index=0, shard_count=1, **settings.source.arguments())
     try:
         rows = getattr(source, "rows_per_epoch", None)
     finally:

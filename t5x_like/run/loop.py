@@ -7,26 +7,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
-import gin
 import jax
 from absl import logging
 
 import models
-from t5x_like import checks, metrics, step_fns
+from t5x_like import metrics, step_fns
 from t5x_like.checkpoint import store
-from t5x_like.cluster import processes
-from t5x_like.config import configurables
-from t5x_like.config.configurables import make_source
-from t5x_like.config.settings import RunSettings
-from t5x_like.data import check_model_vocabulary, load_tokenizer
+from t5x_like.cluster import agreement, peers, processes
+from t5x_like.data import check_model_vocabulary, load_tokenizer, make_source
 from t5x_like.errors import UserError
 from t5x_like.eval.harness import during_training
-from t5x_like.experiment import Experiment, build_experiment, takes_checkpoint_architecture
+from t5x_like.experiment import Experiment, build_experiment, restored
 from t5x_like.run import directory, nonfinite, resume, saving, stopping, validation
+from t5x_like.run.settings import RunSettings, check_model_dir
 
 
 @dataclasses.dataclass
@@ -35,59 +33,48 @@ class TrainResult:
     stopped_by_signal: int | None = None
 
 
-@gin.configurable(denylist=["data_source", "experiment", "run_settings"])
-def train(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, checkpoint_every: int = 1000,
-          keep_checkpoints: int | None = 3, save_steps: Sequence[int] = (), eval_every: int = 0, eval_steps: int = 20,
-          restore_from: str | None = None, log_every: int = 10, tensorboard_dir: str | None = None,
-          on_corrupt_checkpoint: str = "fallback", nonfinite_in_a_row: int = 5, restart_data: bool = False,
-          data_source: Callable = make_source, experiment: Callable[..., Experiment] = build_experiment,
-          run_settings: RunSettings | None = None) -> TrainResult:
-    """Train for `train_steps` steps, resuming from MODEL_DIR's newest intact checkpoint. `experiment`
-    assembles the run (gin binds build_experiment's arguments); it is called with the restored model config.
+def train(settings: RunSettings, *, data_source: Callable | None = None) -> TrainResult:
+    """Train the run `settings` describe for TRAIN_STEPS steps on MODEL_DIR, resuming from its newest intact
+    checkpoint (run/settings.py's LoopSettings say what it saves, validates and does when something fails).
+    `data_source`: what makes the batches of a split (default: data.make_source with the run's data settings;
+    tests give synthetic ones).
 
-    Checkpoints every `checkpoint_every` steps and at `save_steps` (Pythia's log-spaced ones; 0 saves the
-    initial state), keeping the newest `keep_checkpoints` (None: every one) and every save step. TensorBoard's
-    events go to `tensorboard_dir` (default MODEL_DIR/tensorboard; Megatron's --tensorboard-dir).
-
-    A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop'
-    stops the run, nothing of that step saved; 'skip' goes on, and stops after `nonfinite_in_a_row` such steps
-    in a row: the state itself is bad). A stop sets aside the checkpoints holding the state that gave the
-    non-finite loss or gradients, so a restart resumes from an earlier one. `on_corrupt_checkpoint`: a damaged
-    checkpoint is skipped for the previous one ('fallback', logged loudly) or stops the run ('stop').
-    A resume continues the data where the checkpoint left it (at the next unseen row when BATCH_SIZE changed)
-    and refuses data other than the checkpoint's; `restart_data` starts the data over instead. `run_settings`: the
-    settings the gin front-end resolved (its config texts go to MODEL_DIR/config.gin and operative_config.gin)."""
-    settings = dict(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
-                    eval_every=eval_every, log_every=log_every, nonfinite_in_a_row=nonfinite_in_a_row,
-                    save_steps=save_steps, tensorboard_dir=tensorboard_dir)
-    check_settings(**settings, keep_checkpoints=keep_checkpoints, eval_steps=eval_steps, restore_from=restore_from,
-                   on_corrupt_checkpoint=on_corrupt_checkpoint)
-    check_model_dir(model_dir)
+    A step with a non-finite loss or gradients is never applied (build_experiment.on_nonfinite: 'stop' stops the
+    run, nothing of that step saved; 'skip' goes on, and stops after `nonfinite_in_a_row` such steps in a row: the
+    state itself is bad). A stop sets aside the checkpoints holding the state that gave the non-finite loss or
+    gradients, so a restart resumes from an earlier one. A resume continues the data where the checkpoint left it
+    (at the next unseen row when BATCH_SIZE changed). MODEL_DIR/config.gin and operative_config.gin record the
+    settings' configuration texts."""
+    loop = settings.loop
+    loop.check()
+    check_model_dir(loop.model_dir)
+    data_source = data_source or functools.partial(make_source, **settings.source.arguments())
     with contextlib.ExitStack() as run:
-        ckpt = directory.open_model_dir(run, model_dir, keep_checkpoints, save_steps)
+        ckpt = directory.open_model_dir(run, loop.model_dir, loop.keep_checkpoints, loop.save_steps)
         latest = ckpt.latest_step()
-        if latest is not None and latest >= train_steps and ckpt.intact(latest):
-            configurables.agree_on_settings(latest)
-            return finished_run(ckpt, latest, train_steps, model_dir)
-        stored = resume.stored_model_info(ckpt, latest, restore_from)
-        exp = experiment(restored=models.config_from_dict(stored["config"]) if stored else None,
-                         adopt_architecture=takes_checkpoint_architecture(latest is not None, restore_from),
-                         resuming=latest is not None, adopt_family=adopts_family(run_settings))
+        if latest is not None and latest >= loop.train_steps and ckpt.intact(latest):
+            agree_on_settings(settings, latest)
+            return finished_run(ckpt, latest, loop.train_steps, loop.model_dir)
+        stored = resume.stored_model_info(ckpt, latest, loop.restore_from)
+        exp = build_experiment(settings.experiment, train_steps=loop.train_steps, restored=restored(
+            models.config_from_dict(stored["config"]) if stored else None, resuming=latest is not None,
+            restore_from=loop.restore_from, adopt_family=not settings.model_chosen))
         source = open_source(run, data_source, "train", exp)
-        validating = open_validation(run, data_source, exp, eval_steps) if eval_every else None
-        configurables.agree_on_settings(latest)  # before the first collective: a process that failed or differs stops all
+        validating = open_validation(run, data_source, exp, loop.eval_steps) if loop.eval_every else None
+        agree_on_settings(settings, latest)  # before the first collective: a process that failed or differs stops all
         target = exp.sharded_abstract_state()  # a resumed state is read straight into its shardings
         run.enter_context(exp.partitioner.activate())
         state = resume.starting_state(ckpt, exp, target, source, resuming=latest is not None, stored=stored,
-                                      restore_from=restore_from, on_corrupt=on_corrupt_checkpoint,
-                                      restart_data=restart_data, train_steps=train_steps)
-        return Loop(run, exp, ckpt, source, validating, state, run_settings=run_settings, **settings).run(state)
+                                      restore_from=loop.restore_from, on_corrupt=loop.on_corrupt_checkpoint,
+                                      restart_data=loop.restart_data, train_steps=loop.train_steps)
+        return Loop(run, exp, ckpt, source, validating, state, settings).run(state)
 
 
-def adopts_family(run_settings: RunSettings | None) -> bool:
-    """Whether a RESTORE_FROM checkpoint of another family replaces the run's model: when the model is the run
-    file's own (train from the command line, with no model chosen after the run file)."""
-    return run_settings is not None and not run_settings.model_chosen
+def agree_on_settings(settings: RunSettings, latest: int | None) -> None:
+    """Several processes: each one's settings, data files and checkpoint step must be process 0's."""
+    if peers.active():
+        agreement.agree(agreement.run_facts(latest, [settings.source.data_path, settings.source.tokenizer],
+                                            settings.bindings))
 
 
 class Loop:
@@ -95,29 +82,28 @@ class Loop:
     checkpoints and validation at their intervals, until TRAIN_STEPS or a signal every process agrees on."""
 
     def __init__(self, run: contextlib.ExitStack, exp: Experiment, ckpt: store.Checkpointer, source,
-                 validating, state: step_fns.TrainState, *, model_dir: str, train_steps: int, checkpoint_every: int,
-                 eval_every: int, log_every: int, nonfinite_in_a_row: int, save_steps: tuple[int, ...] = (),
-                 tensorboard_dir: str | None = None, run_settings: RunSettings | None = None):
+                 validating, state: step_fns.TrainState, settings: RunSettings):
+        loop = settings.loop
         self.exp, self.ckpt, self.source, self.validating = exp, ckpt, source, validating
-        self.model_dir, self.train_steps, self.log_every = model_dir, train_steps, log_every
-        self.eval_every = eval_every
+        self.model_dir, self.train_steps, self.log_every = loop.model_dir, loop.train_steps, loop.log_every
+        self.eval_every = loop.eval_every
         self.primary = processes.is_primary()
         if self.primary:
-            directory.write_config(model_dir, int(state.step), run_settings)
+            directory.write_config(loop.model_dir, int(state.step), settings.config_text, settings.operative_config)
         model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": resume.tokenizer_record(source),
-                      "train_steps": train_steps}
-        self.saves = saving.Saves(ckpt, source, model_info, exp.optimizer, checkpoint_every=checkpoint_every,
-                                  save_steps=save_steps)
-        self.writer = metrics.MetricsWriter(model_dir, enabled=self.primary, start_step=int(state.step),
-                                            tensorboard_dir=tensorboard_dir)
+                      "train_steps": loop.train_steps}
+        self.saves = saving.Saves(ckpt, source, model_info, exp.optimizer, checkpoint_every=loop.checkpoint_every,
+                                  save_steps=loop.save_steps)
+        self.writer = metrics.MetricsWriter(loop.model_dir, enabled=self.primary, start_step=int(state.step),
+                                            tensorboard_dir=loop.tensorboard_dir)
         run.callback(self.writer.close)
-        self.lm_eval = lm_eval_evaluator(exp, source)
+        self.lm_eval = lm_eval_evaluator(settings.lm_eval, exp, source)
         self.throughput = metrics.Throughput(
             rows_per_step=exp.batch_size, tokens_per_step=exp.tokens_per_step, flops_per_step=exp.flops_per_step,
             num_devices=jax.device_count(), peak=metrics.peak_tflops(jax.devices()[0].device_kind))
         self.stop = stopping.StopSignal()
         run.callback(self.stop.restore)
-        self.check = nonfinite.NonfiniteCheck(state.params, exp.on_nonfinite, nonfinite_in_a_row,
+        self.check = nonfinite.NonfiniteCheck(state.params, exp.on_nonfinite, loop.nonfinite_in_a_row,
                                               exp.step_config.loss_scale)
         run.push(nonfinite.set_aside_bad_states(ckpt))
         run.callback(ckpt.wait)  # runs first: a started save completes even when a step fails
@@ -199,10 +185,10 @@ class Loop:
         self.throughput.reset()
 
 
-def lm_eval_evaluator(exp: Experiment, source) -> during_training.TrainingEvaluator | None:
-    """The lm-eval tasks of gin's lm_eval_during_training on this run's model and tokenizer (loaded once, now);
-    None when no tasks are set."""
-    settings = during_training.LmEvalDuringTraining()
+def lm_eval_evaluator(settings: during_training.LmEvalDuringTraining, exp: Experiment,
+                      source) -> during_training.TrainingEvaluator | None:
+    """The lm-eval tasks of `settings` (lm_eval_during_training.*) on this run's model and tokenizer (loaded once,
+    now); None when no tasks are set."""
     settings.check()
     if not settings.enabled:
         return None
@@ -217,46 +203,6 @@ def open_validation(run: contextlib.ExitStack, data_source: Callable, exp: Exper
     """(the validation split's source, the batches each evaluation reads)."""
     source = open_source(run, data_source, "validation", exp)
     return source, validation.validation_batches(source, eval_steps)
-
-
-def check_settings(*, train_steps, checkpoint_every, keep_checkpoints, eval_every, eval_steps, restore_from,
-                   log_every, on_corrupt_checkpoint, nonfinite_in_a_row, save_steps=(), tensorboard_dir=None,
-                   **_) -> None:
-    """train()'s settings other than MODEL_DIR in range: run by train() and by --print_config, which needs no
-    MODEL_DIR (check_model_dir checks it when there is one)."""
-    checks.non_negative_int("TRAIN_STEPS", train_steps)
-    checks.positive_int("CHECKPOINT_EVERY", checkpoint_every)
-    if keep_checkpoints is not None:
-        checks.positive_int("train.keep_checkpoints", keep_checkpoints, fix="or None to keep every checkpoint")
-    if isinstance(save_steps, (str, int)):
-        raise UserError(f"train.save_steps={save_steps!r}: expected a list of steps, e.g. [0, 1, 2, 4, 8].")
-    for step in save_steps:
-        checks.non_negative_int("train.save_steps", step, fix="a list of steps, e.g. [0, 1, 2, 4, 8]")
-    if tensorboard_dir is not None:
-        if not isinstance(tensorboard_dir, str) or not tensorboard_dir.strip():
-            raise UserError(f"train.tensorboard_dir={tensorboard_dir!r}: expected a path in quotes, or None for "
-                            "MODEL_DIR/tensorboard.")
-        checks.writable_dir("train.tensorboard_dir", tensorboard_dir)
-    checks.non_negative_int("EVAL_EVERY", eval_every, fix="0 = no periodic validation")
-    if eval_steps != validation.ALL_BATCHES:
-        checks.positive_int("EVAL_STEPS", eval_steps, fix=f"or {validation.ALL_BATCHES} for the whole "
-                              "validation split")
-    checks.positive_int("train.log_every", log_every)
-    checks.positive_int("train.nonfinite_in_a_row", nonfinite_in_a_row)
-    checks.one_of("train.on_corrupt_checkpoint", on_corrupt_checkpoint, store.ON_CORRUPT)
-    if restore_from is not None:
-        check_path_setting("RESTORE_FROM", restore_from)
-
-
-def check_model_dir(model_dir) -> None:
-    """MODEL_DIR a path this process can write in (or create)."""
-    check_path_setting("MODEL_DIR", model_dir)
-    checks.writable_dir("MODEL_DIR", model_dir)
-
-
-def check_path_setting(name: str, value) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise UserError(f"{name}={value!r}: expected a path in quotes, e.g. --gin.{name}=\"'/runs/run1'\".")
 
 
 def open_source(run: contextlib.ExitStack, data_source: Callable, split: str, exp: Experiment):

@@ -229,18 +229,16 @@ def quickstart_losses(synthetic_source):
     """Losses of two train steps of quickstart.gin (GPT-2 tiny, fp32) at 128 tokens with packed
     rows, on a data=2 x tensor=2 mesh, for one ATTENTION value."""
     from t5x_like import compile as compile_tool
-    from t5x_like.config import configurables, frontend  # noqa: F401 (gin's configurables)
+    from t5x_like.config import frontend
     from t5x_like.experiment import build_experiment
-    from t5x_like.run import loop  # noqa: F401 (gin's configurables)
 
     def run(implementation, steps=2):
         gin.clear_config()
-        frontend.parse_gin(["quickstart.gin"], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", "SEQ_LEN=128",
-                                             "DATA_PARALLEL=2", "TENSOR_PARALLEL=2", f"ATTENTION='{implementation}'"],
-                        [])
-        with gin.unlock_config():
-            gin.bind_parameter("build_experiment.mesh", compile_tool.mesh_for(jax.devices()[:4]))
-        exp = build_experiment()
+        settings = frontend.parse_gin(["quickstart.gin"], [
+            *compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", "SEQ_LEN=128", "DATA_PARALLEL=2", "TENSOR_PARALLEL=2",
+            f"ATTENTION='{implementation}'"], [])
+        exp = build_experiment(settings.experiment, train_steps=settings.loop.train_steps,
+                               mesh=compile_tool.mesh_for(jax.devices()[:4], settings))
         state = exp.init_state()
         source = synthetic_source("train", batch_size=4, feature_lengths={"targets": 128}, seed=0,
                                   shard_index=0, shard_count=1)
@@ -280,18 +278,17 @@ def v5p_compile():
     """Compile one train step of quickstart.gin's GPT-2 tiny (4 heads of 64) for v5p:2x2x1 (4 chips,
     data parallel), 4 sequences of `length` tokens in bf16: (report, compiled executable)."""
     from t5x_like import compile as compile_tool
-    from t5x_like.config import configurables, frontend  # noqa: F401 (gin's configurables)
-    from t5x_like.run import loop  # noqa: F401 (gin's configurables)
+    from t5x_like.config import frontend
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     devices = compile_tool.target_devices("v5p:2x2x1")
 
     def run(implementation, length, gin_file="quickstart.gin", overrides=""):
         gin.clear_config()
-        frontend.parse_gin([gin_file], [*compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", f"SEQ_LEN={length}",
-                                       "DTYPE='bfloat16'", f"ATTENTION='{implementation}'",
-                                       f"model_config.overrides={{'max_len': {length}{overrides}}}"], [])
-        return compile_tool.compile_step(devices, compile_tool.device_memory(devices, None))
+        settings = frontend.parse_gin([gin_file], [
+            *compile_tool.UNUSED_MACROS, "BATCH_SIZE=4", f"SEQ_LEN={length}", "DTYPE='bfloat16'",
+            f"ATTENTION='{implementation}'", f"model_config.overrides={{'max_len': {length}{overrides}}}"], [])
+        return compile_tool.compile_step(devices, compile_tool.device_memory(devices, None), settings)
 
     yield run
     gin.clear_config()

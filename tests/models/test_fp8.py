@@ -17,7 +17,7 @@ from partitioning import make_mesh
 from t5x_like import lm as lm_lib
 from t5x_like import optim
 from t5x_like.errors import UserError
-from t5x_like.experiment import build_experiment, resolve_model_config
+from t5x_like.experiment import ExperimentSettings, Restored, build_experiment, resolve_model_config
 
 GPT2 = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64, dtype="float32")
 X = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 32))
@@ -90,10 +90,10 @@ def test_unknown_matmul_dtype_is_refused_in_one_line():
 
 def test_fp8_with_a_pipeline_is_refused():
     with pytest.raises(UserError, match="matmul_dtype='fp8' does not run pipelined"):
-        build_experiment(model=dataclasses.replace(GPT2, matmul_dtype="fp8"),
-                         mesh=make_mesh(data=1, stage=2, devices=jax.devices()[:2]), rules="fsdp_tensor",
-                         optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=2),
-                         batch_size=8, feature_lengths={"targets": 16}, pipeline_microbatches=2)
+        build_experiment(ExperimentSettings(
+            model=dataclasses.replace(GPT2, matmul_dtype="fp8"), mesh=make_mesh(data=1, stage=2, devices=jax.devices()[:2]),
+            rules="fsdp_tensor", optimizer=optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=1), batch_size=8,
+            feature_lengths={"targets": 16}, pipeline_microbatches=2), train_steps=2)
 
 
 def test_resuming_with_another_matmul_dtype_is_refused_and_restore_from_takes_the_runs():
@@ -101,5 +101,5 @@ def test_resuming_with_another_matmul_dtype_is_refused_and_restore_from_takes_th
     for run, checkpoint in ((with_fp8, plain), (plain, with_fp8)):
         for adopt_architecture in (False, True):  # a resume, of a RESTORE_FROM run too
             with pytest.raises(UserError, match="the FP8 state does not carry over a resume"):
-                resolve_model_config(run, 1, checkpoint, resuming=True, adopt_architecture=adopt_architecture)
-    assert resolve_model_config(with_fp8, 1, plain, adopt_architecture=True).matmul_dtype == "fp8"
+                resolve_model_config(run, 1, Restored(checkpoint, resuming=True, adopt_architecture=adopt_architecture))
+    assert resolve_model_config(with_fp8, 1, Restored(plain, adopt_architecture=True)).matmul_dtype == "fp8"

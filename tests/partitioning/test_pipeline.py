@@ -19,8 +19,9 @@ from partitioning import Partitioner, make_mesh
 from partitioning.pipeline import Schedule
 from t5x_like import optim
 from t5x_like.checkpoint import store
-from t5x_like.experiment import build_experiment, pipeline_stack
+from t5x_like.experiment import ExperimentSettings, build_experiment, pipeline_stack
 from t5x_like.run import loop
+from t5x_like.run.settings import LoopSettings, RunSettings
 from tests.support.pipeline import saved_and_restored
 
 pytestmark = pytest.mark.integration
@@ -37,8 +38,7 @@ LLAMA_CONFIG = LlamaConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=4, num_he
                            embed_dim=32, mlp_dim=64, sliding_window=SEQ_LEN // 2, dtype="float32")
 
 
-def make_optimizer():
-    return optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=STEPS)
+OPTIMIZER = optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=2, decay_steps=STEPS)
 
 
 def batches(source_cls):
@@ -47,14 +47,16 @@ def batches(source_cls):
     return [next(source) for _ in range(STEPS)]
 
 
-def experiment(mesh, rules, *, schedule=(1, 1, 1), grad_accum_steps=1, config=CONFIG, seed=SEED, restored=None,
-               adopt_architecture=False, resuming=False, adopt_family=False):
+def settings(mesh, rules, *, schedule=(1, 1, 1), grad_accum_steps=1, config=CONFIG, seed=SEED) -> ExperimentSettings:
     """The run the train CLI would assemble for this mesh and pipeline schedule."""
     _, microbatches, repeats = schedule
-    return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=make_optimizer(), batch_size=BATCH,
-                            feature_lengths={"targets": SEQ_LEN}, seed=seed, grad_accum_steps=grad_accum_steps,
-                            pipeline_microbatches=microbatches, pipeline_repeats=repeats, restored=restored,
-                            adopt_architecture=adopt_architecture, resuming=resuming, adopt_family=adopt_family)
+    return ExperimentSettings(model=config, mesh=mesh, rules=rules, optimizer=OPTIMIZER, batch_size=BATCH,
+                              feature_lengths={"targets": SEQ_LEN}, seed=seed, grad_accum_steps=grad_accum_steps,
+                              pipeline_microbatches=microbatches, pipeline_repeats=repeats)
+
+
+def experiment(mesh, rules, **kwargs):
+    return build_experiment(settings(mesh, rules, **kwargs), train_steps=STEPS)
 
 
 def losses(mesh, rules, data, **settings):
@@ -108,11 +110,10 @@ def test_train_resumes_a_plain_checkpoint_on_a_pipeline(tmp_path, synthetic_sour
     """Steps 1-3 on a plain mesh, then 4-6 resumed by the train CLI on a circular pipeline with fsdp:
     the uninterrupted plain run's losses (same parameter and optimizer-state layout)."""
     model_dir = str(tmp_path / "run")
-    common = dict(model_dir=model_dir, log_every=1, data_source=synthetic_source)
-    loop.train(train_steps=3, experiment=functools.partial(experiment, make_mesh(data=8), "data_parallel"),
-                **common)
-    loop.train(train_steps=6, experiment=functools.partial(
-        experiment, make_mesh(data=2, stage=2, fsdp=2), "fsdp", schedule=(2, 2, 2)), **common)
+    for steps, run in ((3, settings(make_mesh(data=8), "data_parallel")),
+                       (6, settings(make_mesh(data=2, stage=2, fsdp=2), "fsdp", schedule=(2, 2, 2)))):
+        loop.train(RunSettings(loop=LoopSettings(model_dir=model_dir, train_steps=steps, log_every=1), experiment=run),
+                   data_source=synthetic_source)
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"loss"' in line]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]

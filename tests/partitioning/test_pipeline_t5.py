@@ -15,7 +15,7 @@ from models.t5 import T5Config
 from partitioning import make_mesh, pipeline
 from t5x_like import optim
 from t5x_like.data import make_source
-from t5x_like.experiment import build_experiment, pipeline_stack
+from t5x_like.experiment import ExperimentSettings, build_experiment, pipeline_stack
 from t5x_like.features import DECODER_POSITIONS
 from tests.support.pipeline import saved_and_restored
 
@@ -39,10 +39,11 @@ def batches():
 
 def experiment(mesh, rules, schedule=(1, 1, 1), seed=0):
     _, microbatches, repeats = schedule
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=1, total_steps=STEPS)
-    return build_experiment(model=CONFIG, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=BATCH,
-                            feature_lengths=LENGTHS, seed=seed, pipeline_microbatches=microbatches,
-                            pipeline_repeats=repeats)
+    optimizer = optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=1)
+    return build_experiment(ExperimentSettings(model=CONFIG, mesh=mesh, rules=rules, optimizer=optimizer,
+                                               batch_size=BATCH, feature_lengths=LENGTHS, seed=seed,
+                                               pipeline_microbatches=microbatches, pipeline_repeats=repeats),
+                            train_steps=STEPS)
 
 
 def curves(mesh, rules, data, schedule=(1, 1, 1)):

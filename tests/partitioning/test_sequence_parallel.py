@@ -10,7 +10,7 @@ from models.gpt2 import GPT2Config
 from models.layers.decoder import DecoderBlock
 from partitioning import make_mesh
 from t5x_like import optim
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings, build_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,9 @@ CONFIG = GPT2Config(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=4, 
 
 
 def experiment(rules, mesh):
-    return build_experiment(model=CONFIG, mesh=mesh, rules=rules, batch_size=BATCH, seed=0,
-                            optimizer=optim.make_optimizer(learning_rate=3e-3, warmup_steps=1, total_steps=STEPS),
-                            feature_lengths={"targets": SEQ_LEN})
+    return build_experiment(ExperimentSettings(
+        model=CONFIG, mesh=mesh, rules=rules, batch_size=BATCH, seed=0, feature_lengths={"targets": SEQ_LEN},
+        optimizer=optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=1)), train_steps=STEPS)
 
 
 def train(exp, state, data):

@@ -97,12 +97,13 @@ def train(config: models.FamilyConfig, mesh, rules: str, data: list[dict[str, np
     import jax
 
     from t5x_like import optim
-    from t5x_like.experiment import build_experiment
+    from t5x_like.experiment import ExperimentSettings, build_experiment
 
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=0, total_steps=TOTAL_STEPS)
+    optimizer = optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=0)
     batch_size = len(next(iter(data[0].values())))
-    exp = build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=batch_size,
-                           feature_lengths=lengths_of(config), **settings)
+    exp = build_experiment(ExperimentSettings(model=config, mesh=mesh, rules=rules, optimizer=optimizer,
+                                              batch_size=batch_size, feature_lengths=lengths_of(config), **settings),
+                           train_steps=TOTAL_STEPS)
     state = exp.init_state()
     history = []
     with exp.partitioner.activate():

@@ -8,7 +8,7 @@ import numpy as np
 
 from models.gpt2 import GPT2Config
 from t5x_like import optim
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import DECODER_INPUT_TOKENS
 
 SEQ_LEN = 16
@@ -29,9 +29,10 @@ on one mesh compile the same train step, which the suite's compilation cache sha
 
 
 def experiment(mesh, rules, data, *, config=CONFIG, feature_lengths=None, **settings):
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=max(len(data), TOTAL_STEPS))
-    return build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=len(
-        data[0][DECODER_INPUT_TOKENS]), feature_lengths=feature_lengths or {"targets": SEQ_LEN}, **settings)
+    optimizer = optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=2)
+    return build_experiment(ExperimentSettings(
+        model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=len(data[0][DECODER_INPUT_TOKENS]),
+        feature_lengths=feature_lengths or {"targets": SEQ_LEN}, **settings), train_steps=max(len(data), TOTAL_STEPS))
 
 
 def run(mesh, rules, data, *, config=CONFIG, steps_between=None, **settings):

@@ -21,10 +21,11 @@ from t5x_like.data.objectives.classification import classification_examples, enc
 from t5x_like.data.objectives.mlm import mlm_vocabulary
 from t5x_like.errors import UserError
 from t5x_like.eval import cli as eval_cli
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings
 from t5x_like.features import CLASSIFICATION_LABELS, ENCODER_INPUT_TOKENS, ENCODER_SEGMENT_IDS, ENCODER_TOKEN_TYPES
 from t5x_like.lm import make_lm
 from t5x_like.run import loop
+from t5x_like.run.settings import LoopSettings, RunSettings
 
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "away", "it", "was", "red", "blue", "big",
          "small", "tree", "house", "river", "stone", "alpha", "omega"]
@@ -138,13 +139,13 @@ def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_
             "validation": synthetic(tmp_path / "dev.jsonl", 70, 1)}
     source = functools.partial(make_source, objective="classification", data_path=data, tokenizer=tokenizer_path,
                                labels=["neg", "pos"])
-    experiment = functools.partial(
-        build_experiment, model=CONFIG, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=16,
-        optimizer=optim.make_optimizer(learning_rate=2e-3, warmup_steps=5, total_steps=80, weight_decay=0.01),
-        feature_lengths=LENGTHS)
+    experiment = ExperimentSettings(
+        model=CONFIG, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=16, feature_lengths=LENGTHS,
+        optimizer=optim.OptimizerSettings(learning_rate=2e-3, warmup_steps=5, weight_decay=0.01))
     with caplog.at_level("WARNING"):
-        loop.train(model_dir=str(tmp_path / "run"), train_steps=80, data_source=source, experiment=experiment,
-                    eval_every=40, eval_steps=6, log_every=20, checkpoint_every=40)
+        loop.train(RunSettings(loop=LoopSettings(model_dir=str(tmp_path / "run"), train_steps=80, eval_every=40,
+                                                 eval_steps=6, log_every=20, checkpoint_every=40),
+                               experiment=experiment), data_source=source)
     said = [r.getMessage() for r in caplog.records if "EVAL_STEPS=6" in r.getMessage()]
     assert len(said) == 1 and "holds only 5 global batches" in said[0]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -190,11 +191,12 @@ def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):
     data = {"train": synthetic(tmp_path / "train.jsonl", 64, 0)}
     source = functools.partial(make_source, objective="classification", data_path=data, tokenizer=tokenizer_path,
                                labels=labels)
-    experiment = functools.partial(
-        build_experiment, model=config, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=8,
-        optimizer=optim.make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=2), feature_lengths=LENGTHS)
-    loop.train(model_dir=str(tmp_path / name), train_steps=2, data_source=source, experiment=experiment,
-                restore_from=restore_from, checkpoint_every=2, log_every=1)
+    experiment = ExperimentSettings(
+        model=config, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=8, feature_lengths=LENGTHS,
+        optimizer=optim.OptimizerSettings(learning_rate=0.0, warmup_steps=0))
+    loop.train(RunSettings(loop=LoopSettings(model_dir=str(tmp_path / name), train_steps=2, restore_from=restore_from,
+                                             checkpoint_every=2, log_every=1), experiment=experiment),
+               data_source=source)
     info = store.read_model_info(str(tmp_path / name))
     return store.restore_params(str(tmp_path / name), store.stored_param_shapes(str(tmp_path / name))), info
 

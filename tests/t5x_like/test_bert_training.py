@@ -14,7 +14,7 @@ from t5x_like import optim
 from t5x_like.data import load_tokenizer, make_source
 from t5x_like.data.objectives.mlm import MLMVocabulary, mlm_mask, word_starts
 from t5x_like.errors import UserError
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import (ENCODER_INPUT_TOKENS, ENCODER_LOSS_WEIGHTS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS,
                                ENCODER_TARGET_TOKENS)
 from t5x_like.lm import check_objective
@@ -132,9 +132,9 @@ def test_masks_are_new_every_epoch_and_the_same_after_a_resume():
 
 
 def run(mesh, rules, data, config=CONFIG):
-    optimizer = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=len(data))
-    exp = build_experiment(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=8,
-                           feature_lengths=LENGTHS)
+    optimizer = optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=2)
+    exp = build_experiment(ExperimentSettings(model=config, mesh=mesh, rules=rules, optimizer=optimizer, batch_size=8,
+                                              feature_lengths=LENGTHS), train_steps=len(data))
     state = exp.init_state()
     losses = []
     with exp.partitioner.activate():

@@ -62,7 +62,8 @@ def test_report_matches_what_a_cpu_run_allocates(quickstart, synthetic_source):
     settings = quickstart("FSDP_PARALLEL=2")
     devices = jax.devices()
     report, step = compile_tool.compile_step(devices, None, settings)
-    exp = build_experiment(mesh=compile_tool.mesh_for(devices, settings))
+    exp = build_experiment(settings.experiment, train_steps=settings.loop.train_steps,
+                           mesh=compile_tool.mesh_for(devices, settings))
     state, num_params = exp.init_state(), exp.num_params
     with exp.partitioner.activate():
         on_device_0 = sum(shard.data.nbytes for x in jax.tree.leaves(state) for shard in x.addressable_shards
@@ -103,11 +104,11 @@ def test_cli_report_and_state_bytes_shrink_as_one_over_fsdp(quickstart, tmp_path
 
 
 def test_a_state_that_does_not_fit_fails_before_compiling(quickstart, monkeypatch):
-    quickstart("FSDP_PARALLEL=8")  # compile_step reads the settings of the configuration parsed
+    settings = quickstart("FSDP_PARALLEL=8")
     monkeypatch.setattr(compile_tool, "compile_or_explain", lambda *a: pytest.fail("compiled although it cannot fit"))
     with pytest.raises(compile_tool.DoesNotFit, match=r"needs 0.01 GiB per device but a device has 0.00 GiB.*"
                                                       "FSDP_PARALLEL"):
-        compile_tool.compile_step(jax.devices(), 1 << 20)
+        compile_tool.compile_step(jax.devices(), 1 << 20, settings)
 
 
 def test_tpu_topology_compiles_without_tpus(quickstart):

@@ -18,10 +18,11 @@ from t5x_like import optim
 from t5x_like.data import make_source
 from t5x_like.eval.scoring import INPUTS, TARGETS, WEIGHTS
 from t5x_like.eval.seq2seq import seq2seq_rows
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings
 from t5x_like.inference import decoding
 from t5x_like.lm import make_lm
 from t5x_like.run import loop
+from t5x_like.run.settings import LoopSettings, RunSettings
 from tests.docs.doc_commands import File, read_page
 from tests.support.cpm2 import (LCQMC_RECORDS, LCSTS_PAIRS, ModelCenterCPM2Tokenizer, cpm2_datasets_rows,
                                 lcqmc_dataset_ids, write_lcqmc, write_lcsts)
@@ -128,12 +129,12 @@ class Recorded:
 def test_a_tiny_cpm2_fine_tunes_on_cpm2_datasets_rows(task, tmp_path):
     folder, reference, lengths = task
     seen = []
-    experiment = functools.partial(build_experiment, model=CONFIG, mesh=make_mesh(data=-1), batch_size=8,
-                                   feature_lengths=lengths, optimizer=optim.make_optimizer(
-                                       learning_rate=1e-2, warmup_steps=0, total_steps=6))
+    experiment = ExperimentSettings(model=CONFIG, mesh=make_mesh(data=-1), batch_size=8, feature_lengths=lengths,
+                                    optimizer=optim.OptimizerSettings(learning_rate=1e-2, warmup_steps=0))
     data_source = lambda split, **kw: Recorded(source(folder)(split, **kw), seen)  # noqa: E731
-    loop.train(model_dir=str(tmp_path / "run"), train_steps=6, data_source=data_source, experiment=experiment,
-               checkpoint_every=6, eval_every=0, log_every=1)
+    loop.train(RunSettings(loop=LoopSettings(model_dir=str(tmp_path / "run"), train_steps=6, checkpoint_every=6,
+                                             eval_every=0, log_every=1), experiment=experiment),
+               data_source=data_source)
     assert len(seen) == 6
     for batch in seen:
         assert_rows_are_cpm2_datasets(batch, reference)

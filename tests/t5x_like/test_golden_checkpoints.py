@@ -16,10 +16,11 @@ from partitioning import make_mesh
 from t5x_like import metrics, optim
 from t5x_like.convert import hf
 from t5x_like.data import make_source
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings
 from t5x_like.inference import loading
 from t5x_like.lm import make_lm
 from t5x_like.run import loop
+from t5x_like.run.settings import LoopSettings, RunSettings
 from tests.support import families
 
 pytestmark = pytest.mark.integration
@@ -67,11 +68,12 @@ def test_training_resumes_to_the_same_loss(name, tmp_path, monkeypatch):
     config, objective, lengths = golden_run(name)
     shutil.copytree(GOLDEN / name / "checkpoints", tmp_path / "run" / "checkpoints")
     monkeypatch.chdir(GOLDEN)  # the corpus is named as the run named it
-    loop.train(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2, log_every=1, eval_every=0,
-                data_source=functools.partial(make_source, objective=objective, data_path="data/corpus"),
-                experiment=functools.partial(
-                    build_experiment, model=config, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4, optimizer=optim.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=3),
-                    feature_lengths=lengths))
+    experiment = ExperimentSettings(model=config, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4,
+                                    optimizer=optim.OptimizerSettings(learning_rate=1e-2, warmup_steps=1),
+                                    feature_lengths=lengths)
+    loop.train(RunSettings(loop=LoopSettings(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2,
+                                             log_every=1, eval_every=0), experiment=experiment),
+               data_source=functools.partial(make_source, objective=objective, data_path="data/corpus"))
     row = [r for r in metrics.read_rows(str(tmp_path / "run")) if r.get("step") == 3][0]
     want = expected(name, "resumed/")
     assert (row["loss"], row["grad_norm"]) == pytest.approx((float(want["loss"]), float(want["grad_norm"])),

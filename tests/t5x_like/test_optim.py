@@ -27,7 +27,7 @@ def test_rsqrt_needs_warmup():
 
 def test_unknown_optimizer_is_named():
     with pytest.raises(ValueError, match="OPTIMIZER='sgd' is unknown"):
-        optim.make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=10, name="sgd")
+        optim.make_optimizer(optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=1, name="sgd"), 10)
 
 
 def test_one_adafactor_step_equals_transformers_adafactor():
@@ -39,8 +39,8 @@ def test_one_adafactor_step_equals_transformers_adafactor():
     start = {"kernel": rng.normal(size=(128, 256)).astype(np.float32),
              "bias": rng.normal(size=(256,)).astype(np.float32)}
     grads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in start.items()}
-    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor",
-                               decay="rsqrt", clip_grad_norm=0.0)
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.01, warmup_steps=10, name="adafactor",
+                                                       decay="rsqrt", clip_grad_norm=0.0), 100)
     ours, state = dict(start), opt.tx.init(start)
     for _ in range(2):  # two steps: the second moment's decay rate matters from the second on
         updates, state = opt.tx.update(grads, state, ours)
@@ -61,13 +61,13 @@ def test_one_adafactor_step_equals_transformers_adafactor():
 
 def test_factored_statistics_are_replicated_and_full_ones_keep_their_names():
     params = {"kernel": nn.Partitioned(jnp.ones((256, 512)), names=("embed", "mlp"))}
-    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor",
-                               decay="rsqrt")
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.01, warmup_steps=10, name="adafactor",
+                                                       decay="rsqrt"), 100)
     specs = nn.get_partition_spec(jax.eval_shape(lambda p: optim.init_state(opt.tx, p), params))
     factored = specs[1][0]  # chain(clip, adafactor's chain) -> the factored-moments state
     assert factored.v_row["kernel"] == jax.sharding.PartitionSpec(None)
     assert factored.v_col["kernel"] == jax.sharding.PartitionSpec(None)
-    adamw = optim.make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=10)
+    adamw = optim.make_optimizer(optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=1), 10)
     specs = nn.get_partition_spec(jax.eval_shape(lambda p: optim.init_state(adamw.tx, p), params))
     assert jax.sharding.PartitionSpec("embed", "mlp") in jax.tree.leaves(
         specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
@@ -81,8 +81,9 @@ def test_weight_decay_mask_covers_matrices_and_optionally_the_vocabulary_tables(
               "ln_f": {"scale": jnp.ones(4), "bias": jnp.ones(4)}}
     zeros = jax.tree.map(jnp.zeros_like, params)
     for decay_embeddings, decayed in ((False, {"fc_kernel"}), (True, {"fc_kernel", "embed_in", "embed_out"})):
-        opt = optim.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, decay="constant",
-                                   weight_decay=0.5, decay_embeddings=decay_embeddings, clip_grad_norm=0.0)
+        opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.1, warmup_steps=0, decay="constant",
+                                                           weight_decay=0.5, decay_embeddings=decay_embeddings,
+                                                           clip_grad_norm=0.0), 10)
         updates, _ = opt.tx.update(zeros, opt.tx.init(params), params)
         moved = {path[-2 if path[-1].key == "embedding" else -1].key
                  for path, u in jax.tree_util.tree_leaves_with_path(updates) if float(jnp.abs(u).max()) > 0}
@@ -100,8 +101,9 @@ def test_weight_decay_mask_covers_matrices_and_optionally_the_vocabulary_tables(
     ("eps", 0.0, "optim.make_optimizer.eps")])
 def test_each_bad_setting_is_refused_naming_it(setting, value, name):
     settings = {"learning_rate": 1e-3, "warmup_steps": 1, "total_steps": 10, setting: value}
+    total_steps = settings.pop("total_steps")
     with pytest.raises(ValueError) as raised:
-        optim.make_optimizer(**settings)
+        optim.make_optimizer(optim.OptimizerSettings(**settings), total_steps)
     assert str(raised.value).startswith(f"{name}={value:g}: must be "), str(raised.value)
 
 
@@ -144,8 +146,8 @@ def test_adamw_steps_equal_optaxs_with_and_without_clipping(clip):
     rng = np.random.default_rng(0)
     params = {"fc_kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_bias": rng.normal(size=4).astype(np.float32)}
     grads = [jax.tree.map(lambda p: 10 * rng.normal(size=p.shape).astype(np.float32), params) for _ in range(2)]
-    opt = optim.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, b1=0.8, b2=0.9, eps=0.5,
-                               weight_decay=0.3, clip_grad_norm=clip)
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.1, warmup_steps=0, b1=0.8, b2=0.9, eps=0.5,
+                                                       weight_decay=0.3, clip_grad_norm=clip), 10)
     mask = {"fc_kernel": True, "fc_bias": False}
     reference = optax.chain(optax.clip_by_global_norm(clip) if clip else optax.identity(),
                             optax.adamw(opt.schedule, b1=0.8, b2=0.9, eps=0.5, weight_decay=0.3, mask=mask))
@@ -158,8 +160,9 @@ def test_adamw_steps_equal_optaxs_with_and_without_clipping(clip):
     for name in params:
         np.testing.assert_allclose(ours[0][name], theirs[0][name], rtol=1e-6, err_msg=name)
     assert int(optim.applied_updates(ours[1])) == 2
-    unclipped = optim.make_optimizer(learning_rate=0.1, warmup_steps=0, total_steps=10, b1=0.8, b2=0.9, eps=0.5,
-                                     weight_decay=0.3, clip_grad_norm=0.0 if clip else 0.5)
+    unclipped = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.1, warmup_steps=0, b1=0.8, b2=0.9,
+                                                             eps=0.5, weight_decay=0.3,
+                                                             clip_grad_norm=0.0 if clip else 0.5), 10)
     first, _ = unclipped.tx.update(grads[0], unclipped.tx.init(params), params)
     mine, _ = opt.tx.update(grads[0], opt.tx.init(params), params)
     assert not np.allclose(first["fc_bias"], mine["fc_bias"])  # clipping is on exactly when clip > 0
@@ -188,8 +191,8 @@ def test_adafactor_is_per_layer_so_scanned_and_unrolled_layers_update_alike():
         return {"embedding": tree["embedding"],
                 **{f"block_{i}": jax.tree.map(lambda x: x[i], tree["blocks"]) for i in range(layers)}}
 
-    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor",
-                               decay="rsqrt", clip_grad_norm=0.0)
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.01, warmup_steps=10, name="adafactor",
+                                                       decay="rsqrt", clip_grad_norm=0.0), 100)
     runs = []
     for params, g in ((stacked, grads), (unroll(stacked), unroll(grads))):
         state = opt.tx.init(params)
@@ -219,8 +222,9 @@ def test_adafactor_decay_rate_is_used():
     rng = np.random.default_rng(2)
     params = {"kernel": rng.normal(size=(130, 140)).astype(np.float32)}
     grads = [{"kernel": rng.normal(size=(130, 140)).astype(np.float32)} for _ in range(2)]
-    opt = optim.make_optimizer(learning_rate=0.01, warmup_steps=10, total_steps=100, name="adafactor", decay="rsqrt",
-                               clip_grad_norm=0.0, adafactor_decay_rate=0.5)
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=0.01, warmup_steps=10, name="adafactor",
+                                                       decay="rsqrt", clip_grad_norm=0.0, adafactor_decay_rate=0.5),
+                               100)
     reference = optax.adafactor(opt.schedule, decay_rate=0.5, clipping_threshold=1.0, multiply_by_parameter_scale=True,
                                 factored=True)
     ours, theirs = opt.tx.init(params), reference.init(params)
@@ -310,7 +314,7 @@ SCHEDULE_WORDS = [
 @pytest.mark.parametrize("settings, words", SCHEDULE_WORDS)
 def test_the_schedule_is_described_as_the_optimizer_resolves_it(settings, words):
     """--print_config's `# Schedule:` line: fractions in steps, which floor applies, and each kind's own shape."""
-    assert optim.describe_schedule(learning_rate=6e-4, total_steps=1000, **settings) == words
+    assert optim.describe_schedule(optim.OptimizerSettings(learning_rate=6e-4, **settings), 1000) == words
 
 
 @pytest.mark.parametrize("settings", [dict(warmup_steps=0.1), dict(warmup_steps=0.1, min_learning_rate=1e-5),
@@ -322,7 +326,7 @@ def test_the_described_warmup_and_floor_are_where_the_schedule_has_them(settings
                      decay=settings.get("decay", "cosine"), min_ratio=settings.get("min_learning_rate_ratio", 0.1),
                      minimum=settings.get("min_learning_rate"))
     steps, schedule = optim.resolve_schedule(**arguments), optim.learning_rate_schedule(**arguments)
-    words = optim.describe_schedule(learning_rate=6e-4, total_steps=1000, **settings)
+    words = optim.describe_schedule(optim.OptimizerSettings(learning_rate=6e-4, **settings), 1000)
     assert f"warmup {steps.warmup} steps" in words and f"floor {steps.floor:g} " in words
     assert float(schedule(steps.warmup)) == pytest.approx(6e-4)
     assert float(schedule(steps.decay_end)) == pytest.approx(steps.floor)

@@ -20,11 +20,11 @@ def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     for name, lr in (("lr2e-3", 2e-3), ("lr1e-2", 1e-2)):
         gin.clear_config()
-        frontend.parse_gin(["quickstart.gin"], [
+        settings = frontend.parse_gin(["quickstart.gin"], [
             f"MODEL_DIR='{root / name}'", "TRAIN_STEPS=6", "WARMUP_STEPS=2", "BATCH_SIZE=8", "SEQ_LEN=16",
             f"LEARNING_RATE={lr}", "EVAL_EVERY=3", "EVAL_STEPS=1", "CHECKPOINT_EVERY=6", "train.log_every=1",
             "model_config.overrides={'num_layers': 1, 'embed_dim': 64, 'mlp_dim': 128}"], [])
-        loop.train()
+        loop.train(settings)
     gin.clear_config()
     return root / "lr2e-3", root / "lr1e-2"
 

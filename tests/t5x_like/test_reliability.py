@@ -23,9 +23,10 @@ from t5x_like.data import make_source
 from t5x_like.data.loader import DataChangedError
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, open_token_file
 from t5x_like.errors import UserError
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
 from t5x_like.run import lock, loop, nonfinite
+from t5x_like.run.settings import LoopSettings, RunSettings
 from tests.support.environment import cpu_env
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=1, num_heads=2, embed_dim=32, mlp_dim=64,
@@ -33,18 +34,18 @@ CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=1, num_heads=2, embed
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def experiment(total_steps=8, **settings):
-    """The run's assembly: one device, 4 rows of 16 tokens."""
-    return functools.partial(build_experiment, **dict(dict(
-        model=CONFIG, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4,
-        optimizer=optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=total_steps),
-        feature_lengths={"targets": 16}), **settings))
+def experiment(total_steps=8, **settings) -> ExperimentSettings:
+    """The run's assembly: one device, 4 rows of 16 tokens, a schedule `total_steps` long."""
+    return ExperimentSettings(**{
+        "model": CONFIG, "mesh": make_mesh(data=1, devices=jax.devices()[:1]), "batch_size": 4,
+        "optimizer": optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=2, decay_steps=total_steps),
+        "feature_lengths": {"targets": 16}, **settings})
 
 
 def run(model_dir, source, *, steps, total_steps=8, settings=None, **kwargs):
     kwargs = dict(dict(checkpoint_every=2, keep_checkpoints=5, eval_every=0, log_every=1), **kwargs)
-    return loop.train(model_dir=str(model_dir), train_steps=steps, data_source=source,
-                       experiment=experiment(total_steps, **(settings or {})), **kwargs)
+    return loop.train(RunSettings(loop=LoopSettings(model_dir=str(model_dir), train_steps=steps, **kwargs),
+                                  experiment=experiment(total_steps, **(settings or {}))), data_source=source)
 
 
 def loss_rows(model_dir):
@@ -113,8 +114,8 @@ def test_raising_train_steps_on_resume_warns_with_the_learning_rate_jump(referen
 
     model_dir = tmp_path / "longer"
     shutil.copytree(reference[0], model_dir)
-    old = float(optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=8).schedule(8))
-    new = float(optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=16).schedule(8))
+    schedule = optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=2)
+    old, new = (float(optim.make_optimizer(schedule, steps).schedule(8)) for steps in (8, 16))
     with caplog.at_level(logging.INFO), pytest.raises(Interrupted):
         run(model_dir, NoBatches, steps=16, total_steps=16)
     assert (f"TRAIN_STEPS=16 but the checkpoint's run had TRAIN_STEPS=8: the learning-rate schedule changes; "
@@ -262,22 +263,22 @@ def all_checkpoints_finite(model_dir) -> None:
         ckpt.close()
 
 
-def huge_learning_rate(total_steps):
+def huge_learning_rate():
     """An AdamW step of about lr * (1 + weight_decay * |p|) per element: past float32's 3.4e38."""
-    return {"optimizer": optim.make_optimizer(learning_rate=3e38, warmup_steps=0, total_steps=total_steps,
-                                              weight_decay=10.0, decay="constant")}
+    return {"optimizer": optim.OptimizerSettings(learning_rate=3e38, warmup_steps=0, weight_decay=10.0,
+                                                 decay="constant")}
 
 
 def test_an_overflowing_learning_rate_stops_before_any_nonfinite_state_is_saved(synthetic_source, tmp_path):
     with pytest.raises(FloatingPointError, match=r"step 1: .*The update was not applied"):
-        run(tmp_path, synthetic_source, steps=6, checkpoint_every=1, settings=huge_learning_rate(6))
+        run(tmp_path, synthetic_source, steps=6, checkpoint_every=1, settings=huge_learning_rate())
     assert not (tmp_path / "checkpoints").exists()  # nothing saved (the empty folder is removed on failure)
 
 
 def test_skipping_overflowing_updates_saves_only_finite_states(synthetic_source, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         result = run(tmp_path, synthetic_source, steps=6, checkpoint_every=2,
-                     settings=dict(huge_learning_rate(6), on_nonfinite="skip"))
+                     settings=dict(huge_learning_rate(), on_nonfinite="skip"))
     assert result.step == 6 and saved_steps(tmp_path) == [2, 4, 6]
     assert "the update overflowed" in caplog.text and "update skipped" in caplog.text
     all_checkpoints_finite(tmp_path)
@@ -290,7 +291,7 @@ def test_resuming_a_good_run_with_an_overflowing_rate_keeps_its_history_finite(r
     model_dir = tmp_path / "resumed"
     shutil.copytree(reference[0], model_dir)
     run(model_dir, synthetic_source, steps=12, total_steps=12, keep_checkpoints=2,
-        settings=dict(huge_learning_rate(12), on_nonfinite="skip"))
+        settings=dict(huge_learning_rate(), on_nonfinite="skip"))
     assert saved_steps(model_dir) == [10, 12]
     all_checkpoints_finite(model_dir)
     np.testing.assert_equal(final_params(model_dir), final_params(reference[0]))  # nothing was applied
@@ -428,7 +429,7 @@ def test_token_ids_outside_the_vocabulary_are_named(tmp_path):
 
 def test_misleading_inputs_get_messages_that_name_the_fix(synthetic_source, tmp_path):
     with pytest.raises(UserError, match="BATCH_SIZE='eight': expected an integer"):
-        experiment(batch_size="eight")()
+        build_experiment(experiment(batch_size="eight"), train_steps=8)
     prefix = write_tokens(tmp_path / "corpus", [[1, 2, 3]], vocab_size=256)
     with pytest.raises(TokenFileError, match=rf"DATA_PATH='{prefix}'"):
         open_token_file(prefix + ".bin")

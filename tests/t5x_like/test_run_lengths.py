@@ -65,8 +65,8 @@ def parsed(*bindings: str) -> dict:
     gin.clear_config()
     settings = frontend.parse_gin(QUICKSTART, ["MODEL_DIR='unused'", *bindings], [])
     lengths = {name: gin.query_parameter(f"%{name}") for name in ("TRAIN_STEPS", "EVAL_EVERY", "CHECKPOINT_EVERY")}
-    assert lengths == {"TRAIN_STEPS": settings.train_steps, "EVAL_EVERY": settings.eval_every,
-                       "CHECKPOINT_EVERY": settings.checkpoint_every}
+    assert lengths == {"TRAIN_STEPS": settings.loop.train_steps, "EVAL_EVERY": settings.loop.eval_every,
+                       "CHECKPOINT_EVERY": settings.loop.checkpoint_every}
     return lengths
 
 

@@ -13,7 +13,6 @@ from etils import epath
 
 from models.gpt2 import GPT2Config
 from partitioning import Partitioner, make_mesh
-from t5x_like import optim
 from t5x_like.checkpoint import store
 from t5x_like.errors import UserError
 from t5x_like.inference import loading
@@ -112,7 +111,7 @@ def run(model_dir, source, config, optimizer: str, scan_layers: bool, **kwargs) 
     mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])
     training.run(model_dir, source, mesh=mesh, settings={
         "model": scan(config, scan_layers), "rules": "fsdp", "feature_lengths": FAMILIES[config.family][1],
-        "optimizer": optim.make_optimizer(learning_rate=1e-2, warmup_steps=2, total_steps=20, name=optimizer)},
+        "optimizer": training.optimizer(learning_rate=1e-2, name=optimizer)},
         **kwargs)
 
 

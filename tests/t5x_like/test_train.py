@@ -13,14 +13,13 @@ import pytest
 
 from models.neox import NeoXConfig
 from partitioning import make_mesh
-from t5x_like.checkpoint import store  # noqa: F401 (run_config, training: gin's configurables)
-from t5x_like.config import configurables, frontend  # noqa: F401 (run_config, training: gin's configurables)
+from t5x_like.checkpoint import store
+from t5x_like.config import frontend
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_LOSS_WEIGHTS
-from t5x_like.run import loop  # noqa: F401 (run_config, training: gin's configurables)
 from tests.support.cli import REPO
 from tests.support.environment import cpu_env
-from tests.support.training import experiment, losses, params_at, run
+from tests.support.training import losses, params_at, run
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +121,7 @@ def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
 def test_bad_configs_fail_fast(synthetic_source, tmp_path, kwargs, match):
     sizes = kwargs.pop("mesh_sizes")
     with pytest.raises(ValueError, match=match):
-        loop.train(model_dir=str(tmp_path), train_steps=4, data_source=synthetic_source,
-                    experiment=experiment(make_mesh(**sizes), 4, **kwargs))
+        run(tmp_path, synthetic_source, steps=4, mesh=make_mesh(**sizes), settings=kwargs)
 
 
 @pytest.fixture
@@ -139,9 +137,9 @@ def test_missing_required_macro_names_the_flag(clean_gin):
 
 
 def test_bad_mesh_product_names_the_macros(clean_gin):
-    frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
+    settings = frontend.parse_gin(["quickstart.gin"], ["MODEL_DIR = '/tmp/x'", "DATA_PARALLEL = 3"], [])
     with pytest.raises(ValueError, match="DATA_PARALLEL, PIPELINE_PARALLEL, FSDP_PARALLEL, EXPERT_PARALLEL and TENSOR_PARALLEL"):
-        gin.query_parameter("build_experiment.mesh").scoped_configurable_fn()
+        settings.experiment.mesh.build()
 
 
 @pytest.mark.system

@@ -171,7 +171,7 @@ def test_the_tiny_model_takes_the_corpus_tokenizers_vocabulary(clean_gin, tmp_pa
 def test_operative_config_is_written_to_model_dir(clean_gin, tmp_path):
     settings = frontend.parse_gin(["quickstart.gin"],
                                   [f"MODEL_DIR='{tmp_path}'", "optim.make_optimizer.weight_decay=0.01"], [])
-    directory.write_config(str(tmp_path), 0, settings)
+    directory.write_config(str(tmp_path), 0, settings.config_text, settings.operative_config)
     assert (tmp_path / "config.gin").read_text() == gin.config_str()
     text = (tmp_path / "operative_config.gin").read_text()
     assert "make_optimizer.weight_decay = 0.01" in text and "make_optimizer.b2 = 0.95" in text
@@ -185,7 +185,7 @@ SMALL = GPT2Config(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_
 
 def test_restore_from_takes_the_checkpoints_architecture():
     run = dataclasses.replace(SMALL, num_layers=4, embed_dim=64, dropout_rate=0.0, dtype="bfloat16")
-    config = experiment.resolve_model_config(run, 1, SMALL, adopt_architecture=True)
+    config = experiment.resolve_model_config(run, 1, experiment.Restored(SMALL, adopt_architecture=True))
     assert (config.num_layers, config.embed_dim) == (2, 32)
     assert (config.dropout_rate, config.dtype) == (0.0, "bfloat16")  # the run's own choices stay
 
@@ -193,13 +193,13 @@ def test_restore_from_takes_the_checkpoints_architecture():
 def test_resuming_a_different_model_names_the_gin_line_to_add():
     run = dataclasses.replace(SMALL, num_layers=4)
     with pytest.raises(UserError, match=r"--gin.model_config.overrides=\"\{'num_layers': 2\}\""):
-        experiment.resolve_model_config(run, 1, SMALL)
+        experiment.resolve_model_config(run, 1, experiment.Restored(SMALL))
 
 
 def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tmp_path):
-    frontend.parse_gin(["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
     with pytest.raises(UserError) as raised:
-        frontend.plain_user_errors(loop.train)()
+        frontend.plain_user_errors(frontend.parse_gin)(
+            ["quickstart.gin"], [f"MODEL_DIR='{tmp_path}'", "model_config.overrides={'num_heads': 5}"], [])
     assert str(raised.value) == (
         "model_config (preset 'gpt2_tiny', overrides {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0, "
         "'num_heads': 5}): embed_dim 256 is not divisible by num_heads 5; choose a head count that divides the width.")
@@ -208,7 +208,7 @@ def test_a_user_error_inside_a_gin_call_reads_as_the_message_alone(clean_gin, tm
 def test_print_config_of_a_mesh_larger_than_this_machine_still_describes_the_model(clean_gin, tmp_path):
     settings = frontend.parse_gin(["quickstart.gin"],
                                   [f"MODEL_DIR='{tmp_path / 'run'}'", "FSDP_PARALLEL=16", "TENSOR_PARALLEL=2"], [])
-    assert settings.mesh_sizes["fsdp"] == 16 and settings.mesh_sizes["tensor"] == 2
+    assert (settings.experiment.mesh.fsdp, settings.experiment.mesh.tensor) == (16, 2)
     text = describe.describe_run(settings)
     assert ("#   mesh not checked on this machine's 8 devices (FSDP_PARALLEL=16 TENSOR_PARALLEL=2: the mesh needs 32 "
             "devices, but only 8 are present; to run it on this CPU, simulate 32 devices") in text
@@ -228,7 +228,7 @@ def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path,
         f"MODEL_DIR='{tmp_path / 'finetune'}'", f"RESTORE_FROM='{tmp_path / 'imported'}'", "TRAIN_STEPS=0",
         "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
     assert "#     num_layers = 2" in describe.describe_run(settings)
-    assert loop.train(run_settings=settings).step == 0
+    assert loop.train(settings).step == 0
     saved = store.read_model_info(str(tmp_path / "finetune"))["config"]
     assert (saved["num_layers"], saved["embed_dim"], saved["vocab_size"], saved["max_len"]) == (2, 36, 50257, 40)
     assert (saved["dropout_rate"], saved["dtype"]) == (0.0, "float32")  # quickstart's own choices
@@ -242,7 +242,7 @@ def test_finetuning_a_from_hf_import_takes_its_architecture(clean_gin, tmp_path,
         "SEQ_LEN=16", "BATCH_SIZE=8", "optim.make_optimizer.decay='constant'"], [])
     described = describe.describe_run(settings)
     assert "#     embed_dim = 36" in described and f"#   resumes from {tmp_path / 'finetune'}" in described
-    assert loop.train(run_settings=settings).step == 2
+    assert loop.train(settings).step == 2
     assert "TRAIN_STEPS = 2" in (tmp_path / "finetune" / "config.gin").read_text()
     assert store.read_model_info(str(tmp_path / "finetune"))["config"] == saved
 
@@ -274,7 +274,7 @@ def test_restore_from_an_import_of_another_family_brings_its_model(clean_gin, tm
         f"MODEL_DIR='{tmp_path / 'run'}'", f"RESTORE_FROM='{qwen2_moe_import}'", "TRAIN_STEPS=0", "SEQ_LEN=16",
         "optim.make_optimizer.decay='constant'"], [])
     assert "# Model: qwen2_moe: 2 layers, width 32" in describe.describe_run(settings)
-    assert loop.train(run_settings=settings).step == 0
+    assert loop.train(settings).step == 0
     saved = store.read_model_info(str(tmp_path / "run"))["config"]
     assert (saved["family"], saved["num_experts"], saved["shared_expert_mlp_dim"]) == ("qwen2_moe", 4, 32)
     assert (saved["dtype"], saved["dropout_rate"]) == ("float32", 0.0)  # quickstart_llama's own choices

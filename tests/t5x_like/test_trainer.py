@@ -13,7 +13,7 @@ import pytest
 from models.neox import NeoXConfig
 from partitioning import make_mesh
 from t5x_like import optim, step_fns
-from t5x_like.experiment import build_experiment
+from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
 from t5x_like.lm import LossSums
 from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, batches, compiled_after_first_step, experiment, run
@@ -139,7 +139,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     assert 1 <= overflows < len(data) and skipped == [1] * overflows + [0] * (len(data) - overflows), skipped
     assert [m["loss_scale"] for m in history[:overflows + 1]] == [2.0 ** (24 - i) for i in range(overflows + 1)]
     # the logged rate is the one applied: skipped steps did not advance optax's schedule
-    schedule = optim.make_optimizer(learning_rate=3e-3, warmup_steps=2, total_steps=TOTAL_STEPS).schedule
+    schedule = optim.make_optimizer(optim.OptimizerSettings(learning_rate=3e-3, warmup_steps=2), TOTAL_STEPS).schedule
     applied = [0] * (overflows + 1) + list(range(1, len(data) - overflows))
     assert [m["learning_rate"] for m in history] == pytest.approx([float(schedule(n)) for n in applied])
 
@@ -177,10 +177,10 @@ def test_an_update_that_overflows_is_not_applied(synthetic_source):
     skipped like any non-finite step, and says that the update (not the gradients) overflowed."""
     data = batches(synthetic_source, 1)
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
-    exp = build_experiment(model=CONFIG, mesh=mesh, rules="fsdp_tensor", batch_size=8,
-                           optimizer=optim.make_optimizer(learning_rate=3e38, warmup_steps=0, total_steps=2,
-                                                          weight_decay=10.0),  # p - lr*(1 + wd*p) > float32 max
-                           feature_lengths={"targets": SEQ_LEN})
+    exp = build_experiment(ExperimentSettings(
+        model=CONFIG, mesh=mesh, rules="fsdp_tensor", batch_size=8, feature_lengths={"targets": SEQ_LEN},
+        optimizer=optim.OptimizerSettings(learning_rate=3e38, warmup_steps=0, weight_decay=10.0)),  # p - lr*(1 + wd*p) > float32 max
+        train_steps=2)
     state = exp.init_state()
     before = jax.device_get((state.params, state.opt_state))
     with exp.partitioner.activate():

@@ -14,7 +14,6 @@ import dataclasses
 import time
 from typing import Any
 
-import gin
 from absl import logging
 
 from partitioning import Partitioner
@@ -23,7 +22,6 @@ from t5x_like.errors import UserError
 from t5x_like.eval.harness import tasks as harness_tasks
 
 
-@gin.configurable("lm_eval_during_training")
 @dataclasses.dataclass(frozen=True)
 class LmEvalDuringTraining:
     """Which lm-eval tasks (comma-separated names; '' = none) to run every `every` steps (0 = never), from which

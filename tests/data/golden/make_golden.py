@@ -31,13 +31,14 @@ from models.gpt2 import GPT2Config  # noqa: E402
 from models.neox import NeoXConfig  # noqa: E402
 from models.t5 import T5Config  # noqa: E402
 from partitioning import make_mesh  # noqa: E402
-from t5x_like import inference, metrics, optim, training
+from t5x_like import inference, metrics, optim  # noqa: E402
 from t5x_like.convert import hf  # noqa: E402
 from t5x_like.data import make_source  # noqa: E402
 from t5x_like.data.builtin import builtin_documents  # noqa: E402
 from t5x_like.data.preprocess import preprocess  # noqa: E402
 from t5x_like.data.train_tokenizer import train_byte_level_bpe  # noqa: E402
-from t5x_like.experiment import build_experiment  # noqa: E402
+from t5x_like.experiment import ExperimentSettings  # noqa: E402
+from t5x_like.run.settings import LoopSettings, RunSettings  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
 
 VOCAB = 320
@@ -66,16 +67,17 @@ def data_source(objective: str, corpus: str):
     return functools.partial(make_source, objective=objective, data_path=corpus)
 
 
-def experiment(config, lengths):
-    return functools.partial(
-        build_experiment, model=config, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4,
-        optimizer=optim.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=3), feature_lengths=lengths)
+def experiment(config, lengths) -> ExperimentSettings:
+    return ExperimentSettings(model=config, mesh=make_mesh(data=1, devices=jax.devices()[:1]), batch_size=4,
+                              optimizer=optim.OptimizerSettings(learning_rate=1e-2, warmup_steps=1, decay_steps=3),
+                              feature_lengths=lengths)
 
 
 def run(model_dir: Path, name: str, steps: int, corpus: str) -> None:
     config, objective, lengths = RUNS[name]
-    training.train(model_dir=str(model_dir), train_steps=steps, data_source=data_source(objective, corpus),
-                experiment=experiment(config, lengths), checkpoint_every=2, log_every=1, eval_every=0)
+    loop.train(RunSettings(loop=LoopSettings(model_dir=str(model_dir), train_steps=steps, checkpoint_every=2,
+                                                 log_every=1, eval_every=0), experiment=experiment(config, lengths)),
+                   data_source=data_source(objective, corpus))
 
 
 def inputs(config, lengths) -> dict[str, np.ndarray]:

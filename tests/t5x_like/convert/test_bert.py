@@ -175,8 +175,8 @@ def test_one_adamw_step_of_masked_lm_matches_torch(tmp_path):
     batch = {ENCODER_INPUT_TOKENS: inputs, ENCODER_SEGMENT_IDS: mask, ENCODER_TOKEN_TYPES: types,
              ENCODER_TARGET_TOKENS: tokens, ENCODER_LOSS_WEIGHTS: masked.astype(np.float32)}
 
-    opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
-                               b1=0.9, b2=0.999, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=lr, warmup_steps=0, decay="constant",
+                               b1=0.9, b2=0.999, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0), 10)
     state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
     step = jax.jit(step_fns.make_train_step(make_lm(config), opt.tx, opt.schedule, step_fns.StepConfig()))

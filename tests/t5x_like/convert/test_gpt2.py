@@ -162,8 +162,8 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     batch = {DECODER_INPUT_TOKENS: batch_tokens[:, :-1], DECODER_TARGET_TOKENS: batch_tokens[:, 1:],
              DECODER_LOSS_WEIGHTS: np.ones((2, 12), np.float32)}
 
-    opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
-                               b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0)
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=lr, warmup_steps=0, decay="constant",
+                               b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, clip_grad_norm=1.0), 10)
     state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
     step = jax.jit(step_fns.make_train_step(make_lm(config), opt.tx, opt.schedule,
@@ -238,18 +238,19 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
 def test_training_restores_a_converted_checkpoint(hf_dir, tmp_path, synthetic_source):
     """RESTORE_FROM a from-hf checkpoint: the first step's loss is the converted model's loss."""
     from partitioning import make_mesh
-    from t5x_like.experiment import build_experiment
+    from t5x_like.experiment import ExperimentSettings
     from t5x_like.run import loop
+    from t5x_like.run.settings import LoopSettings, RunSettings
 
     src, _ = hf_dir
     hf.from_hf(str(src), str(tmp_path / "ours"))
     config, _ = loading.read_config(str(tmp_path / "ours"))
-    experiment = functools.partial(
-        build_experiment, model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2), batch_size=8,
-        optimizer=optim.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=1, decay="constant"),
-        feature_lengths={"targets": 16})
-    loop.train(model_dir=str(tmp_path / "run"), train_steps=1, data_source=synthetic_source, log_every=1,
-                restore_from=str(tmp_path / "ours"), experiment=experiment)
+    experiment = ExperimentSettings(
+        model=config, mesh=make_mesh(data=2, fsdp=2, tensor=2), batch_size=8, feature_lengths={"targets": 16},
+        optimizer=optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, decay="constant"))
+    loop.train(RunSettings(loop=LoopSettings(model_dir=str(tmp_path / "run"), train_steps=1, log_every=1,
+                                             restore_from=str(tmp_path / "ours")), experiment=experiment),
+               data_source=synthetic_source)
     batch = next(synthetic_source("train", batch_size=8, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1))
     logits = forward(config, hf.restore_on_host(str(tmp_path / "ours"), config), batch[DECODER_INPUT_TOKENS])
     log_z = jax.nn.logsumexp(logits, axis=-1)

@@ -234,9 +234,9 @@ def test_one_adamw_step_matches_torch(hf_dir, tmp_path):
     batch = {DECODER_INPUT_TOKENS: batch_tokens[:, :-1], DECODER_TARGET_TOKENS: batch_tokens[:, 1:],
              DECODER_LOSS_WEIGHTS: np.ones((2, 12), np.float32)}
 
-    opt = optim.make_optimizer(learning_rate=lr, warmup_steps=0, total_steps=10, decay="constant",
+    opt = optim.make_optimizer(optim.OptimizerSettings(learning_rate=lr, warmup_steps=0, decay="constant",
                                b1=0.9, b2=0.95, eps=eps, weight_decay=weight_decay, decay_embeddings=True,
-                               clip_grad_norm=1.0)
+                               clip_grad_norm=1.0), 10)
     state = step_fns.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.tx.init(params),
                                rng=jax.random.PRNGKey(0))
     step = jax.jit(step_fns.make_train_step(make_lm(config), opt.tx, opt.schedule, step_fns.StepConfig()))

@@ -37,6 +37,11 @@ def batch(rows: int) -> dict[str, np.ndarray]:
             DECODER_LOSS_WEIGHTS: np.ones((rows, SEQ), np.float32)}
 
 
+def built(settings, mesh) -> experiment.Experiment:
+    """The migrated run assembled on `mesh`."""
+    return build_experiment(settings.experiment, train_steps=settings.loop.train_steps, mesh=mesh)
+
+
 def first_loss(exp: experiment.Experiment) -> float:
     with exp.partitioner.activate():
         _, metrics = exp.train_step(exp.init_state(), exp.global_batch(batch(exp.batch_size)))
@@ -46,7 +51,7 @@ def first_loss(exp: experiment.Experiment) -> float:
 def test_the_accumulation_follows_from_the_devices_and_the_losses_stay(migrated, tmp_path):
     text = (tmp_path / "run.gin").read_text()
     assert "MICRO_BATCH_SIZE = 2  # --micro-batch-size 2 (one_gpu.txt:1)" in text and "GRAD_ACCUM_STEPS" not in text
-    runs = {n: build_experiment(mesh=make_mesh(data=n, devices=jax.devices()[:n])) for n in (1, 2, 8)}
+    runs = {n: built(migrated, make_mesh(data=n, devices=jax.devices()[:n])) for n in (1, 2, 8)}
     assert {n: exp.step_config.grad_accum_steps for n, exp in runs.items()} == {1: 8, 2: 4, 8: 1}
     assert {exp.batch_size for exp in runs.values()} == {16}
     np.testing.assert_allclose(first_loss(runs[8]), first_loss(runs[1]), rtol=1e-5)
@@ -64,7 +69,7 @@ def test_fewer_rows_than_the_micro_batch_on_a_shard_train_as_one_microbatch(migr
     gin.clear_config()
     settings = frontend.parse_gin(["run.gin"], ["MICRO_BATCH_SIZE=4"], [], printing=True)
     assert "1 accumulated microbatch of 16 rows" in describe.describe_run(settings)
-    exp = build_experiment(mesh=make_mesh(data=1, devices=jax.devices()[:1]))
+    exp = built(settings, make_mesh(data=1, devices=jax.devices()[:1]))
     assert exp.step_config.grad_accum_steps == 4
 
 
@@ -76,9 +81,9 @@ def test_fewer_rows_than_the_micro_batch_on_a_shard_train_as_one_microbatch(migr
 ])
 def test_impossible_batches_are_one_line(migrated, bindings, message):
     gin.clear_config()
-    frontend.parse_gin(["run.gin"], bindings, [], printing=True)
+    settings = frontend.parse_gin(["run.gin"], bindings, [], printing=True)
     with pytest.raises(UserError, match=message):
-        build_experiment(mesh=make_mesh(data=8))
+        built(settings, make_mesh(data=8))
 
 
 def test_the_batch_error_names_the_axes_that_split_it():
