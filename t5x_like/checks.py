@@ -93,20 +93,6 @@ def existing_file(name: str, path: str) -> str:
     return path
 
 
-def tokenizer(name: str, path: str):
-    """The tokenizer at `path`; a file the tokenizer libraries cannot read is named, not a traceback."""
-    from t5x_like.data.tokenizer import load_tokenizer
-
-    try:
-        return load_tokenizer(path)
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - tokenizers / sentencepiece raise plain Exceptions for bad files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"{name}={path}: not a readable tokenizer ({reason}); give the tokenizer.json, GPT-2 "
-                        "BPE files, vocab.txt or sentencepiece .model the data was made with.") from None
-
-
 def writable_dir(name: str, path: str) -> str:
     """`path` is a directory this process can write in, or can be created (nothing is created)."""
     if os.path.exists(path) and not os.path.isdir(path):

@@ -1,5 +1,6 @@
 """The shape of the code (issue 42's measures, kept): rooms rather than one flat package, no file or function past
-its size, no import circle, family names only in the family's own files, gin read only by its front-end."""
+its size, no import circle, rooms that import only downward (issue 53), family names only in the family's own files,
+gin read only by its front-end."""
 import ast
 import io
 import pathlib
@@ -90,6 +91,95 @@ def test_no_import_circle():
 
 def test_an_import_circle_is_found():
     assert cycle_from({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+ROOMS = ("errors", "features", "metrics", "checks", "cluster", "data", "optim", "checkpoint", "migration", "lm",
+         "inference", "convert", "step_fns", "experiment", "eval", "run", "config")
+"""t5x_like's rooms, lowest first (docs/design.md, "The rooms"): a module imports its own room and rooms below it."""
+ENTRY_POINTS = ("train", "compile", "generate", "migrate", "plot", "t5x_like")
+"""Above every room, side by side (none imports another): the commands and the package's Python API
+(t5x_like/__init__.py: load_model). A command inside a room (eval/cli.py, data/preprocess.py, ...) keeps its place."""
+ROOM_RULE = ("a room imports only itself and the rooms below it (ROOMS, lowest first, in tests/test_code_shape.py; "
+             "docs/design.md, The rooms): move what both need down")
+OURS_OUTSIDE_THE_RUNTIME = {"models": ("models",), "partitioning": ("partitioning",),
+                            "configs": ("configs", "models", "partitioning")}
+"""What models/, partitioning/ and configs/ may import of ours (t5x_like sits above them all)."""
+
+# Removed by the configuration-channel refactor (issue 53, item 1): run/ takes config/'s settings until they
+# reach it as arguments. Delete this set then: these are the only imports that may run up a room.
+UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL = {
+    ("t5x_like.run.loop", "t5x_like.config.configurables"), ("t5x_like.run.loop", "t5x_like.config.settings"),
+    ("t5x_like.run.epochs", "t5x_like.config.settings"), ("t5x_like.run.directory", "t5x_like.config.settings")}
+
+
+def room_of(module: str) -> str:
+    """The room of a t5x_like module (its top-level module or subpackage; "t5x_like" for the package itself),
+    else the package of ours the module is in."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "t5x_like" and len(parts) > 1 else parts[0]
+
+
+def level(room: str) -> int:
+    return ROOMS.index(room) if room in ROOMS else len(ROOMS)
+
+
+def imports_of(text: str, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, module) for each import of ours in `text`, inside functions too (a lazy import is a dependency all
+    the same); `from P import x` names the module P.x where there is one, else P; a relative import is "."."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.append((node.lineno, "."))
+        elif isinstance(node, ast.ImportFrom):
+            named = (f"{node.module}.{alias.name}" for alias in node.names)
+            found += [(node.lineno, name if name in modules else node.module) for name in named]
+    return [(line, name) for line, name in found if name == "." or name.split(".")[0] in PACKAGES]
+
+
+def import_rule_breaks(module: str, path: str, imports: list[tuple[int, str]]) -> list[str]:
+    """One line for each of the `imports` (imports_of) of `module` (file `path`) that runs against the rooms' order."""
+    breaks, package, room = [], module.split(".")[0], room_of(module)
+    for line, name in imports:
+        if name == ".":
+            breaks.append(f"{path}:{line}: a relative import; import absolutely, so that its room is plain")
+        elif package != "t5x_like" and name.split(".")[0] not in OURS_OUTSIDE_THE_RUNTIME[package]:
+            allowed = ", ".join(OURS_OUTSIDE_THE_RUNTIME[package])
+            breaks.append(f"{path}:{line} imports {name}: {package}/ imports nothing of ours but {allowed}")
+        elif (package == name.split(".")[0] == "t5x_like" and room_of(name) != room
+              and level(room_of(name)) >= level(room) and (module, name) not in UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL):
+            breaks.append(f"{path}:{line} imports {name}, of room {room_of(name)}, not below room {room}: {ROOM_RULE}")
+    return breaks
+
+
+def test_rooms_import_only_downward():
+    paths = {module_name(p): p for p in sources()}
+    rooms = {room_of(m) for m in paths if m.startswith("t5x_like")}
+    placed = set(ROOMS) | set(ENTRY_POINTS)
+    assert rooms <= placed, f"give these rooms their place in ROOMS: {sorted(rooms - placed)}"
+    imports = {m: imports_of(p.read_text(), set(paths)) for m, p in paths.items()}
+    breaks = [line for m, p in paths.items() for line in import_rule_breaks(m, str(p.relative_to(REPO)), imports[m])]
+    assert not breaks, "\n".join(breaks)
+    used = {(m, name) for m, found in imports.items() for _, name in found}
+    assert UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL <= used, \
+        f"no longer imported, so delete them from the exceptions: {UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL - used}"
+
+
+def test_an_import_against_the_order_is_named_with_its_line_room_and_rule():
+    def breaks(module: str, text: str) -> list[str]:
+        path = module.replace(".", "/") + ".py"
+        return import_rule_breaks(module, path, imports_of(text, {"t5x_like.errors", "t5x_like.run.lock"}))
+
+    lazy_upward = "from t5x_like import errors\n\n\ndef f():\n    from t5x_like.run import lock\n"
+    assert breaks("t5x_like.data.token_file", lazy_upward) == [
+        f"t5x_like/data/token_file.py:5 imports t5x_like.run.lock, of room run, not below room data: {ROOM_RULE}"]
+    assert breaks("t5x_like.generate", "import t5x_like.train\n") == [
+        f"t5x_like/generate.py:1 imports t5x_like.train, of room train, not below room generate: {ROOM_RULE}"]
+    assert breaks("models.gpt2", "from t5x_like import errors\n") == [
+        "models/gpt2.py:1 imports t5x_like.errors: models/ imports nothing of ours but models"]
+    assert breaks("t5x_like.lm.base", "from . import beam_search\n") == [
+        "t5x_like/lm/base.py:1: a relative import; import absolutely, so that its room is plain"]
 
 
 def code_tokens(path: pathlib.Path) -> list[tokenize.TokenInfo]:

@@ -1,1 +1,2 @@
-"""Many processes: joining the job, agreeing on the configuration, stopping together when a peer fails."""
+"""Many processes: joining the job, agreeing on the configuration, stopping together when a peer fails, and
+whether a process still runs on this host (host.py)."""

@@ -31,7 +31,7 @@ from absl import flags
 from t5x_like import checks
 from t5x_like.data import formats
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, token_dtype
-from t5x_like.data.tokenizer import Tokenizer, load_tokenizer
+from t5x_like.data.tokenizer import Tokenizer, load_tokenizer, load_user_tokenizer
 from t5x_like.data.tokenizer_files import tokenizer_record
 from t5x_like.errors import UserError, exit_on_user_error, run_absl_app
 
@@ -132,7 +132,7 @@ def preprocess(inputs: Sequence[str], output_prefix: str, tokenizer_path: str, *
     checks.output_prefix("--output_prefix", output_prefix, OUTPUT_SUFFIXES)
     paths = formats.expand_inputs(inputs)
     refuse_writing_over_inputs(output_prefix, paths)
-    tokenizer = checks.tokenizer("--tokenizer", tokenizer_path)
+    tokenizer = load_user_tokenizer("--tokenizer", tokenizer_path)
     dtype = token_dtype(tokenizer.vocab_size)
     add_bos = bos and tokenizer.bos_id is not None
     metadata = {"tokenizer": tokenizer_record(tokenizer), "append_eod": append_eod, "add_bos": add_bos,

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from t5x_like.cluster.host import pid_running
 from t5x_like.data.fingerprint import sha256_of
 from t5x_like.errors import UserError
-from t5x_like.run.lock import pid_running
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -338,6 +338,19 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tokenizer if layout is None else layouts.with_layout(tokenizer, layout, f"{layout}:{path}")
 
 
+def load_user_tokenizer(name: str, path: str) -> Tokenizer:
+    """`load_tokenizer(path)` for a path the user gave as `name`: a file the tokenizer libraries cannot read is
+    a UserError naming it, not a traceback."""
+    try:
+        return load_tokenizer(path)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tokenizers / sentencepiece raise plain Exceptions for bad files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{name}={path}: not a readable tokenizer ({reason}); give the tokenizer.json, GPT-2 "
+                        "BPE files, vocab.txt or sentencepiece .model the data was made with.") from None
+
+
 def _load(path: str) -> Tokenizer:
     if path.startswith("cpm:"):
         tokenizer = cpm_tokenizer(path[len("cpm:"):])

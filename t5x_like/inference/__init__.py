@@ -1,1 +1,3 @@
-"""Decoding a checkpoint: loading it onto a mesh, beam search, prompts in and completions out."""
+"""Decoding a checkpoint: loading it onto a mesh, the decoding options and the Generator, prompts in and
+completions out, and the Python API (`load_model`). The search itself (greedy, sampling, beam search) is the
+LanguageModel's (t5x_like/lm/)."""

@@ -18,6 +18,7 @@ from partitioning.mesh import can_simulate, too_few_devices
 from t5x_like import checks
 from t5x_like.checkpoint import store
 from t5x_like.cluster import processes
+from t5x_like.data.tokenizer import load_user_tokenizer
 from t5x_like.data.tokenizer_files import recorded_tokenizer_path
 from t5x_like.errors import UserError
 from t5x_like.lm import make_lm
@@ -41,7 +42,7 @@ def open_tokenizer(path: str | None, config, checkpoint: str = "", flag: str = "
     if flag != "--tokenizer" and not os.path.exists(path.removeprefix("cpm:")):  # recorded by an older version
         raise UserError(f"{flag} is {path}, which does not exist (the checkpoint was written by an older version "
                         "that recorded the path as typed); pass --tokenizer=PATH.")
-    tokenizer = checks.tokenizer(flag, path)
+    tokenizer = load_user_tokenizer(flag, path)
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(f"tokenizer {path} has {tokenizer.vocab_size} ids but the model's vocab_size is "
                         f"{config.vocab_size}: it is not this model's tokenizer. Pass the tokenizer the model "
@@ -69,7 +70,7 @@ def check_tokenizer_matches(checkpoint: str, tokenizer, config, flag: str = "--t
     record = store.read_model_info(checkpoint).get("tokenizer")
     recorded = record if isinstance(record, dict) else None
     if recorded is None and isinstance(record, str) and os.path.exists(record.removeprefix("cpm:")):
-        loaded = checks.tokenizer(f"the tokenizer checkpoint {checkpoint} records", record)
+        loaded = load_user_tokenizer(f"the tokenizer checkpoint {checkpoint} records", record)
         recorded = {"path": record, "sha256": loaded.sha256, "vocab_size": loaded.vocab_size}
     if recorded and recorded.get("sha256") != tokenizer.sha256:
         raise UserError(

@@ -1,8 +1,9 @@
 """The LanguageModel: what the trainer, eval, generate, compile and the benchmarks see of a model.
 
 A LanguageModel wraps a family module (models/) and knows its batch: the feature names (seqio's,
-defined once here), how a batch feeds the module, the loss sums, per-token scores, KV-cache decoding,
-FLOPs and parameter counts. Three kinds exist, picked by the family registry's `kind`:
+defined once here), how a batch feeds the module, the loss sums, per-token scores, KV-cache decoding
+(greedy, sampling and beam search: beam_search.py), FLOPs and parameter counts. Three kinds exist, picked
+by the family registry's `kind`:
 
     DecoderOnlyLM     GPT-2, GPT-NeoX: decoder_* features; FEATURE_LENGTHS {'targets': T}
     EncoderDecoderLM  T5 (its own issue): adds encoder_* features; {'inputs': I, 'targets': T}

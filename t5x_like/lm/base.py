@@ -16,7 +16,7 @@ from models.kernels.cross_entropy import chunked_cross_entropy, chunked_token_sc
 from models.layers import FP8_STATE, ROUTER_STATS, router_losses
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_LOSS_WEIGHTS, DECODER_TARGET_TOKENS
-from t5x_like.inference import beam_search
+from t5x_like.lm import beam_search
 
 Batch = dict[str, jax.Array]
 
@@ -263,7 +263,7 @@ class LanguageModel:
                     eod_id: int, length_penalty: float, cache_layout: tuple[Any, Any]) -> jax.Array:
         """The best beam's ids [batch, max_new_tokens] (eod_id after its end) for prompts as in decode, a beam
         finishing at the id training ends targets with (end_ids' first);
-        t5x_like/inference/beam_search.py scores and stops. `cache_layout` is for batch·num_beams rows."""
+        t5x_like/lm/beam_search.py scores and stops. `cache_layout` is for batch·num_beams rows."""
         rows, prompt_length = tokens.shape[0] * num_beams, tokens.shape[1]
         tokens, valid = jnp.repeat(tokens, num_beams, axis=0), jnp.repeat(valid, num_beams, axis=0)
         logits, state = self.prefill(params, tokens, valid, self._empty_cache(cache_layout))

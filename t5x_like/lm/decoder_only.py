@@ -11,7 +11,7 @@ import models
 from t5x_like.errors import UserError
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
                                DECODER_TARGET_TOKENS)
-from t5x_like.inference import beam_search
+from t5x_like.lm import beam_search
 from t5x_like.lm.base import Batch, LanguageModel, Lengths
 
 

@@ -12,7 +12,7 @@ from t5x_like.errors import UserError
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
                                DECODER_TARGET_TOKENS, ENCODER_INPUT_TOKENS, ENCODER_POSITIONS,
                                ENCODER_SEGMENT_IDS, PairEnds)
-from t5x_like.inference import beam_search
+from t5x_like.lm import beam_search
 from t5x_like.lm.base import Batch, LanguageModel, Lengths
 
 

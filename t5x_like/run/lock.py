@@ -18,6 +18,7 @@ import time
 
 from absl import logging
 
+from t5x_like.cluster.host import pid_running
 from t5x_like.errors import UserError
 
 LOCK_FILE = "run.lock"
@@ -118,14 +119,3 @@ class RunLock:
             except FileNotFoundError:
                 logging.error("%s disappeared while this trainer holds MODEL_DIR", self.path)
                 return
-
-
-def pid_running(pid: int) -> bool:
-    """Whether a process with this pid runs on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

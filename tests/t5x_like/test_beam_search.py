@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models.t5 import T5
-from t5x_like.inference.beam_search import beam_search, cache_batch_axes
+from t5x_like.lm.beam_search import beam_search, cache_batch_axes
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (torch, transformers)")
 transformers = pytest.importorskip("transformers", reason="needs the torch extra (torch, transformers)")

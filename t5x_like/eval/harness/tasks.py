@@ -19,12 +19,14 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
-import t5x_like
 from t5x_like.errors import UserError
 
 OFFLINE_RECIPE = ("download it once where there is a network (lm-eval caches it under HF_DATASETS_CACHE; copy that "
                   "folder here), or write the task as a local YAML (dataset_path: json, dataset_kwargs.data_files) in "
                   "a folder given as --lm_eval_include_path (docs/evaluation.md)")
+
+PACKAGE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
+"""The folder of t5x_like (this file is t5x_like/eval/harness/tasks.py)."""
 
 
 def require_lm_eval() -> None:
@@ -132,8 +134,7 @@ def task_error(names: Sequence[str], manager, error: Exception) -> str:
 def raised_in_our_code(error: Exception) -> bool:
     """An error raised inside t5x_like (the model lm-eval calls) rather than in lm-eval or a task's files; the
     first frame, the call into lm-eval, does not count."""
-    ours = os.path.dirname(os.path.abspath(t5x_like.__file__))
-    return any(os.path.abspath(frame.filename).startswith(ours + os.sep)
+    return any(os.path.abspath(frame.filename).startswith(PACKAGE_DIR + os.sep)
                for frame in traceback.extract_tb(error.__traceback__)[1:])
 
 
