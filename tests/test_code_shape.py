@@ -16,7 +16,6 @@ NEAR_SYNONYMS = (("train", "trainer", "training"), ("validate", "validation"), (
                  ("checkpoint", "checkpoints"))
 GIN_CALLS = ("get_bindings", "query_parameter", "bind_parameter", "config_str", "parse_config", "unlock_config",
              "operative_config_str", "parse_config_files_and_bindings")
-MAX_GIN_CALLS_OUTSIDE_FRONT_END = 4
 
 
 def sources() -> list[pathlib.Path]:
@@ -105,12 +104,6 @@ OURS_OUTSIDE_THE_RUNTIME = {"models": ("models",), "partitioning": ("partitionin
                             "configs": ("configs", "models", "partitioning")}
 """What models/, partitioning/ and configs/ may import of ours (t5x_like sits above them all)."""
 
-# Removed by the configuration-channel refactor (issue 53, item 1): run/ takes config/'s settings until they
-# reach it as arguments. Delete this set then: these are the only imports that may run up a room.
-UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL = {
-    ("t5x_like.run.loop", "t5x_like.config.configurables"), ("t5x_like.run.loop", "t5x_like.config.settings"),
-    ("t5x_like.run.epochs", "t5x_like.config.settings"), ("t5x_like.run.directory", "t5x_like.config.settings")}
-
 
 def room_of(module: str) -> str:
     """The room of a t5x_like module (its top-level module or subpackage; "t5x_like" for the package itself),
@@ -148,7 +141,7 @@ def import_rule_breaks(module: str, path: str, imports: list[tuple[int, str]]) -
             allowed = ", ".join(OURS_OUTSIDE_THE_RUNTIME[package])
             breaks.append(f"{path}:{line} imports {name}: {package}/ imports nothing of ours but {allowed}")
         elif (package == name.split(".")[0] == "t5x_like" and room_of(name) != room
-              and level(room_of(name)) >= level(room) and (module, name) not in UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL):
+              and level(room_of(name)) >= level(room)):
             breaks.append(f"{path}:{line} imports {name}, of room {room_of(name)}, not below room {room}: {ROOM_RULE}")
     return breaks
 
@@ -161,9 +154,6 @@ def test_rooms_import_only_downward():
     imports = {m: imports_of(p.read_text(), set(paths)) for m, p in paths.items()}
     breaks = [line for m, p in paths.items() for line in import_rule_breaks(m, str(p.relative_to(REPO)), imports[m])]
     assert not breaks, "\n".join(breaks)
-    used = {(m, name) for m, found in imports.items() for _, name in found}
-    assert UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL <= used, \
-        f"no longer imported, so delete them from the exceptions: {UPWARD_UNTIL_ONE_CONFIGURATION_CHANNEL - used}"
 
 
 def test_an_import_against_the_order_is_named_with_its_line_room_and_rule():
@@ -209,8 +199,13 @@ def test_only_a_familys_own_files_and_one_registry_name_it(family):
     assert len(naming) <= 1, naming
 
 
-def test_gin_bindings_are_read_and_written_by_the_front_end():
-    outside = [f"{p.relative_to(REPO)}:{t.start[0]}" for p in sources()
-               if not p.is_relative_to(REPO / "t5x_like" / "config")
-               for t in code_tokens(p) if t.type == tokenize.NAME and t.string in GIN_CALLS]
-    assert len(outside) <= MAX_GIN_CALLS_OUTSIDE_FRONT_END, outside
+def test_gin_is_read_in_config_only():
+    """One configuration channel: only t5x_like/config/ imports gin (and calls it); the rest takes typed settings."""
+    outside = [f"{p.relative_to(REPO)}:{node.lineno} imports gin" for p in sources()
+               if not p.is_relative_to(REPO / "t5x_like" / "config") for node in ast.walk(ast.parse(p.read_text()))
+               if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "gin" for a in node.names)
+               or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gin"]
+    outside += [f"{p.relative_to(REPO)}:{t.start[0]} calls {t.string}" for p in sources()
+                if not p.is_relative_to(REPO / "t5x_like" / "config")
+                for t in code_tokens(p) if t.type == tokenize.NAME and t.string in GIN_CALLS]
+    assert not outside, outside
