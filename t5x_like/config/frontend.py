@@ -21,6 +21,7 @@ from absl import logging
 from gin import config as gin_config
 from gin import config_parser
 
+import configs
 from t5x_like.config import bindings as gin_bindings
 from t5x_like.config.settings import read_batches, read_run_settings
 from t5x_like.errors import USER_ERRORS, UserError
@@ -184,6 +185,10 @@ def resolve(name: str, where: str) -> str:
             return path
     if any(os.path.isdir(os.path.join(prefix, name)) for prefix in prefixes):
         raise UserError(f"{where}: {name} is a directory; give a .gin file{_example(name)}.")
+    preset = os.path.basename(name).removesuffix(".gin")
+    if preset in configs.PRESETS:  # gin/models/ keeps only the model files documented commands add
+        raise UserError(f"{where}: no gin file {name}; {preset} is a model preset: choose it with model_config.preset "
+                        f"= '{preset}' in a gin file, or --gin.model_config.preset=\"'{preset}'\" after the run file.")
     searched = ", ".join(dict.fromkeys(os.path.abspath(p or ".") for p in prefixes))
     raise UserError(f"{where}: no gin file {name} (looked in {searched}){_did_you_mean(name, prefixes)}")
 

@@ -1,6 +1,6 @@
 """The model: its family (families.py's table: the entry whose upstream runs and architecture the files fit best),
-its shape as model_config.overrides over the family's base preset (a preset of exactly that shape is included as
-its model file), sequence lengths, and what the family here builds differently from upstream."""
+its preset (the preset of exactly that shape, else the family's base preset with the shape as
+model_config.overrides), sequence lengths, and what the family here builds differently from upstream."""
 from __future__ import annotations
 
 import dataclasses
@@ -74,13 +74,12 @@ def model(upstream: Upstream, out: Out) -> None:
     fields = family.fields(upstream, out)
     family = moe.exportable_family(family, fields, out)
     differences(upstream, out, family)
-    family.lengths(upstream, out)
     values = {k: v for k, (v, _) in fields.items()}
     preset = nearest_preset(family, values)
     preset_values = preset_fields(preset)
-    out.model_file = f"models/{preset}.gin" if same_shape(preset_values, values) else None
-    if out.model_file is None:
-        out.set("model_config.preset", preset, f"the {family.name} family; its shape is set below")
+    shape = "upstream's shape is this preset's" if same_shape(preset_values, values) else "its shape is set below"
+    out.set("model_config.preset", preset, f"the {family.name} family; {shape}")
+    family.lengths(upstream, out)
     for name, (value, why) in fields.items():
         if preset_values.get(name) != value:
             out.override(name, value, why)

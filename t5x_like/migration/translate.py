@@ -47,7 +47,6 @@ class Out:
         self.section = SECTIONS[0]
         self.bindings: list[Binding] = []
         self.overrides: dict[str, tuple[Any, str]] = {}
-        self.model_file: str | None = None
         self.skipped: list[tuple[str, str]] = []  # (setting as written, reason)
         self.notes: list[str] = []
 
@@ -111,8 +110,6 @@ def render(out: Out, command: str) -> str:
     lines += ["# Every value below names the upstream setting it came from; settings with no equivalent are listed",
               "# at the end with the reason. Check the result with:",
               "#   python -m t5x_like.train --gin_file=THIS_FILE --print_config", "include 'base.gin'"]
-    if out.model_file:
-        lines.append(f"include '{out.model_file}'")
     for section in SECTIONS:
         bindings = [b for b in out.bindings if b.section == section]
         if not bindings and not (section == "model" and out.overrides):

@@ -1,6 +1,7 @@
-"""What the migration tests share (tests/t5x_like/migration/): reading what `--print_config` shows, and a corpus
-tokenized as Megatron's tools leave it."""
+"""What the migration tests share (tests/t5x_like/migration/): reading what `--print_config` shows, a corpus
+tokenized as Megatron's tools leave it, and docs/migrating.md's scripts with the excerpts it shows of them."""
 import ast
+import contextlib
 import re
 from pathlib import Path
 
@@ -93,6 +94,21 @@ def megatron_flags(preset: str) -> list[str]:
     if not c.tie_word_embeddings:
         flags += ["--untie-embeddings-and-output-weights"]
     return [str(flag) for flag in flags] + RUN
+
+
+def page_script_migrated(script: str, folder: Path) -> tuple[str, list[str], list[str]]:
+    """docs/migrating.md's `script` (its `<!-- file: NAME -->` block), the lines of the gin excerpt the page shows
+    after it, and the lines migrating it writes (saved in `folder`, migrated from there as a user would)."""
+    from tests.docs.doc_commands import REPO, File, read_page
+
+    page = "docs/migrating.md"
+    [shown] = [item for item in read_page(page) if isinstance(item, File) and item.name == script]
+    text = (REPO / page).read_text(encoding="utf-8")
+    excerpt = text[text.index("```gin\n", text.index(f"<!-- file: {script} -->")) + 7:]
+    (folder / script).write_text(shown.text)
+    with contextlib.chdir(folder):
+        written = translate.render(translate.translate(upstream.read([script])), "migrate")
+    return shown.text, excerpt[:excerpt.index("```")].splitlines(), written.splitlines()
 
 
 def migrated(tmp_path: Path, flags: list[str]) -> translate.Out:

@@ -393,6 +393,13 @@ CASES = [
     case("train", ["--gin_file={gin_dir}", *QUICK[1:]], "--gin_file={gin_dir}: {gin_dir} is a directory"),
     case("train", ["--gin_file={gin_dir}/nothere.gin", *QUICK[1:]], "--gin_file={gin_dir}/nothere.gin: no gin file"),
     case("train", ["--gin_file=quikstart.gin", *QUICK[1:]], "did you mean quickstart.gin?"),
+    # issue 53: a model file that only named a preset is gone; the preset name chooses the model
+    case("train", [*QUICK[:1], "--gin_file=models/llama3_8b.gin", *QUICK[1:]],
+         "--gin_file=models/llama3_8b.gin: no gin file models/llama3_8b.gin; llama3_8b is a model preset: choose it "
+         "with model_config.preset = 'llama3_8b' in a gin file, or --gin.model_config.preset=\"'llama3_8b'\""),
+    case("train", ["--gin_file={gin_model_file}", *QUICK[1:]],
+         "{gin_model_file}:2: include 'models/gpt2_tiny.gin': no gin file models/gpt2_tiny.gin; gpt2_tiny is a model "
+         "preset: choose it with model_config.preset = 'gpt2_tiny' in a gin file"),
     case("compile", ["--gin_file={gin_open_brace}"], "{gin_open_brace}:2: `{{` is never closed"),
     # issue 29: a tokenizer that is not the checkpoint's is refused (GPT-2's checkpoint, T5's 32000-id vocabulary;
     # GPT-2's own files with two ids swapped: the same size, another vocabulary)
@@ -486,6 +493,7 @@ GIN_FILES = {  # issue 29: mistakes inside gin files (each includes the quicksta
     "gin_latin1": b"include 'quickstart.gin'\n# caf\xe9\nTRAIN_STEPS = 3\n",
     "gin_bad_include": b"include 'nothere.gin'\n",
     "gin_nan": b"include 'quickstart.gin'\nLEARNING_RATE = nan\n",
+    "gin_model_file": b"include 'base.gin'\ninclude 'models/gpt2_tiny.gin'\n",
 }
 MIGRATE_FLAGS = (b"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings "
                  b"64 --vocab-size 512 --micro-batch-size 1 --global-batch-size 8 --lr 1e-4 --train-iters 10 ")

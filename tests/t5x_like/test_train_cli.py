@@ -283,7 +283,7 @@ def test_restore_from_an_import_of_another_family_brings_its_model(clean_gin, tm
 
 
 @pytest.mark.parametrize("files, bindings, message", [
-    (["quickstart_llama.gin", "models/llama_tiny.gin"], [], "the command line chooses a 'llama' one"),
+    (["quickstart_llama.gin", "models/qwen3_moe_tiny.gin"], [], "the command line chooses a 'qwen3_moe' one"),
     (["quickstart_llama.gin"], ["model_config.preset='qwen3_tiny'"], "the command line chooses a 'qwen3' one"),
     (["quickstart_t5.gin"], [], "'qwen2_moe' model (decoder-only), which this run file's encoder-decoder settings"),
 ], ids=["a model file after the run file", "a preset binding", "another kind of model"])

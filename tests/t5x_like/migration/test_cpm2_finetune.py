@@ -38,7 +38,7 @@ def test_the_lcqmc_script_as_written_migrates_to_the_cpm2_family(tmp_path):
     migrate(tmp_path, "finetune_cpm2_lcqmc.sh", "--deepspeed_config=ds_full_model.json", "--output=lcqmc.gin")
     text = (tmp_path / "lcqmc.gin").read_text()
     values = bindings(text)
-    assert "include 'models/cpm2.gin'" in text  # the 11B's shape: its model config is not here
+    assert "model_config.preset = 'cpm2'  # the cpm2 family; upstream's shape is this preset's" in text  # the 11B's
     assert {k: values[k] for k in ("OBJECTIVE", "TENSOR_PARALLEL", "BATCH_SIZE", "MICRO_BATCH_SIZE", "LEARNING_RATE",
                                    "EPOCHS", "RULES", "DTYPE", "WARMUP_STEPS", "optim.make_optimizer.decay",
                                    "optim.make_optimizer.weight_decay", "optim.make_optimizer.clip_grad_norm",
@@ -77,7 +77,7 @@ def test_the_lcsts_script_edited_as_its_readme_says_trains_on_its_task_files(tmp
     (tmp_path / "finetune_cpm2_lcsts.sh").write_text(script)
     migrate(tmp_path, "finetune_cpm2_lcsts.sh", "--output=lcsts.gin")
     text = (tmp_path / "lcsts.gin").read_text()
-    assert "data.make_source.fields = ('text', 'summary')" in text and "include 'models/cpm2.gin'" in text
+    assert "data.make_source.fields = ('text', 'summary')" in text and "model_config.preset = 'cpm2'  #" in text
     done = subprocess.run([sys.executable, "-m", "t5x_like.train", "--gin_file=lcsts.gin", "--gin.RESTORE_FROM=None",
                            "--print_config"], cwd=tmp_path, env=cpu_env(1), capture_output=True, text=True,
                           timeout=300)

@@ -18,24 +18,23 @@ from configs import llama as llama_presets
 from t5x_like.errors import UserError
 from t5x_like.migration import translate, upstream
 from tests.support.cli import run_cli
-from tests.support.migration import (RUN, megatron_flags, megatron_token_file, migrated, preset_config, printed_config,
-                                     stand_in_tokenizer)
+from tests.support.migration import (RUN, megatron_flags, megatron_token_file, migrated, page_script_migrated,
+                                     preset_config, printed_config, stand_in_tokenizer)
 from tests.support.shared_data import shared_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "data" / "megatron_llama"
 @pytest.mark.parametrize("preset", llama_presets.PRESETS)
 def test_a_presets_megatron_flags_come_back_as_the_preset(tmp_path, preset):
     out = migrated(tmp_path, megatron_flags(preset))
-    assert out.model_file == f"models/{preset}.gin"
+    assert out.value("model_config.preset") == preset
     assert out.overrides == {}
     assert out.skipped == []
 
 
 def resolved(out: translate.Out) -> dict:
-    """The migrated model config: its preset (the included model file's, or model_config.preset) and overrides."""
-    preset = out.model_file.removeprefix("models/").removesuffix(".gin") if out.model_file else \
-        out.value("model_config.preset")
-    return dataclasses.asdict(preset_config(preset)) | {name: value for name, (value, _) in out.overrides.items()}
+    """The migrated model config: its preset (model_config.preset) and overrides."""
+    overrides = {name: value for name, (value, _) in out.overrides.items()}
+    return dataclasses.asdict(preset_config(out.value("model_config.preset"))) | overrides
 
 
 def without(flags: list[str], *names: str) -> list[str]:
@@ -59,7 +58,7 @@ def skipped(out: translate.Out) -> str:
 def test_megatrons_defaults_tie_the_output_layer_and_bias_every_layer(tmp_path):
     out = migrated(tmp_path, without(megatron_flags("llama3_8b"), "--untie-embeddings-and-output-weights",
                                      "--disable-bias-linear"))
-    assert out.model_file is None and resolved(out)["tie_word_embeddings"] is True
+    assert out.value("model_config.preset") == "llama2_7b" and resolved(out)["tie_word_embeddings"] is True
     assert "Megatron's output layer is the input embedding" in out.overrides["tie_word_embeddings"][1]
     assert resolved(out)["qkv_bias"] is True
     assert "--disable-bias-linear not set: Megatron-LM's default: Megatron adds biases to every linear layer; the " \
@@ -157,7 +156,8 @@ def test_a_megatron_llama_script_gives_the_presets_architecture(tmp_path, script
     shutil.copy(SCRIPTS / script, tmp_path / script)
     run_cli("t5x_like.migrate", [script, "--output=run.gin"], tmp_path)
     gin_text = (tmp_path / "run.gin").read_text()
-    assert f"include 'models/{case['preset']}.gin'" in gin_text
+    assert f"model_config.preset = '{case['preset']}'  # the llama family; upstream's shape is this preset's" \
+        in gin_text
     assert "not recognised by this migration" not in gin_text, gin_text.split("# ---- not migrated")[-1]
     preset = preset_config(case["preset"])
     stand_in_tokenizer(tmp_path / case["tokenizer"], preset.vocab_size)
@@ -192,20 +192,11 @@ def test_a_tiny_llama_script_trains_as_migrated(tmp_path):
         tie_word_embeddings=False, qkv_bias=False, vocab_size=load_tokenizer(tmp_path / "tokenizer.model").vocab_size)
 
 
-def test_the_migration_page_shows_this_script_and_what_it_migrates_to(tmp_path, monkeypatch):
+def test_the_migration_page_shows_this_script_and_what_it_migrates_to(tmp_path):
     """docs/migrating.md's Llama 3 8B script is the one tested above, and its gin excerpt is the migration's."""
-    from tests.docs.doc_commands import REPO, File, read_page
-
-    page = "docs/migrating.md"
-    [script] = [item for item in read_page(page) if isinstance(item, File) and item.name == "train_llama3_8b.sh"]
-    assert script.text == (SCRIPTS / "train_llama3_8b.sh").read_text()
-    text = (REPO / page).read_text(encoding="utf-8")
-    excerpt = text[text.index("```gin\n", text.index("<!-- file: train_llama3_8b.sh -->")) + 7:]
-    excerpt = excerpt[:excerpt.index("```")]
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train_llama3_8b.sh").write_text(script.text)
-    written = translate.render(translate.translate(upstream.read(["train_llama3_8b.sh"])), "migrate").splitlines()
-    assert [line for line in excerpt.splitlines() if line not in written] == []
+    script, excerpt, written = page_script_migrated("train_llama3_8b.sh", tmp_path)
+    assert script == (SCRIPTS / "train_llama3_8b.sh").read_text()
+    assert [line for line in excerpt if line not in written] == []
 
 
 FP8 = ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max",

@@ -10,11 +10,20 @@ import numpy as np
 import pytest
 
 from tests.support.cli import run_cli
-from tests.support.migration import megatron_token_file
+from tests.support.migration import megatron_token_file, page_script_migrated
 from tests.support.shared_data import shared_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "data" / "megatron_gpt"
 UPSTREAM = Path(__file__).resolve().parents[2] / "data" / "upstream" / "megatron"
+
+
+def test_the_migration_page_shows_what_the_gpt2_tutorials_script_migrates_to(tmp_path):
+    """docs/migrating.md's GPT-2 tutorial script: the shape is gpt2_medium's, so the file names that preset and
+    overrides nothing; every line of the page's excerpt is one the migration writes."""
+    _, excerpt, written = page_script_migrated("pretrain_gpt2.sh", tmp_path)
+    assert "model_config.preset = 'gpt2_medium'  # the gpt2 family; upstream's shape is this preset's" in excerpt
+    assert not any(line.startswith("model_config.overrides") for line in written)
+    assert [line for line in excerpt if line not in written] == []
 
 
 @pytest.mark.system
