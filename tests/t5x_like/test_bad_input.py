@@ -342,6 +342,8 @@ CASES = [
     case("train", QUICK + ["--gin.optim.make_optimizer.b1=2.0"], "b1=2"),
     case("train", QUICK + ["--gin.model_config.overrides={{'num_layers': -1}}"], "'num_layers': -1"),
     case("train", QUICK + ["--gin.LEARNING_RATE=1e400"], "LEARNING_RATE=inf"),
+    case("train", QUICK + ["--gin.optim.make_optimizer.total_steps=100"], "the schedule's length is TRAIN_STEPS",
+         id="train:the retired make_optimizer.total_steps"),
     case("train", QUICK + ["--gin.TOKENIZER='{binary_json}'"], "{binary_json}"),
     # issue 52: --print_config checks the model's vocabulary against the token files' tokenizer (their P.json)
     case("train", QUICK + ["--gin.DATA_PATH='{tokens}'", "--gin.model_config.vocab_from_tokenizer=False",
