@@ -308,22 +308,11 @@ def resolve_implementation(implementation: str, query: jax.Array, *, dropout_rat
     return implementation
 
 
-def dot_product_attention(
-    query: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    *,
-    causal: bool = True,
-    segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    bias: jax.Array | None = None,
-    scale: float | None = None,
-    implementation: str = "auto",
-    dropout_rate: float = 0.0,
-    dropout_rng: jax.Array | None = None,
-    block_sizes: splash.BlockSizes | None = None,
-    window: int | None = None,
-) -> jax.Array:
+def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: bool = True,
+                          segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+                          bias: jax.Array | None = None, scale: float | None = None, implementation: str = "auto",
+                          dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
+                          block_sizes: splash.BlockSizes | None = None, window: int | None = None) -> jax.Array:
     """Multi-head attention over BTNH inputs; returns BTNH with the query's heads.
 
     causal: query i sees keys j <= i + (kv_len - q_len); False for encoder and cross-attention.

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from t5x_like.data import formats, make_source
+from t5x_like.data import SourceSettings, formats, make_source
 from t5x_like.data.preprocess import preprocess
 from t5x_like.features import DECODER_INPUT_TOKENS
 
@@ -49,8 +49,8 @@ def default_corpus(path: str, repeat: int) -> None:
 
 def loader_rate(prefix: str, packing: bool, batch_size: int, seq_len: int, seconds: float) -> float:
     """Training tokens (batch_size x seq_len per batch) per second from one host process's loader."""
-    source = make_source("train", batch_size=batch_size, feature_lengths={"targets": seq_len}, seed=0, shard_index=0,
-                         shard_count=1, data_path=prefix, packing=packing)
+    source = make_source("train", SourceSettings(data_path=prefix, packing=packing), batch_size=batch_size,
+                         feature_lengths={"targets": seq_len}, seed=0, shard_index=0, shard_count=1)
     for _ in range(20):
         batch = next(source)
     shape = batch[DECODER_INPUT_TOKENS].shape

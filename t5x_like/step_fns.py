@@ -200,12 +200,8 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
         weight = jnp.maximum(weight, 1.0)
         grads = jax.tree.map(lambda g: g * (tokens / (weight * scale)), grads)
         grad_finite = leaf_finite(grads)
-        old_opt_state = state.opt_state
-        if config.offload_optimizer_state:
-            old_opt_state = jax.device_put(old_opt_state, jax.memory.Space.Device)
-        updates, opt_state = tx.update(grads, old_opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        update_finite = leaf_finite(params).all() & leaf_finite(opt_state).all()
+        params, opt_state, old_opt_state, update_finite = apply_update(tx, state, grads,
+                                                                       config.offload_optimizer_state)
         finite = grad_finite.all() & jnp.isfinite(nll) & update_finite
         skip = ~finite  # never apply a non-finite update: 'skip' goes on, 'stop' stops with a clean state
         keep_old = functools.partial(jax.tree.map, lambda old, new: jnp.where(skip, old, new))
@@ -216,20 +212,27 @@ def make_train_step(lm: LanguageModel, tx: optax.GradientTransformation, schedul
             fp8_state=keep_old(state.fp8_state, fp8_state),
             loss_scale=state.loss_scale.update(finite, config.loss_scale) if state.loss_scale is not None else None,
         )
-        metrics = {
-            "loss": nll / weight,
-            "z_loss": z / weight,
-            "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(optim.applied_updates(old_opt_state)),
-            "tokens": weight,
-            "skipped": skip.astype(jnp.int32),
-            "update_finite": update_finite.astype(jnp.int32),
-            "grad_finite": grad_finite,
-        }
+        metrics = {"loss": nll / weight, "z_loss": z / weight, "grad_norm": optax.tree.norm(grads),
+                   "learning_rate": schedule(optim.applied_updates(old_opt_state)), "tokens": weight,
+                   "skipped": skip.astype(jnp.int32), "update_finite": update_finite.astype(jnp.int32),
+                   "grad_finite": grad_finite}
         metrics.update(auxiliary_metrics(auxiliary, weight), **loss_scale_metric(state.loss_scale))
         return new_state, metrics
 
     return train_step
+
+
+def apply_update(tx: optax.GradientTransformation, state: TrainState, grads: Any,
+                 offload: bool) -> tuple[Any, Any, Any, jax.Array]:
+    """optax's update of `state`'s parameters and optimizer state by `grads` (the optimizer state brought back
+    from host memory first when `offload`ed): (params, opt_state, the optimizer state as the step read it, whether
+    every new parameter and statistic is finite: an update can overflow where the gradients did not)."""
+    old_opt_state = state.opt_state
+    if offload:
+        old_opt_state = jax.device_put(old_opt_state, jax.memory.Space.Device)
+    updates, opt_state = tx.update(grads, old_opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return params, opt_state, old_opt_state, leaf_finite(params).all() & leaf_finite(opt_state).all()
 
 
 def loss_scale_metric(loss_scale: LossScale | None) -> Metrics:

@@ -11,7 +11,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("t5x_like", "models", "partitioning", "configs")
-MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_TOP_MODULES = 450, 60, 15
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_TOP_MODULES = 400, 50, 15
 NEAR_SYNONYMS = (("train", "trainer", "training"), ("validate", "validation"), ("eval", "evaluation"),
                  ("checkpoint", "checkpoints"))
 GIN_CALLS = ("get_bindings", "query_parameter", "bind_parameter", "config_str", "parse_config", "unlock_config",

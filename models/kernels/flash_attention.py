@@ -242,18 +242,9 @@ def kernel_configs(tuning: Tuning, *, q_len: int, kv_len: int, head_dim: int, ha
     ), fused_backward=tuning.backward == "fused")
 
 
-def flash_attention(
-    query: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    segment_ids: jax.Array | None = None,
-    *,
-    causal: bool = True,
-    scale: float | None = None,
-    window: int | None = None,
-    tuning: Tuning | None = None,
-    interpret: bool | None = None,
-) -> jax.Array:
+def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: jax.Array | None = None, *,
+                    causal: bool = True, scale: float | None = None, window: int | None = None,
+                    tuning: Tuning | None = None, interpret: bool | None = None) -> jax.Array:
     """Fused attention over BTNH inputs; key/value may have fewer heads (GQA / MQA).
 
     segment_ids: int [batch, length] (needs equal query and key lengths); 0 marks padding, which

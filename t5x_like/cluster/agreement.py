@@ -11,7 +11,7 @@ import platform
 from typing import Any
 
 from t5x_like.cluster import peers as job
-from t5x_like.cluster.peers import PREFIX
+from t5x_like.cluster.liveness import PREFIX
 from t5x_like.errors import UserError
 
 SETTINGS_DIR = PREFIX + "settings/"

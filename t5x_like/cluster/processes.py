@@ -46,6 +46,26 @@ class ClusterSpec:
     local_device_ids: tuple[int, ...] | None = None
 
 
+def connect(spec, initialization_timeout: int, heartbeat_timeout_seconds: int) -> None:
+    """jax.distributed.initialize for the job `spec` describes; past `initialization_timeout`, one line naming the
+    process that did not connect (jax's own timeouts, which abort with a C++ stack dump, come later)."""
+    deadline = threading.Timer(initialization_timeout, _not_connected, (spec, initialization_timeout))
+    deadline.daemon = True
+    deadline.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=spec.coordinator_address, num_processes=spec.num_processes,
+            process_id=spec.process_id,
+            local_device_ids=list(spec.local_device_ids) if spec.local_device_ids is not None else None,
+            # Once we have resolved the job ourselves, stop jax from re-detecting SLURM, which would
+            # restrict every process to one GPU even when one process drives all GPUs of its node.
+            cluster_detection_method=None if spec.coordinator_address is None else 'deactivate',
+            initialization_timeout=initialization_timeout + BACKSTOP_S,
+            heartbeat_timeout_seconds=peers.jax_heartbeat_timeout(heartbeat_timeout_seconds))
+    finally:
+        deadline.cancel()
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, initialization_timeout: int = INITIALIZATION_TIMEOUT_SECONDS,
                heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_SECONDS) -> None:
@@ -76,24 +96,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     logging.info('distributed: %s -> coordinator=%s num_processes=%s process_id=%s local_device_ids=%s',
                  spec.source, spec.coordinator_address, spec.num_processes, spec.process_id,
                  spec.local_device_ids)
-    deadline = threading.Timer(initialization_timeout, _not_connected, (spec, initialization_timeout))
-    deadline.daemon = True
-    deadline.start()
-    try:
-        jax.distributed.initialize(
-            coordinator_address=spec.coordinator_address,
-            num_processes=spec.num_processes,
-            process_id=spec.process_id,
-            local_device_ids=list(spec.local_device_ids) if spec.local_device_ids is not None else None,
-            # Once we have resolved the job ourselves, stop jax from re-detecting SLURM, which would
-            # restrict every process to one GPU even when one process drives all GPUs of its node.
-            cluster_detection_method=None if spec.coordinator_address is None else 'deactivate',
-            # jax's own timeouts abort the process with a C++ stack dump: ours come first.
-            initialization_timeout=initialization_timeout + BACKSTOP_S,
-            heartbeat_timeout_seconds=peers.jax_heartbeat_timeout(heartbeat_timeout_seconds),
-        )
-    finally:
-        deadline.cancel()
+    connect(spec, initialization_timeout, heartbeat_timeout_seconds)
     peers.watch(heartbeat_timeout_seconds)
     logging.info('distributed: process %d of %d connected; %d local / %d global devices.',
                  jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())

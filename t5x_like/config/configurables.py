@@ -12,7 +12,6 @@ import models
 from partitioning import MeshShape
 from t5x_like import checks, data, optim, step_fns
 from t5x_like.checkpoint import store
-from t5x_like.config import bindings
 from t5x_like.data import loader
 from t5x_like.errors import UserError
 from t5x_like.eval.harness.during_training import LmEvalDuringTraining

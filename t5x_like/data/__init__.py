@@ -1,10 +1,10 @@
 """Data: tokenizers, corpus preprocessing, token files and the batch sources the trainer iterates.
 
-    source = make_source('train', batch_size=8, feature_lengths={'targets': 1024}, seed=0, shard_index=0,
-                         shard_count=1)
+    source = make_source('train', SourceSettings(data_path='data/owt_gpt2'), batch_size=8,
+                         feature_lengths={'targets': 1024}, seed=0, shard_index=0, shard_count=1)
     batch = next(source)   # t5x_like/features.py: decoder_input_tokens, decoder_target_tokens, ...
 
-`objective=` picks what the rows hold (t5x_like/data/objectives/: causal_lm, span_corruption, seq2seq, mlm,
+SourceSettings' `objective` picks what the rows hold (t5x_like/data/objectives/: causal_lm, span_corruption, seq2seq, mlm,
 classification), each with its FEATURE_LENGTHS, e.g. {'inputs': 512, 'targets': 114} for span corruption.
 
 Names are imported on first use, so the preprocessing CLI and its worker processes start without grain.

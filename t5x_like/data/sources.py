@@ -19,8 +19,7 @@ from t5x_like.features import PairEnds
 class SourceSettings:
     """What a run's data is read with (gin: data.make_source.*): OBJECTIVE, DATA_PATH, BLEND_WEIGHTS, TOKENIZER,
     DATA_SPLIT, PACKING, the loader's worker processes, and the objective's own settings (`options`: span
-    corruption's noise_density, masked-LM's mask_rate, classification's labels, causal-LM's tfds_name, ...), which
-    make_source takes as `arguments()`."""
+    corruption's noise_density, masked-LM's mask_rate, classification's labels, causal-LM's tfds_name, ...)."""
 
     objective: str
     data_path: str | list[str] | dict | None
@@ -39,30 +38,24 @@ class SourceSettings:
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
-    def arguments(self) -> dict[str, Any]:
-        """make_source's data arguments (every objective's and this objective's own)."""
-        shared = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "options"}
-        return {**shared, **self.options}
 
-
-def make_source(split: str, *, batch_size: int, feature_lengths: dict[str, int], seed: int, shard_index: int,
-                shard_count: int, objective: str = "causal_lm", data_path: str | list[str] | dict | None = None,
-                blend_weights: list[float] | None = None, tokenizer: str | None = None, data_split: str = "949,50,1",
-                packing: bool = False, worker_count: int = 0, rampup: BatchRampup | None = None,
-                pair_ends: Callable[[int], PairEnds] | None = None, **settings) -> BatchSource:
+def make_source(split: str, settings: SourceSettings | None = None, *, batch_size: int,
+                feature_lengths: dict[str, int], seed: int, shard_index: int, shard_count: int,
+                rampup: BatchRampup | None = None, pair_ends: Callable[[int], PairEnds] | None = None) -> BatchSource:
     """This host's batches of `split` ('train' | 'validation' | 'test'): `batch_size` rows of every global
-    batch, made by OBJECTIVE's module from the data settings every objective takes (DATA_PATH, BLEND_WEIGHTS,
-    TOKENIZER, DATA_SPLIT, PACKING, worker_count) and its own `settings` (e.g. span corruption's noise_density,
-    masked-LM's mask_rate, classification's labels: data.make_source.<setting> in gin). `rampup`: the training
-    split's batch-size ramp-up (BATCH_SIZE_RAMPUP, of the global batch). `pair_ends`: the model's (its
-    LanguageModel's source_settings give it; see features.PairEnds)."""
-    module = objective_module(objective)
-    check_settings(module, objective, settings)
+    batch, made by OBJECTIVE's module from the data `settings` (default: the builtin corpus, causal LM; every
+    objective takes DATA_PATH, BLEND_WEIGHTS, TOKENIZER, DATA_SPLIT, PACKING, worker_count, and each its own
+    options). `rampup`: the training split's batch-size ramp-up (BATCH_SIZE_RAMPUP, of the global batch).
+    `pair_ends`: the model's (its LanguageModel's source_settings give it; see features.PairEnds)."""
+    settings = settings or SourceSettings()
+    module = objective_module(settings.objective)
+    check_settings(module, settings.objective, settings.options)
     request = SourceRequest(split, batch_size=batch_size, feature_lengths=feature_lengths, seed=seed,
-                            shard_index=shard_index, shard_count=shard_count, data_path=data_path,
-                            blend_weights=blend_weights, tokenizer=tokenizer, data_split=data_split, packing=packing,
-                            worker_count=worker_count, rampup=rampup, pair_ends=pair_ends)
-    return module.make_source(request, **settings)
+                            shard_index=shard_index, shard_count=shard_count, data_path=settings.data_path,
+                            blend_weights=settings.blend_weights, tokenizer=settings.tokenizer,
+                            data_split=settings.data_split, packing=settings.packing,
+                            worker_count=settings.worker_count, rampup=rampup, pair_ends=pair_ends)
+    return module.make_source(request, **settings.options)
 
 
 def check_settings(module, objective: str, settings: dict) -> None:

@@ -38,6 +38,17 @@ def gather_beams(x: jax.Array, indices: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def first_beams(logits: jax.Array, cache: Any, batch: int, num_beams: int, length: int, start_id: int,
+                pad_id: int) -> dict[str, Any]:
+    """The search's state before its first step: every row's beams hold the start token, the first beam alone
+    scored (the others, equal to it, start at NEG), nothing finished."""
+    running = jnp.full((batch, num_beams, length), pad_id, jnp.int32).at[:, :, 0].set(start_id)
+    return dict(cur_len=jnp.int32(1), logits=logits, cache=cache, running=running,
+                running_scores=jnp.zeros((batch, num_beams)).at[:, 1:].set(NEG), sequences=running,
+                scores=jnp.full((batch, num_beams), NEG), finished=jnp.zeros((batch, num_beams), bool),
+                open=jnp.ones((batch, 1), bool), all_hit=jnp.bool_(False))
+
+
 def beam_search(step: Step, logits: jax.Array, cache: Any, batch_axes: Any, *, num_beams: int,
                 max_new_tokens: int, start_id: int, eos_id: int, pad_id: int, vocab_size: int,
                 length_penalty: float = 1.0) -> tuple[jax.Array, jax.Array]:
@@ -47,13 +58,7 @@ def beam_search(step: Step, logits: jax.Array, cache: Any, batch_axes: Any, *, n
     tokens, pad after EOS; best first, and their scores [batch, beams])."""
     batch = logits.shape[0] // num_beams
     length = 1 + max_new_tokens
-    running = jnp.full((batch, num_beams, length), pad_id, jnp.int32).at[:, :, 0].set(start_id)
-    state = dict(
-        cur_len=jnp.int32(1), logits=logits, cache=cache,
-        running=running, running_scores=jnp.zeros((batch, num_beams)).at[:, 1:].set(NEG),
-        sequences=running, scores=jnp.full((batch, num_beams), NEG),
-        finished=jnp.zeros((batch, num_beams), bool), open=jnp.ones((batch, 1), bool),
-        all_hit=jnp.bool_(False))
+    state = first_beams(logits, cache, batch, num_beams, length, start_id, pad_id)
     top_mask = jnp.arange(2 * num_beams) < num_beams
 
     def search_step(s):

@@ -52,8 +52,9 @@ def steps_per_pass(epochs: int, settings: Batches) -> int:
 
 def training_rows(settings: Batches) -> int:
     """The rows of one pass over the training split, as data.make_source reads them."""
-    source = data.make_source("train", batch_size=settings.batch_size, feature_lengths=dict(settings.feature_lengths),
-                              seed=settings.seed, shard_index=0, shard_count=1, **settings.source.arguments())
+    source = data.make_source("train", settings.source, batch_size=settings.batch_size,
+                              feature_lengths=dict(settings.feature_lengths), seed=settings.seed, shard_index=0,
+                              shard_count=1)
     try:
         rows = getattr(source, "rows_per_epoch", None)
     finally:

@@ -48,7 +48,7 @@ def train(settings: RunSettings, *, data_source: Callable | None = None) -> Trai
     loop = settings.loop
     loop.check()
     check_model_dir(loop.model_dir)
-    data_source = data_source or functools.partial(make_source, **settings.source.arguments())
+    data_source = data_source or functools.partial(make_source, settings=settings.source)
     with contextlib.ExitStack() as run:
         ckpt = directory.open_model_dir(run, loop.model_dir, loop.keep_checkpoints, loop.save_steps)
         latest = ckpt.latest_step()

@@ -14,7 +14,7 @@ import pytest
 from models.t5 import T5Config
 from partitioning import make_mesh, pipeline
 from t5x_like import optim
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.experiment import ExperimentSettings, build_experiment, pipeline_stack
 from t5x_like.features import DECODER_POSITIONS
 from tests.support.pipeline import saved_and_restored
@@ -32,8 +32,8 @@ def batches():
     """Packed span-corruption rows whose decoder side counts positions across its documents: the encoder's
     position bias is per row [batch, heads, inputs, inputs] (split into microbatches), the decoder's
     shared [1, heads, targets, targets] (read whole by every microbatch)."""
-    source = make_source("train", batch_size=BATCH, feature_lengths=LENGTHS, seed=3, shard_index=0, shard_count=1,
-                         packing=True, objective="span_corruption")
+    source = make_source("train", SourceSettings(packing=True, objective="span_corruption"), batch_size=BATCH,
+                         feature_lengths=LENGTHS, seed=3, shard_index=0, shard_count=1)
     return [{k: v for k, v in next(source).items() if k != DECODER_POSITIONS} for _ in range(STEPS)]
 
 

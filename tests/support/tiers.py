@@ -21,6 +21,9 @@ from tests.support import shared_data
 
 TIERS = ("unit", "integration", "system")
 PROCESS_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.system", "os.exec"}
+LIBRARY_PROBES = ("fc-list",)
+"""Processes a library starts on its own, once per machine: matplotlib lists the fonts (fc-list) when it builds its
+font cache, which a fresh virtualenv lacks until the first test that draws."""
 _seen: dict[str, list[str]] = {"processes": [], "shared": []}
 _watching: list[bool] = []  # the audit hook, once installed (a hook cannot be removed)
 
@@ -37,7 +40,7 @@ def _audit(event: str, args: tuple) -> None:
     if event == "open":
         if args and shared_data.is_shared(args[0]):
             _seen["shared"].append(os.fsdecode(args[0]))
-    elif event in PROCESS_EVENTS:
+    elif event in PROCESS_EVENTS and not _describe(args).startswith(LIBRARY_PROBES):
         _seen["processes"].append(f"{event} {_describe(args)}")
 
 

@@ -731,15 +731,15 @@ def test_a_token_file_cut_short_while_training_reads_it_is_named(tmp_path):
     batches come from the loader training uses (make_source), and its grain worker processes map it anew."""
     import pickle
 
-    from t5x_like.data import make_source, open_token_file
+    from t5x_like.data import SourceSettings, make_source, open_token_file
     from t5x_like.data.token_file import TokenFileError, TokenFileWriter
 
     prefix = str(tmp_path / "tok")
     made_with = {"path": "t", "sha256": "0" * 64, "vocab_size": 1000, "eod_id": 0}
     with TokenFileWriter(prefix, np.uint16, {"tokenizer": made_with}) as writer:
         writer.write(np.arange(100_000, dtype=np.uint16) % 1000, np.full(50, 2000))
-    source = make_source("train", batch_size=4, feature_lengths={"targets": 32}, seed=0, shard_index=0,
-                         shard_count=1, data_path=prefix, data_split="1,0,0")
+    source = make_source("train", SourceSettings(data_path=prefix, data_split="1,0,0"), batch_size=4,
+                         feature_lengths={"targets": 32}, seed=0, shard_index=0, shard_count=1)
     try:
         next(source)
         os.truncate(prefix + ".bin", 1000)

@@ -12,7 +12,7 @@ import pytest
 
 from partitioning import make_mesh
 from t5x_like.config import frontend
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.data.rampup import BatchRampup, batch_rampup
 from t5x_like.data.token_file import TokenFileWriter
 from t5x_like.errors import UserError
@@ -107,8 +107,9 @@ def write_corpus(prefix) -> str:
 
 
 def ramped_batches(path, rampup, count):
-    source = make_source("train", batch_size=rampup.batch_size, feature_lengths={"targets": step_runs.SEQ_LEN}, seed=3,
-                         shard_index=0, shard_count=1, data_path=path, rampup=rampup)
+    source = make_source("train", SourceSettings(data_path=path), batch_size=rampup.batch_size,
+                         feature_lengths={"targets": step_runs.SEQ_LEN}, seed=3, shard_index=0, shard_count=1,
+                         rampup=rampup)
     return [next(source) for _ in range(count)]
 
 
@@ -146,7 +147,7 @@ def metrics_rows(model_dir):
 
 @pytest.mark.integration
 def test_a_run_stopped_mid_ramp_resumes_exactly_and_logs_each_steps_batch(tmp_path):
-    source = functools.partial(make_source, data_path=write_corpus(tmp_path / "corpus"))
+    source = functools.partial(make_source, settings=SourceSettings(data_path=write_corpus(tmp_path / "corpus")))
     settings = {"batch_size_rampup": (2, 2, 12)}  # 2, 2, 4, 6, 8, 8 rows: steps 0 .. 5
     run(tmp_path / "straight", source, steps=6, checkpoint_every=3, settings=settings)
     run(tmp_path / "resumed", source, steps=3, checkpoint_every=3, settings=settings)

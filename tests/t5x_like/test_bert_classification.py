@@ -16,7 +16,7 @@ from models.bert import BertConfig
 from partitioning import make_mesh
 from t5x_like import optim
 from t5x_like.checkpoint import store
-from t5x_like.data import load_tokenizer, make_source
+from t5x_like.data import SourceSettings, load_tokenizer, make_source
 from t5x_like.data.objectives.classification import classification_examples, encode_pair, read_labelled
 from t5x_like.data.objectives.mlm import mlm_vocabulary
 from t5x_like.errors import UserError
@@ -72,9 +72,10 @@ def test_rows_are_cls_text_sep_pair_sep_with_token_types(tokenizer_path, tmp_pat
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps({"text": "the cat", "text_pair": "a dog ran", "label": "pos"}) + "\n"
                     + json.dumps({"text": "red tree", "label": "neg"}) + "\n")
-    source = make_source("train", batch_size=2, feature_lengths=LENGTHS, seed=0, shard_index=0, shard_count=1,
-                         objective="classification", data_path={"train": str(path)}, tokenizer=tokenizer_path,
-                         labels=["neg", "pos"])
+    source = make_source("train",
+                         SourceSettings(objective="classification", data_path={"train": str(path)},
+                                        tokenizer=tokenizer_path, labels=["neg", "pos"]),
+                         batch_size=2, feature_lengths=LENGTHS, seed=0, shard_index=0, shard_count=1)
     batch = next(source)
     first = sorted(range(2), key=lambda r: -batch[ENCODER_SEGMENT_IDS][r].sum())[0]  # the pair (the order is shuffled)
     ids = {piece: i for i, piece in enumerate(SPECIALS + WORDS)}
@@ -137,8 +138,8 @@ def test_fine_tuning_reaches_95_percent_and_eval_matches_transformers(tokenizer_
 
     data = {"train": synthetic(tmp_path / "train.jsonl", 512, 0),
             "validation": synthetic(tmp_path / "dev.jsonl", 70, 1)}
-    source = functools.partial(make_source, objective="classification", data_path=data, tokenizer=tokenizer_path,
-                               labels=["neg", "pos"])
+    source = functools.partial(make_source, settings=SourceSettings(objective="classification", data_path=data,
+                                                                    tokenizer=tokenizer_path, labels=["neg", "pos"]))
     experiment = ExperimentSettings(
         model=CONFIG, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=16, feature_lengths=LENGTHS,
         optimizer=optim.OptimizerSettings(learning_rate=2e-3, warmup_steps=5, weight_decay=0.01))
@@ -189,8 +190,8 @@ def restored_run(tmp_path, name, config, restore_from, tokenizer_path, labels):
     """A run of `config` from RESTORE_FROM with learning rate 0 (AdamW's decay scales with it): its
     checkpoint holds the parameters it started from."""
     data = {"train": synthetic(tmp_path / "train.jsonl", 64, 0)}
-    source = functools.partial(make_source, objective="classification", data_path=data, tokenizer=tokenizer_path,
-                               labels=labels)
+    source = functools.partial(make_source, settings=SourceSettings(objective="classification", data_path=data,
+                                                                    tokenizer=tokenizer_path, labels=labels))
     experiment = ExperimentSettings(
         model=config, mesh=make_mesh(data=2, devices=jax.devices()[:2]), batch_size=8, feature_lengths=LENGTHS,
         optimizer=optim.OptimizerSettings(learning_rate=0.0, warmup_steps=0))

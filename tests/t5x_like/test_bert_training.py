@@ -11,7 +11,7 @@ import pytest
 from models.bert import BertConfig
 from partitioning import make_mesh
 from t5x_like import optim
-from t5x_like.data import load_tokenizer, make_source
+from t5x_like.data import SourceSettings, load_tokenizer, make_source
 from t5x_like.data.objectives.mlm import MLMVocabulary, mlm_mask, word_starts
 from t5x_like.errors import UserError
 from t5x_like.experiment import ExperimentSettings, build_experiment
@@ -77,15 +77,15 @@ def test_word_starts_of_wordpiece_and_byte_level_bpe(tmp_path):
     pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "play", "##ing", "walk", "##ed"]
     Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]")).save(str(tmp_path / "t.json"))
     np.testing.assert_array_equal(word_starts(load_tokenizer(str(tmp_path / "t.json")))[5:], [1, 0, 1, 0])
-    builtin = load_tokenizer(make_source("test", batch_size=1, feature_lengths=LENGTHS, seed=0, shard_index=0,
-                                         shard_count=1, objective="mlm").tokenizer_path)
+    builtin = load_tokenizer(make_source("test", SourceSettings(objective="mlm"), batch_size=1, feature_lengths=LENGTHS,
+                                         seed=0, shard_index=0, shard_count=1).tokenizer_path)
     starts = word_starts(builtin)
     assert starts[builtin.token_to_id("Ġthe")] and not starts[builtin.token_to_id("ing")]
 
 
 def source(split="train", batch_size=4, **kwargs):
-    return make_source(split, batch_size=batch_size, feature_lengths=LENGTHS, seed=3, shard_index=0, shard_count=1,
-                       objective="mlm", **kwargs)
+    return make_source(split, SourceSettings(objective="mlm", **kwargs), batch_size=batch_size,
+                       feature_lengths=LENGTHS, seed=3, shard_index=0, shard_count=1)
 
 
 def test_builtin_corpus_rows_are_cls_text_sep():
@@ -147,8 +147,8 @@ def run(mesh, rules, data, config=CONFIG):
 
 @pytest.mark.integration
 def test_mlm_training_on_data_x_tensor_equals_one_device():
-    stream = make_source("train", batch_size=8, feature_lengths=LENGTHS, seed=3, shard_index=0, shard_count=1,
-                         objective="mlm", packing=True)
+    stream = make_source("train", SourceSettings(objective="mlm", packing=True), batch_size=8, feature_lengths=LENGTHS,
+                         seed=3, shard_index=0, shard_count=1)
     data = [next(stream) for _ in range(6)]
     want, want_eval = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
     assert want[-1] < want[0] - 0.1  # it learns (9.05 -> 8.90 in 6 steps)

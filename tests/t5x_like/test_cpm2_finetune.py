@@ -15,7 +15,7 @@ import pytest
 from models.cpm2 import CPM2Config
 from partitioning import make_mesh
 from t5x_like import optim
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.eval.scoring import INPUTS, TARGETS, WEIGHTS
 from t5x_like.eval.seq2seq import seq2seq_rows
 from t5x_like.experiment import ExperimentSettings
@@ -46,9 +46,10 @@ def task(tmp_path_factory):
 
 
 def source(folder, split="train", **kwargs):
-    return functools.partial(make_source, objective="seq2seq", tokenizer=str(shared_file("cpm2", "vocab.txt")),
-                             data_path={"train": str(folder / "train.jsonl"), "validation": str(folder / "dev.jsonl")},
-                             fields=("text", "summary"), **kwargs)
+    return functools.partial(make_source, settings=SourceSettings(
+        objective="seq2seq", tokenizer=str(shared_file("cpm2", "vocab.txt")),
+        data_path={"train": str(folder / "train.jsonl"), "validation": str(folder / "dev.jsonl")},
+        fields=("text", "summary"), **kwargs))
 
 
 def assert_rows_are_cpm2_datasets(batch, reference):
@@ -90,11 +91,10 @@ def test_lcqmc_pairs_written_as_cpm_md_says_are_lcqmc_datasets_rows(tmp_path, mo
     runpy.run_path("lcqmc_pairs.py", run_name="__main__")
     want = {tuple(d["enc_input_ids"]): d for d in
             lcqmc_dataset_ids(ModelCenterCPM2Tokenizer(shared_file("cpm2", "vocab.txt")), LCQMC_RECORDS)}
-    batch = next(make_source("train", batch_size=len(want), feature_lengths={"inputs": 64, "targets": 8}, seed=0,
-                             shard_index=0, shard_count=1, objective="seq2seq", data_path=str(tmp_path / "pairs" /
-                                                                                              "train.jsonl"),
-                             data_split="1,0,0", tokenizer=str(shared_file("cpm2", "vocab.txt")),
-                             pair_ends=make_lm(CONFIG).pair_ends))
+    settings = SourceSettings(objective="seq2seq", data_path=str(tmp_path / "pairs" / "train.jsonl"),
+                              data_split="1,0,0", tokenizer=str(shared_file("cpm2", "vocab.txt")))
+    batch = next(make_source("train", settings, batch_size=len(want), feature_lengths={"inputs": 64, "targets": 8},
+                             seed=0, shard_index=0, shard_count=1, pair_ends=make_lm(CONFIG).pair_ends))
     seen = set()
     for row in range(len(want)):
         encoder = batch["encoder_input_tokens"][row][batch["encoder_segment_ids"][row] > 0]

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from t5x_like.data import load_tokenizer, make_source
+from t5x_like.data import SourceSettings, load_tokenizer, make_source
 from t5x_like.eval import cli as evaluation
 from t5x_like.eval import seq2seq
 from t5x_like.inference import decoding
@@ -25,8 +25,9 @@ def setup(tmp_path_factory):
     from t5x_like.convert import hf
 
     path = tmp_path_factory.mktemp("t5eval")
-    tokenizer = make_source("train", batch_size=8, feature_lengths={"inputs": 32, "targets": 8}, seed=0, shard_index=0,
-                            shard_count=1, objective="span_corruption").tokenizer_path
+    tokenizer = make_source("train", SourceSettings(objective="span_corruption"), batch_size=8,
+                            feature_lengths={"inputs": 32, "targets": 8}, seed=0, shard_index=0,
+                            shard_count=1).tokenizer_path
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=8292, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,

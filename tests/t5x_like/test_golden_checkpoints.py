@@ -15,7 +15,7 @@ import models
 from partitioning import make_mesh
 from t5x_like import metrics, optim
 from t5x_like.convert import hf
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.experiment import ExperimentSettings
 from t5x_like.inference import loading
 from t5x_like.lm import make_lm
@@ -73,7 +73,8 @@ def test_training_resumes_to_the_same_loss(name, tmp_path, monkeypatch):
                                     feature_lengths=lengths)
     loop.train(RunSettings(loop=LoopSettings(model_dir=str(tmp_path / "run"), train_steps=3, checkpoint_every=2,
                                              log_every=1, eval_every=0), experiment=experiment),
-               data_source=functools.partial(make_source, objective=objective, data_path="data/corpus"))
+               data_source=functools.partial(make_source, settings=SourceSettings(objective=objective,
+                                                                                  data_path="data/corpus")))
     row = [r for r in metrics.read_rows(str(tmp_path / "run")) if r.get("step") == 3][0]
     want = expected(name, "resumed/")
     assert (row["loss"], row["grad_norm"]) == pytest.approx((float(want["loss"]), float(want["grad_norm"])),

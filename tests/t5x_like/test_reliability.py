@@ -19,7 +19,7 @@ from partitioning import make_mesh
 from t5x_like import metrics, optim
 from t5x_like.checkpoint import integrity, store
 from t5x_like.convert import hf
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.data.loader import DataChangedError
 from t5x_like.data.token_file import TokenFileError, TokenFileWriter, open_token_file
 from t5x_like.errors import UserError
@@ -125,8 +125,8 @@ def test_raising_train_steps_on_resume_warns_with_the_learning_rate_jump(referen
 def test_blends_log_documents_tokens_and_rows_per_split_and_source(tmp_path, caplog):
     prefixes = [write_tokens(tmp_path / name, [[1] * 40] * 20, vocab_size=256) for name in ("a", "b")]
     with caplog.at_level(logging.INFO):
-        make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
-                    data_path=prefixes, blend_weights=[3.0, 1.0], data_split="90,10,0")
+        make_source("train", SourceSettings(data_path=prefixes, blend_weights=[3.0, 1.0], data_split="90,10,0"),
+                    batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1)
     table = caplog.text.split("data: train split (DATA_SPLIT=90,10,0, SEQ_LEN=8)")[1]
     assert "documents" in table and "tokens" in table and "rows" in table
     for prefix, weight in zip(prefixes, ("0.750", "0.250")):  # 18 documents of 40 tokens: (720 - 1) // 8 rows
@@ -408,7 +408,7 @@ def test_a_resume_on_a_changed_corpus_is_refused_unless_the_data_starts_over(tmp
     naming the file; train.restart_data=True resumes the model and starts the data over, saying so."""
     documents = [[(7 * d + t) % 250 + 1 for t in range(30)] for d in range(80)]
     prefix = write_tokens(tmp_path / "corpus", documents, vocab_size=256)
-    source = functools.partial(make_source, data_path=prefix)
+    source = functools.partial(make_source, settings=SourceSettings(data_path=prefix))
     run(tmp_path / "run", source, steps=2)
     write_tokens(tmp_path / "corpus", documents[:70], vocab_size=256)
     with pytest.raises(DataChangedError, match=r"data file 1 \(.*corpus\): [\d,]+, [\d,]+ bytes then, .* now\. "
@@ -423,8 +423,8 @@ def test_token_ids_outside_the_vocabulary_are_named(tmp_path):
     prefix = write_tokens(tmp_path / "big", [[1, 2, 3] * 10, [5, 300, 7] * 10], vocab_size=256)
     with pytest.raises(TokenFileError, match=r"big.bin: token id 300 at position 31 is outside the vocabulary "
                                              r"of fake \(256 ids\)"):
-        make_source("train", batch_size=1, feature_lengths={"targets": 4}, seed=0, shard_index=0, shard_count=1,
-                    data_path=prefix, data_split="1,1,0")
+        make_source("train", SourceSettings(data_path=prefix, data_split="1,1,0"), batch_size=1,
+                    feature_lengths={"targets": 4}, seed=0, shard_index=0, shard_count=1)
 
 
 def test_misleading_inputs_get_messages_that_name_the_fix(synthetic_source, tmp_path):

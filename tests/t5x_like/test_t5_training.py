@@ -14,7 +14,7 @@ import pytest
 
 from partitioning import make_mesh
 from t5x_like.lm import make_lm
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS,
                                ENCODER_INPUT_TOKENS, ENCODER_POSITIONS, ENCODER_SEGMENT_IDS)
 from tests.support import training
@@ -118,8 +118,9 @@ def test_fine_tuning_from_a_transformers_t5_starts_at_its_loss(tmp_path):
         f.writelines(json.dumps({"inputs": i, "targets": t}) + "\n" for i, t in PAIRS)
     tokenizer = span_corruption("train", batch_size=8, feature_lengths=LENGTHS, seed=0, shard_index=0,
                                 shard_count=1).tokenizer_path
-    seq2seq = functools.partial(make_source, objective="seq2seq", data_path={"train": str(tmp_path / "pairs.jsonl")},
-                                tokenizer=tokenizer)
+    seq2seq = functools.partial(make_source, settings=SourceSettings(objective="seq2seq",
+                                                                     data_path={"train": str(tmp_path / "pairs.jsonl")},
+                                                                     tokenizer=tokenizer))
     training.run(tmp_path / "finetune", seq2seq, steps=2, restore_from=pretrained,
                    settings={"model": CONFIG, "feature_lengths": LENGTHS})
     first = training.losses(tmp_path / "finetune")[1]

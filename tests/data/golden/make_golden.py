@@ -33,11 +33,12 @@ from models.t5 import T5Config  # noqa: E402
 from partitioning import make_mesh  # noqa: E402
 from t5x_like import inference, metrics, optim  # noqa: E402
 from t5x_like.convert import hf  # noqa: E402
-from t5x_like.data import make_source  # noqa: E402
+from t5x_like.data import SourceSettings, make_source  # noqa: E402
 from t5x_like.data.builtin import builtin_documents  # noqa: E402
 from t5x_like.data.preprocess import preprocess  # noqa: E402
 from t5x_like.data.train_tokenizer import train_byte_level_bpe  # noqa: E402
 from t5x_like.experiment import ExperimentSettings  # noqa: E402
+from t5x_like.run import loop  # noqa: E402
 from t5x_like.run.settings import LoopSettings, RunSettings  # noqa: E402
 from t5x_like.lm import make_lm  # noqa: E402
 
@@ -64,7 +65,7 @@ RUNS = {
 
 
 def data_source(objective: str, corpus: str):
-    return functools.partial(make_source, objective=objective, data_path=corpus)
+    return functools.partial(make_source, settings=SourceSettings(objective=objective, data_path=corpus))
 
 
 def experiment(config, lengths) -> ExperimentSettings:

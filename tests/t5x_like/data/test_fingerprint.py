@@ -10,13 +10,13 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
-from t5x_like.data import fingerprint, make_source
+from t5x_like.data import SourceSettings, fingerprint, make_source
 from t5x_like.data.loader import DataChangedError
 
 
 def source(path, **settings):
-    return make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
-                       data_path=path, data_split="1,0,0", **settings)
+    return make_source("train", SourceSettings(data_path=path, data_split="1,0,0", **settings), batch_size=2,
+                       feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1)
 
 
 def saved_state(path, **settings) -> dict:
@@ -111,13 +111,13 @@ def test_jsonl_pairs_edited_at_the_same_size_are_refused(tmp_path, reads):
     pairs.write_text("".join(json.dumps({"inputs": f"input {i}", "targets": f"target {i}"}) + "\n"
                              for i in range(8)))
     settings = dict(objective="seq2seq", tokenizer=word_tokenizer(tmp_path))
-    src = make_source("train", batch_size=2, feature_lengths={"inputs": 8, "targets": 8}, seed=0, shard_index=0,
-                      shard_count=1, data_path={"train": str(pairs)}, **settings)
+    src = make_source("train", SourceSettings(data_path={"train": str(pairs)}, **settings), batch_size=2,
+                      feature_lengths={"inputs": 8, "targets": 8}, seed=0, shard_index=0, shard_count=1)
     next(src)
     state = json.loads(json.dumps(src.get_state()))
     pairs.write_text(pairs.read_text().replace("input 3", "input 4"))
-    again = make_source("train", batch_size=2, feature_lengths={"inputs": 8, "targets": 8}, seed=0, shard_index=0,
-                        shard_count=1, data_path={"train": str(pairs)}, **settings)
+    again = make_source("train", SourceSettings(data_path={"train": str(pairs)}, **settings), batch_size=2,
+                        feature_lengths={"inputs": 8, "targets": 8}, seed=0, shard_index=0, shard_count=1)
     with pytest.raises(DataChangedError, match=r"data file 1 \(.*pairs\.jsonl\): its contents"):
         again.set_state(state)
 

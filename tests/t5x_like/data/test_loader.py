@@ -5,15 +5,16 @@ import logging
 import numpy as np
 import pytest
 
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.data.loader import DataChangedError, split_documents
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 from t5x_like.errors import UserError
 
 
 def source(path, split="train", *, batch_size=4, seq_len=16, seed=0, shard_index=0, shard_count=1, **configured):
-    return make_source(split, batch_size=batch_size, feature_lengths={"targets": seq_len}, seed=seed, shard_index=shard_index,
-                       shard_count=shard_count, data_path=path, **configured)
+    return make_source(split, SourceSettings(data_path=path, **configured), batch_size=batch_size,
+                       feature_lengths={"targets": seq_len}, seed=seed, shard_index=shard_index,
+                       shard_count=shard_count)
 
 
 def take(src, steps):
@@ -359,5 +360,5 @@ def test_a_setting_the_objective_does_not_take_names_the_ones_it_does(objective,
     """data.make_source.<setting> in gin: a setting of another objective is one line naming this one's own."""
     with pytest.raises(UserError, match=rf"^data.make_source.{setting}: OBJECTIVE='{objective}' has no setting "
                                         rf"'{setting}'; its own settings: {own}"):
-        make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
-                    objective=objective, **{setting: 0.5})
+        make_source("train", SourceSettings(objective=objective, **{setting: 0.5}), batch_size=2,
+                    feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1)

@@ -11,7 +11,7 @@ import pytest
 
 from partitioning import make_mesh
 
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.data.passes import PassBegun
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS
@@ -25,9 +25,9 @@ def corpus(write_token_file, path, first_id: int, rows: int) -> str:
     return write_token_file(path, [list(range(first_id, first_id + rows * SEQ_LEN + 1))], vocab_size=256)
 
 
-def train_source(paths, batch_size, **settings):
-    return make_source("train", batch_size=batch_size, feature_lengths={"targets": SEQ_LEN}, seed=0, shard_index=0,
-                       shard_count=1, data_path=paths, data_split="1,0,0", **settings)
+def train_source(paths, batch_size, rampup=None, **settings):
+    return make_source("train", SourceSettings(data_path=paths, data_split="1,0,0", **settings), batch_size=batch_size,
+                       feature_lengths={"targets": SEQ_LEN}, seed=0, shard_index=0, shard_count=1, rampup=rampup)
 
 
 def passes_read(source, batches: int, names: dict) -> tuple[list, list]:
@@ -79,8 +79,8 @@ def test_a_ramp_ups_epochs_begin_with_the_step_that_trains_their_first_row(write
 def test_the_run_logs_each_epoch_at_its_step_once_and_none_it_did_not_train(write_token_file, tmp_path, caplog):
     """20 rows a pass, 8 a step: passes 2, 3, 4 begin at rows 20, 40, 60, in steps 3, 6 and 8. The run stops at
     step 6 (the loader has read ahead into pass 4) and resumes mid-epoch to step 8."""
-    data = functools.partial(make_source, data_path=corpus(write_token_file, tmp_path / "a", 1, rows=20),
-                             data_split="1,0,0")
+    corpus_path = corpus(write_token_file, tmp_path / "a", 1, rows=20)
+    data = functools.partial(make_source, settings=SourceSettings(data_path=corpus_path, data_split="1,0,0"))
     lines = []
     for steps in (6, 8):
         with caplog.at_level(logging.INFO):

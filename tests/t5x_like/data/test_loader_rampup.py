@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from t5x_like.data import make_source
+from t5x_like.data import SourceSettings, make_source
 from t5x_like.data.counted_rows import PaddingRows
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.errors import UserError
@@ -17,14 +17,15 @@ RAMPUP = BatchRampup(2, 2, 10, batch_size=8)  # 2, 2, 4, 6, then 8 rows: 10 / 3 
 
 
 def ramped(path, *, shard_index=0, shard_count=1, rampup=RAMPUP, global_batch=8, seq_len=16):
-    return make_source("train", batch_size=global_batch // shard_count, feature_lengths={"targets": seq_len}, seed=0,
-                       shard_index=shard_index, shard_count=shard_count, data_path=path, rampup=rampup)
+    return make_source("train", SourceSettings(data_path=path), batch_size=global_batch // shard_count,
+                       feature_lengths={"targets": seq_len}, seed=0, shard_index=shard_index, shard_count=shard_count,
+                       rampup=rampup)
 
 
 def stream_rows(path, count):
     """The training stream's first `count` rows, one per batch of a single-row source."""
-    plain = make_source("train", batch_size=1, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1,
-                        data_path=path)
+    plain = make_source("train", SourceSettings(data_path=path), batch_size=1, feature_lengths={"targets": 16}, seed=0,
+                        shard_index=0, shard_count=1)
     return [next(plain)[DECODER_INPUT_TOKENS][0] for _ in range(count)]
 
 
@@ -80,8 +81,8 @@ def test_a_resume_that_would_change_a_ramp_ups_rows_is_refused_in_one_line(numbe
 
 
 def test_a_ramp_up_resumed_without_one_is_refused(numbered_file):
-    plain = make_source("train", batch_size=8, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1,
-                        data_path=numbered_file)
+    plain = make_source("train", SourceSettings(data_path=numbered_file), batch_size=8, feature_lengths={"targets": 16},
+                        seed=0, shard_index=0, shard_count=1)
     next(plain)
     with pytest.raises(UserError, match=r"with BATCH_SIZE_RAMPUP=None .* reads with BATCH_SIZE_RAMPUP=\(2, 2, 10\)"):
         ramped(numbered_file).set_state(plain.get_state())
@@ -95,5 +96,5 @@ def test_restarting_the_data_of_a_ramp_up_is_refused(numbered_file):
 
 def test_a_tfds_stream_cannot_ramp_up():
     with pytest.raises(UserError, match=r"BATCH_SIZE_RAMPUP: the TFDS stream wikitext"):
-        make_source("train", batch_size=8, feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1,
-                    tfds_name="wikitext", tokenizer="unused", rampup=RAMPUP)
+        make_source("train", SourceSettings(tfds_name="wikitext", tokenizer="unused"), batch_size=8,
+                    feature_lengths={"targets": 16}, seed=0, shard_index=0, shard_count=1, rampup=RAMPUP)

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from t5x_like.data import load_tokenizer, make_source, open_token_file
+from t5x_like.data import SourceSettings, load_tokenizer, make_source, open_token_file
 from t5x_like.data.formats import InputError
 from t5x_like.data.preprocess import preprocess
 from t5x_like.data.tokenizer_files import recorded_tokenizer_path
@@ -69,8 +69,8 @@ def test_bad_input_midway_leaves_nothing(tmp_path, corpus, tokenizer_path):
 @pytest.mark.system
 def test_make_source_reads_the_preprocessed_file_with_its_tokenizer(tmp_path, corpus, tokenizer_path):
     preprocess(corpus, str(tmp_path / "p"), tokenizer_path)
-    src = make_source("train", batch_size=2, feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1,
-                      data_path=str(tmp_path / "p"))
+    src = make_source("train", SourceSettings(data_path=str(tmp_path / "p")), batch_size=2,
+                      feature_lengths={"targets": 8}, seed=0, shard_index=0, shard_count=1)
     assert (src.vocab_size, src.eod_id, load_tokenizer(src.tokenizer_path).sha256) == (
         400, 0, load_tokenizer(tokenizer_path).sha256)
     assert next(src)[DECODER_INPUT_TOKENS].max() < 400

@@ -7,7 +7,7 @@ import pytest
 import tensorflow_datasets as tfds
 from etils import epath
 
-from t5x_like.data import load_tokenizer, make_source
+from t5x_like.data import SourceSettings, load_tokenizer, make_source
 from t5x_like.data.train_tokenizer import train_byte_level_bpe
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECODER_POSITIONS, DECODER_SEGMENT_IDS, DECODER_TARGET_TOKENS
 
@@ -43,9 +43,9 @@ def prepared(tmp_path_factory):
             "text_key": "story"}
 
 
-def tfds_source(prepared, split="train", **kwargs):
-    args = dict(batch_size=2, feature_lengths={"targets": 24}, seed=0, shard_index=0, shard_count=1, **prepared)
-    return make_source(split, **{**args, **kwargs})
+def tfds_source(prepared, split="train", *, batch_size=2, shard_index=0, shard_count=1, **settings):
+    return make_source(split, SourceSettings(**{**prepared, **settings}), batch_size=batch_size,
+                       feature_lengths={"targets": 24}, seed=0, shard_index=shard_index, shard_count=shard_count)
 
 
 def stories(batches, decode):
