@@ -30,21 +30,21 @@ REPO = Path(__file__).resolve().parents[1]
 MUTMUT = Path(sys.executable).with_name("mutmut")
 
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    # test_trainer.py's other tests train real models on several meshes: minutes each on 2 busy cores
-    "trainer": ("t5x_like/step_fns.py", ("tests/t5x_like/test_trainer.py",
+    # test_step_fns.py's other tests train real models on several meshes: minutes each on 2 busy cores
+    "trainer": ("t5x_like/step_fns.py", ("tests/t5x_like/test_step_fns.py",
                                         "-k", "loss_scale_update_rules or linear or eval_step_sums")),
     "optim": ("t5x_like/optim.py", ("tests/t5x_like/test_optim.py",)),
-    "lm": ("t5x_like/lm/base.py", ("tests/t5x_like/test_lm.py",)),
+    "lm": ("t5x_like/lm/base.py", ("tests/t5x_like/lm/test_language_model.py",)),
     "features": ("t5x_like/features.py", ("tests/t5x_like/test_features.py",)),
     "span_corruption": ("t5x_like/data/objectives/span_corruption.py", (
         "tests/t5x_like/data/objectives/test_span_corruption.py",)),
     "seq2seq": ("t5x_like/data/objectives/seq2seq.py", ("tests/t5x_like/data/objectives/test_seq2seq.py",)),
     # BERT's masking and classification data are tested beside BERT's training and fine-tuning, left out here
     "mlm": ("t5x_like/data/objectives/mlm.py", (
-        "tests/t5x_like/data/objectives/test_mlm.py", "tests/t5x_like/test_bert_training.py",
+        "tests/t5x_like/data/objectives/test_mlm.py", "tests/t5x_like/data/objectives/test_mlm_training.py",
         "-k", "not mlm_training_on_data")),
     "classification": ("t5x_like/data/objectives/classification.py", (
-        "tests/t5x_like/data/objectives/test_classification.py", "tests/t5x_like/test_bert_classification.py",
+        "tests/t5x_like/data/objectives/test_classification.py", "tests/t5x_like/eval/test_classification.py",
         "-k", "not fine_tuning and not restore_from")),
     "loader": ("t5x_like/data/loader.py", ("tests/t5x_like/data/test_loader.py",)),
     "rules": ("partitioning/rules.py", ("tests/partitioning/test_rules.py",)),

@@ -36,6 +36,24 @@ def test_the_runtime_is_in_rooms_with_one_name_per_idea():
     assert not any(name.startswith("checkpoint_") for name in rooms), sorted(rooms)
 
 
+def test_the_tests_mirror_the_rooms():
+    """tests/t5x_like/<room>/ for each room (package) of t5x_like, nested rooms too, and no test folder for
+    anything else; the tests of a top-level module (t5x_like/<module>.py) sit flat in tests/t5x_like/."""
+    def folders(root: pathlib.Path) -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__"
+                and any(p.glob("*.py"))}
+
+    rooms = {room for room in folders(REPO / "t5x_like") if (REPO / "t5x_like" / room / "__init__.py").exists()}
+    assert folders(REPO / "tests" / "t5x_like") == rooms
+
+
+def test_test_files_are_named_for_what_they_test():
+    """Not for the issue that asked for them."""
+    named_for_issues = [p.name for p in (REPO / "tests").rglob("test_*.py")
+                        if re.search(r"issue|reliability|bad_input|regression", p.stem)]
+    assert not named_for_issues
+
+
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(REPO)))
 def test_no_file_or_function_is_too_long(path):
     text = path.read_text()

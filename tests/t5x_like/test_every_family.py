@@ -76,7 +76,7 @@ MORE_MESHES = {  # GPT-2 every mesh; a few families the meshes that split what i
     "mixtral": ["expert=4,data=2", "expert=4,tensor=2"],  # the experts over 'expert' (dropless routing)
 }
 """family -> the meshes it runs on besides EVERY_FAMILY_MESH (Llama's grouped key/value heads split over tensor
-there; tests/t5x_like/test_bert_training.py runs BERT on data=4 x tensor=2 with eval)."""
+there; tests/t5x_like/data/objectives/test_mlm_training.py runs BERT on data=4 x tensor=2 with eval)."""
 FAMILY_MESHES = {family: [EVERY_FAMILY_MESH, *MORE_MESHES.get(family, [])] for family in families.TINY}
 
 

@@ -1,6 +1,6 @@
 """Writes tests/data/golden: small checkpoints of every family, trained 2 steps by the code of the day, with what
 that code computed from them (expected.npz): logits on fixed inputs, the Hugging Face tensors `convert to-hf`
-writes, and the loss and gradient norm of one more step after a resume. tests/t5x_like/test_golden_checkpoints.py
+writes, and the loss and gradient norm of one more step after a resume. tests/t5x_like/checkpoint/test_golden.py
 checks that later code restores them and behaves identically (the layer-library and objectives redesign of
 issue 30 must not change a checkpoint's meaning).
 

@@ -15,7 +15,7 @@ from t5x_like.data import SourceSettings, make_source
 from t5x_like.data.passes import PassBegun
 from t5x_like.data.rampup import BatchRampup
 from t5x_like.features import DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS
-from tests.support.training import run
+from tests.support.training import run_train
 
 SEQ_LEN = 4
 
@@ -84,7 +84,7 @@ def test_the_run_logs_each_epoch_at_its_step_once_and_none_it_did_not_train(writ
     lines = []
     for steps in (6, 8):
         with caplog.at_level(logging.INFO):
-            run(tmp_path / "run", data, steps=steps, mesh=make_mesh(data=1, devices=jax.devices()[:1]),
+            run_train(tmp_path / "run", data, steps=steps, mesh=make_mesh(data=1, devices=jax.devices()[:1]),
                 settings={"feature_lengths": {"targets": SEQ_LEN}})
         lines.append([r.getMessage() for r in caplog.records if " epoch " in r.getMessage()])
         caplog.clear()

@@ -1,4 +1,4 @@
-"""classification: the default label lists (examples, fields and training: tests/t5x_like/test_bert_classification.py)."""
+"""classification: the default label lists (examples, fields and training: tests/t5x_like/eval/test_classification.py)."""
 from t5x_like.data.objectives import classification
 
 

@@ -1,7 +1,7 @@
 """t5x_like.cluster.processes: job detection (in-process) and real two-process runs (subprocesses).
 
 Run as a script, this file is the worker of the two-process tests:
-`python test_distributed.py MODE PORT PROCESS_ID`.
+`python test_processes.py MODE PORT PROCESS_ID`.
 """
 import functools
 import inspect

@@ -20,8 +20,9 @@ from t5x_like.features import (DECODER_INPUT_TOKENS, DECODER_LOSS_WEIGHTS, DECOD
 from tests.support import training
 from tests.support.cli import REPO
 from tests.support.environment import cpu_env
-from tests.support.t5_training import CONFIG, LENGTHS, span_corruption
-from tests.support.trainer import compiled_after_first_step, run
+from tests.support.training import T5_LENGTHS as LENGTHS
+from tests.support.training import T5_MODEL as CONFIG
+from tests.support.training import compiled_after_first_step, run_steps, span_corruption
 
 
 def batches(count, lengths=LENGTHS, packing=True, batch_size=8):
@@ -31,7 +32,7 @@ def batches(count, lengths=LENGTHS, packing=True, batch_size=8):
 
 
 def t5_run(sizes, rules, data, **kwargs):
-    return run(make_mesh(**sizes), rules, data, config=CONFIG, feature_lengths=LENGTHS, **kwargs)
+    return run_steps(make_mesh(**sizes), rules, data, config=CONFIG, feature_lengths=LENGTHS, **kwargs)
 
 
 def test_packed_row_per_example_losses_equal_the_examples_alone():
@@ -69,7 +70,7 @@ def test_nothing_recompiles_after_the_first_step():
 def test_resume_continues_exactly(tmp_path):
     """6 steps straight equal 3, a restart, then 3 (data position, optimizer state and all)."""
     settings = {"model": CONFIG, "feature_lengths": LENGTHS}
-    go = functools.partial(training.run, source=span_corruption, checkpoint_every=3, settings=settings)
+    go = functools.partial(training.run_train, source=span_corruption, checkpoint_every=3, settings=settings)
     go(tmp_path / "straight", steps=6)
     go(tmp_path / "resumed", steps=3)
     go(tmp_path / "resumed", steps=6)
@@ -121,7 +122,7 @@ def test_fine_tuning_from_a_transformers_t5_starts_at_its_loss(tmp_path):
     seq2seq = functools.partial(make_source, settings=SourceSettings(objective="seq2seq",
                                                                      data_path={"train": str(tmp_path / "pairs.jsonl")},
                                                                      tokenizer=tokenizer))
-    training.run(tmp_path / "finetune", seq2seq, steps=2, restore_from=pretrained,
+    training.run_train(tmp_path / "finetune", seq2seq, steps=2, restore_from=pretrained,
                    settings={"model": CONFIG, "feature_lengths": LENGTHS})
     first = training.losses(tmp_path / "finetune")[1]
 

@@ -20,8 +20,8 @@ from t5x_like.checkpoint import store
 from t5x_like.convert import hf
 from t5x_like.inference import loading
 from t5x_like.run import resume
-from tests.support.trainer import CONFIG as MESH_CONFIG
-from tests.support.trainer import batches, experiment, run
+from tests.support.training import STEP_MODEL as MESH_CONFIG
+from tests.support.training import batches, run_steps, step_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +58,8 @@ def newest_amax(state):
 def test_fp8_tracks_bf16_and_its_state_moves(synthetic_source):
     data = batches(synthetic_source, 30)
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
-    bf16, _ = run(mesh, "fsdp_tensor", data, config=QUICKSTART, feature_lengths={"targets": 16})
-    with_fp8, state = run(mesh, "fsdp_tensor", data, config=fp8(QUICKSTART), feature_lengths={"targets": 16})
+    bf16, _ = run_steps(mesh, "fsdp_tensor", data, config=QUICKSTART, feature_lengths={"targets": 16})
+    with_fp8, state = run_steps(mesh, "fsdp_tensor", data, config=fp8(QUICKSTART), feature_lengths={"targets": 16})
     want, got = np.array([m["loss"] for m in bf16]), np.array([m["loss"] for m in with_fp8])
     assert want[-1] < want[0] - 1.0 and got[-1] < got[0] - 1.0  # both learn
     np.testing.assert_allclose(got, want, atol=FP8_STEP_ATOL, rtol=0)
@@ -83,9 +83,9 @@ the resume test below trains on data=2, fsdp=2, tensor=2."""
 def test_every_mesh_and_accumulation_give_the_same_numbers(synthetic_source):
     data = batches(synthetic_source, 4)
     config = fp8(MESH_CONFIG)
-    reference, ref_state = run(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, config=config)
+    reference, ref_state = run_steps(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data, config=config)
     want = [m["loss"] for m in reference]
-    runs = {name: run(make_mesh(**sizes, devices=jax.devices()[:int(np.prod(list(sizes.values())))]),
+    runs = {name: run_steps(make_mesh(**sizes, devices=jax.devices()[:int(np.prod(list(sizes.values())))]),
                       "fsdp_tensor", data, config=config, grad_accum_steps=accumulate)
             for name, (sizes, accumulate) in MESHES.items()}
     for name, (history, state) in runs.items():
@@ -103,7 +103,7 @@ def stored_train_state_keys(model_dir, step):
 
 def test_resume_is_exact_and_an_fp8_checkpoint_converts(synthetic_source, tmp_path):
     data = batches(synthetic_source, 6)
-    exp = experiment(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", data, config=fp8(MESH_CONFIG))
+    exp = step_experiment(make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", data, config=fp8(MESH_CONFIG))
     model_info = {"config": dataclasses.asdict(exp.config), "tokenizer": None}
 
     def steps(state, rows):

@@ -17,8 +17,7 @@ from t5x_like.data.rampup import BatchRampup, batch_rampup
 from t5x_like.data.token_file import TokenFileWriter
 from t5x_like.errors import UserError
 from t5x_like.features import DECODER_LOSS_WEIGHTS
-from tests.support import trainer as step_runs
-from tests.support.training import run
+from tests.support import training
 
 
 def megatron_batches(start, increment, samples, global_batch, steps):
@@ -108,7 +107,7 @@ def write_corpus(prefix) -> str:
 
 def ramped_batches(path, rampup, count):
     source = make_source("train", SourceSettings(data_path=path), batch_size=rampup.batch_size,
-                         feature_lengths={"targets": step_runs.SEQ_LEN}, seed=3, shard_index=0, shard_count=1,
+                         feature_lengths={"targets": training.SEQ_LEN}, seed=3, shard_index=0, shard_count=1,
                          rampup=rampup)
     return [next(source) for _ in range(count)]
 
@@ -123,9 +122,9 @@ def test_a_ramp_up_step_trains_as_a_step_of_its_smaller_batch(tmp_path, grad_acc
     assert batch[DECODER_LOSS_WEIGHTS][:12].all() and not batch[DECODER_LOSS_WEIGHTS][12:].any()
     smaller = {key: value[:12] for key, value in batch.items()}
     mesh = make_mesh(data=2, fsdp=1, tensor=4)
-    [got], got_state = step_runs.run(mesh, "fsdp_tensor", [batch], grad_accum_steps=grad_accum_steps)
-    [want], want_state = step_runs.run(mesh, "fsdp_tensor", [smaller], grad_accum_steps=grad_accum_steps)
-    assert got["tokens"] == want["tokens"] == 12 * step_runs.SEQ_LEN
+    [got], got_state = training.run_steps(mesh, "fsdp_tensor", [batch], grad_accum_steps=grad_accum_steps)
+    [want], want_state = training.run_steps(mesh, "fsdp_tensor", [smaller], grad_accum_steps=grad_accum_steps)
+    assert got["tokens"] == want["tokens"] == 12 * training.SEQ_LEN
     np.testing.assert_allclose([got["loss"], got["grad_norm"]], [want["loss"], want["grad_norm"]], rtol=1e-5)
     jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7),
                  jax.device_get(got_state.params), jax.device_get(want_state.params))
@@ -134,10 +133,10 @@ def test_a_ramp_up_step_trains_as_a_step_of_its_smaller_batch(tmp_path, grad_acc
 def test_nothing_recompiles_after_the_first_step_of_a_ramp_up(tmp_path):
     rampup = BatchRampup(2, 2, 20, batch_size=8)  # batches of 2, 2, 2, 4, 4, 6, ... rows
     data = ramped_batches(write_corpus(tmp_path / "corpus"), rampup, 6)
-    compiled, (history, _) = step_runs.compiled_after_first_step(functools.partial(
-        step_runs.run, make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", data))
+    compiled, (history, _) = training.compiled_after_first_step(functools.partial(
+        training.run_steps, make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", data))
     assert compiled == []
-    assert [m["tokens"] for m in history] == [rampup.batch_at(s) * step_runs.SEQ_LEN for s in range(6)]
+    assert [m["tokens"] for m in history] == [rampup.batch_at(s) * training.SEQ_LEN for s in range(6)]
 
 
 def metrics_rows(model_dir):
@@ -149,12 +148,12 @@ def metrics_rows(model_dir):
 def test_a_run_stopped_mid_ramp_resumes_exactly_and_logs_each_steps_batch(tmp_path):
     source = functools.partial(make_source, settings=SourceSettings(data_path=write_corpus(tmp_path / "corpus")))
     settings = {"batch_size_rampup": (2, 2, 12)}  # 2, 2, 4, 6, 8, 8 rows: steps 0 .. 5
-    run(tmp_path / "straight", source, steps=6, checkpoint_every=3, settings=settings)
-    run(tmp_path / "resumed", source, steps=3, checkpoint_every=3, settings=settings)
-    run(tmp_path / "resumed", source, steps=6, checkpoint_every=3, settings=settings)
+    training.run_train(tmp_path / "straight", source, steps=6, checkpoint_every=3, settings=settings)
+    training.run_train(tmp_path / "resumed", source, steps=3, checkpoint_every=3, settings=settings)
+    training.run_train(tmp_path / "resumed", source, steps=6, checkpoint_every=3, settings=settings)
     straight, resumed = metrics_rows(tmp_path / "straight"), metrics_rows(tmp_path / "resumed")
     assert [row["batch_size"] for row in straight] == [2, 2, 4, 6, 8, 8]
     assert [(row["step"], row["loss"], row["batch_size"]) for row in resumed] == \
         [(row["step"], row["loss"], row["batch_size"]) for row in straight]
     with pytest.raises(UserError, match=r"this run reads with BATCH_SIZE_RAMPUP=None"):
-        run(tmp_path / "resumed", source, steps=7, checkpoint_every=3)
+        training.run_train(tmp_path / "resumed", source, steps=7, checkpoint_every=3)

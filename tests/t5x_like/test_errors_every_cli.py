@@ -1,4 +1,4 @@
-"""Issue 23: every reader verifies what it loads, and no bad input gets a traceback.
+"""Every CLI's answer to bad input: every reader verifies what it loads, and no bad input gets a traceback.
 
 Readers (generate, eval, convert to-hf / to-torch) refuse a checkpoint with a flipped byte or NaN
 parameters in one line naming the step and the older step to read instead. Then a table of bad inputs

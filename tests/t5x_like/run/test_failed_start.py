@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
+from tests.support.cli import REPO
 from tests.support.environment import cpu_env
 
 pytestmark = pytest.mark.system
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ERRORS = {"mesh": ("--gin.DATA_PARALLEL=16", "the mesh needs 16 devices, but only 2 are present"),
           "data": ("--gin.DATA_PATH='/nonexistent/corpus'", "/nonexistent/corpus.idx: missing")}
 

@@ -1,7 +1,6 @@
 """The train CLI's configuration side: --print_config, the operative config, --help's macros,
 merged overrides, the vocabulary from the tokenizer, RESTORE_FROM's architecture, gin quoting."""
 import dataclasses
-import os
 import re
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from t5x_like.config import configurables, describe, frontend
 from t5x_like.data.token_file import TokenFileWriter, token_dtype
 from t5x_like.errors import UserError
 from t5x_like.run import directory, loop
+from tests.support.cli import REPO
 from tests.support.environment import cpu_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = cpu_env(2)
 
 
@@ -90,7 +89,7 @@ def test_a_mesh_larger_than_the_one_cpu_device_says_how_to_simulate_devices(tmp_
 
 def test_print_config_without_model_dir_describes_the_run(clean_gin):
     """train.py's parse (MODEL_DIR may stay unset under --print_config): the description says training needs it and
-    reads no checkpoint; an unset MODEL_DIR is still an error for training (test_train.py)."""
+    reads no checkpoint; an unset MODEL_DIR is still an error for training (run/test_loop.py)."""
     settings = frontend.parse_gin(["quickstart.gin"], ["TRAIN_STEPS=1000",
                                                      "optim.make_optimizer.min_learning_rate=1e-5"], [],
                                   printing=True)

@@ -1,5 +1,5 @@
 """t5x_like/checkpoint/store.py's saving options (its restore, integrity and layout are tested through the trainer in
-test_reliability.py, test_train.py and test_golden_checkpoints.py)."""
+run/test_faults_and_records.py, run/test_loop.py and test_golden.py)."""
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec

@@ -25,7 +25,7 @@ from tests.support import families
 
 pytestmark = pytest.mark.integration
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden"
 CHECKPOINTS = sorted(path.name for path in GOLDEN.iterdir() if (path / "checkpoints").is_dir())
 """The golden checkpoints, a folder each, named after the family whose model it holds."""
 OBJECTIVES = {"decoder_only": "causal_lm", "encoder_decoder": "span_corruption", "encoder_only": "mlm"}

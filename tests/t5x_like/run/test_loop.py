@@ -1,4 +1,5 @@
 """train(): resume, restore onto another mesh, params-only restore, signals, bad configs, the CLI."""
+import dataclasses
 import json
 import os
 import shutil
@@ -19,15 +20,15 @@ from t5x_like.errors import UserError
 from t5x_like.features import DECODER_LOSS_WEIGHTS
 from tests.support.cli import REPO
 from tests.support.environment import cpu_env
-from tests.support.training import losses, params_at, run
+from tests.support.training import LOOP_MODEL, losses, params_at, run_train
 
 
 @pytest.fixture(scope="module")
 def straight_and_half(tmp_path_factory, synthetic_source):
     """A 20-step run, and a run stopped after 10 steps (its own directory)."""
     root = tmp_path_factory.mktemp("runs")
-    run(root / "straight", synthetic_source, steps=20)
-    run(root / "half", synthetic_source, steps=10)
+    run_train(root / "straight", synthetic_source, steps=20)
+    run_train(root / "half", synthetic_source, steps=10)
     return root
 
 
@@ -35,7 +36,7 @@ def straight_and_half(tmp_path_factory, synthetic_source):
 def test_resume_continues_exactly(straight_and_half, synthetic_source, tmp_path):
     resumed = tmp_path / "resumed"
     shutil.copytree(straight_and_half / "half", resumed)
-    result = run(resumed, synthetic_source, steps=20)
+    result = run_train(resumed, synthetic_source, steps=20)
     assert result.step == 20
     straight = losses(straight_and_half / "straight")
     assert losses(resumed) == straight  # bitwise: the same floats, dropout RNG and data position included
@@ -50,9 +51,9 @@ def test_neox_resume_continues_exactly(synthetic_source, tmp_path):
     """GPT-NeoX (rotary, parallel residual, untied head): 6 steps straight equal 3, a restart, then 3."""
     neox = {"model": NeoXConfig(vocab_size=256, max_len=16, num_layers=2, num_heads=4, embed_dim=32, mlp_dim=64,
                                 dtype="float32")}
-    run(tmp_path / "straight", synthetic_source, steps=6, checkpoint_every=3, settings=neox)
-    run(tmp_path / "resumed", synthetic_source, steps=3, checkpoint_every=3, settings=neox)
-    run(tmp_path / "resumed", synthetic_source, steps=6, checkpoint_every=3, settings=neox)
+    run_train(tmp_path / "straight", synthetic_source, steps=6, checkpoint_every=3, settings=neox)
+    run_train(tmp_path / "resumed", synthetic_source, steps=3, checkpoint_every=3, settings=neox)
+    run_train(tmp_path / "resumed", synthetic_source, steps=6, checkpoint_every=3, settings=neox)
     assert losses(tmp_path / "resumed") == losses(tmp_path / "straight")
     jax.tree.map(np.testing.assert_array_equal, params_at(tmp_path / "resumed")[1],
                  params_at(tmp_path / "straight")[1])
@@ -61,7 +62,7 @@ def test_neox_resume_continues_exactly(synthetic_source, tmp_path):
 def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(straight_and_half / "half", moved)
-    run(moved, synthetic_source, steps=20, mesh=make_mesh(data=2, fsdp=1, tensor=4))
+    run_train(moved, synthetic_source, steps=20, mesh=make_mesh(data=2, fsdp=1, tensor=4))
     straight = losses(straight_and_half / "straight")
     got = losses(moved)
     np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-5)
@@ -71,14 +72,14 @@ def test_resume_onto_another_mesh(straight_and_half, synthetic_source, tmp_path)
 def test_resume_with_the_optimizer_state_offloaded_to_host(straight_and_half, synthetic_source, tmp_path):
     moved = tmp_path / "offloaded"
     shutil.copytree(straight_and_half / "half", moved)
-    run(moved, synthetic_source, steps=20, settings={"offload_optimizer_state": True})
+    run_train(moved, synthetic_source, steps=20, settings={"offload_optimizer_state": True})
     straight, got = losses(straight_and_half / "straight"), losses(moved)
     np.testing.assert_allclose([got[s] for s in range(11, 21)], [straight[s] for s in range(11, 21)], rtol=1e-6)
 
 
 def test_restore_from_takes_parameters_only(straight_and_half, synthetic_source, tmp_path):
     fresh = tmp_path / "finetune"
-    result = run(fresh, synthetic_source, steps=0, restore_from=str(straight_and_half / "half"))
+    result = run_train(fresh, synthetic_source, steps=0, restore_from=str(straight_and_half / "half"))
     assert result.step == 0
     step, got = params_at(fresh)
     assert step == 0
@@ -95,10 +96,10 @@ def test_sigterm_saves_a_restorable_checkpoint(synthetic_source, tmp_path):
             return super().__next__()
 
     one_device = make_mesh(data=1, devices=jax.devices()[:1])
-    result = run(tmp_path, TerminatedAtFifthBatch, steps=20, mesh=one_device)
+    result = run_train(tmp_path, TerminatedAtFifthBatch, steps=20, mesh=one_device)
     assert result.stopped_by_signal == signal.SIGTERM and result.step == 5
     assert store.locate(str(tmp_path))[1] == 5
-    assert run(tmp_path, synthetic_source, steps=8, mesh=one_device).step == 8  # resumes from it
+    assert run_train(tmp_path, synthetic_source, steps=8, mesh=one_device).step == 8  # resumes from it
 
 
 def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
@@ -110,18 +111,19 @@ def test_nonfinite_loss_stops_naming_the_step(synthetic_source, tmp_path):
             return batch
 
     with pytest.raises(FloatingPointError, match="step 3: loss is nan"):
-        run(tmp_path, PoisonedThirdBatch, steps=6, mesh=make_mesh(data=1, devices=jax.devices()[:1]))
+        run_train(tmp_path, PoisonedThirdBatch, steps=6, mesh=make_mesh(data=1, devices=jax.devices()[:1]))
 
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(mesh_sizes=dict(data=8), batch_size=12), "does not divide over the 8 data-parallel shards"),
-    (dict(mesh_sizes=dict(data=1, tensor=8)), r"\('heads', size 4\) does not divide over mesh axes tensor \(8 devices\)"),
+    (dict(mesh_sizes=dict(data=1, tensor=8), model=dataclasses.replace(LOOP_MODEL, num_heads=4)),
+     r"\('heads', size 4\) does not divide over mesh axes tensor \(8 devices\)"),
     (dict(mesh_sizes=dict(data=8), grad_accum_steps=3), "not divisible by GRAD_ACCUM_STEPS=3"),
 ])
 def test_bad_configs_fail_fast(synthetic_source, tmp_path, kwargs, match):
     sizes = kwargs.pop("mesh_sizes")
     with pytest.raises(ValueError, match=match):
-        run(tmp_path, synthetic_source, steps=4, mesh=make_mesh(**sizes), settings=kwargs)
+        run_train(tmp_path, synthetic_source, steps=4, mesh=make_mesh(**sizes), settings=kwargs)
 
 
 @pytest.fixture

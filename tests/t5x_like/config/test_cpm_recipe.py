@@ -1,14 +1,13 @@
 """CPM-1's preset and recipe (gin/cpm_1.gin): the published shape, CPM-Pretrain's settings, its mesh."""
-import os
 import subprocess
 import sys
 
 import pytest
 
 import configs
+from tests.support.cli import REPO
 from tests.support.environment import cpu_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.system

@@ -17,15 +17,15 @@ from t5x_like.checkpoint import store
 from t5x_like.errors import UserError
 from t5x_like.inference import loading
 from t5x_like.lm import make_lm
-from tests.support import t5_training, training
+from tests.support import training
 
 pytestmark = pytest.mark.integration
 
 GPT2 = GPT2Config(vocab_size=256, max_len=16, num_layers=3, num_heads=4, embed_dim=32, mlp_dim=64,
                   dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32")
 # encoder and decoder of different depths: each stack converts on its own
-T5 = dataclasses.replace(t5_training.CONFIG, num_decoder_layers=3)
-FAMILIES = {"gpt2": (GPT2, {"targets": 16}), "t5": (T5, t5_training.LENGTHS)}
+T5 = dataclasses.replace(training.T5_MODEL, num_decoder_layers=3)
+FAMILIES = {"gpt2": (GPT2, {"targets": 16}), "t5": (T5, training.T5_LENGTHS)}
 
 
 def scan(config, scan_layers: bool):
@@ -109,7 +109,7 @@ def run(model_dir, source, config, optimizer: str, scan_layers: bool, **kwargs) 
     """train() on a 2-device fsdp mesh (the layers' parameters and moments split: conversions keep
     the shardings), at a learning rate that moves the parameters."""
     mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])
-    training.run(model_dir, source, mesh=mesh, settings={
+    training.run_train(model_dir, source, mesh=mesh, settings={
         "model": scan(config, scan_layers), "rules": "fsdp", "feature_lengths": FAMILIES[config.family][1],
         "optimizer": training.optimizer(learning_rate=1e-2, name=optimizer)},
         **kwargs)
@@ -134,7 +134,7 @@ def test_adafactor_from_one_checkpoint_trains_alike_scanned_and_unrolled(tmp_pat
     pretrained = str(tmp_path / "pretrained")
     store.save_params(pretrained, 0, init_params(scan(config, True), lengths),
                             {"config": dataclasses.asdict(config)})
-    source = synthetic_source if family == "gpt2" else t5_training.span_corruption
+    source = synthetic_source if family == "gpt2" else training.span_corruption
     for scan_layers in (True, False):
         run(tmp_path / str(scan_layers), source, config, "adafactor", scan_layers, steps=5, restore_from=pretrained)
     scanned, unrolled = training.losses(tmp_path / "True"), training.losses(tmp_path / "False")

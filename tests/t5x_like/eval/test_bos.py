@@ -10,7 +10,7 @@ converted with from-hf, scores as its references compute with that token:
 - lm_eval: lm-eval's own hf backend on the folder, request by request (loglikelihood, rolling documents,
   generate_until), with its default add_bos_token and with add_bos_token=False (`--no_bos`).
 
-GPT-2's numbers are unchanged: tests/t5x_like/test_eval.py and tests/t5x_like/harness/ are untouched."""
+GPT-2's numbers are unchanged: tests/t5x_like/eval/test_cli.py and tests/t5x_like/eval/harness/ are untouched."""
 import json
 import subprocess
 import sys

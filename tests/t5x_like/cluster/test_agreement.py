@@ -1,5 +1,5 @@
 """t5x_like.cluster.agreement and distributed's start-up messages, in-process (the real processes are in
-test_multihost_faults.py and test_distributed.py)."""
+test_multihost_faults.py and test_processes.py)."""
 import gin
 import pytest
 

@@ -1,4 +1,4 @@
-"""Reliability (issue 12) and what the trainer says (issue 13, item 4): damaged checkpoints, NaN
+"""The run loop's faults and records, and what the trainer says: damaged checkpoints, NaN
 steps, SIGKILL, the MODEL_DIR lock, config.gin, metrics rows, retention, misleading errors."""
 import functools
 import importlib.util
@@ -27,11 +27,11 @@ from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
 from t5x_like.run import lock, loop, nonfinite
 from t5x_like.run.settings import LoopSettings, RunSettings
+from tests.support.cli import REPO
 from tests.support.environment import cpu_env
 
 CONFIG = GPT2Config(vocab_size=256, max_len=16, num_layers=1, num_heads=2, embed_dim=32, mlp_dim=64,
                     dropout_rate=0.1, attention_dropout_rate=0.1, dtype="float32")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def experiment(total_steps=8, **settings) -> ExperimentSettings:
@@ -79,7 +79,7 @@ def reference(tmp_path_factory, synthetic_source):
     return model_dir, "\n".join(r.getMessage() for r in records)
 
 
-# --- what the trainer says (issue 13, item 4) -------------------------------------------------------
+# --- what the trainer says -------------------------------------------------------------------------
 
 def test_trainer_says_compiling_saving_and_sums_up(reference):
     model_dir, log = reference

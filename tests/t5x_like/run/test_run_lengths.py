@@ -15,7 +15,7 @@ from t5x_like.checkpoint import store
 from t5x_like.config import frontend
 from t5x_like.data import make_source
 from t5x_like.errors import UserError
-from tests.support.training import run
+from tests.support.training import run_train
 
 
 def saved_steps(model_dir) -> list[int]:
@@ -24,22 +24,22 @@ def saved_steps(model_dir) -> list[int]:
 
 
 def test_save_steps_are_kept_beside_the_newest_and_step_0_is_the_initial_state(synthetic_source, tmp_path):
-    run(tmp_path / "run", synthetic_source, steps=6, checkpoint_every=2, keep_checkpoints=1, save_steps=[0, 1, 3])
+    run_train(tmp_path / "run", synthetic_source, steps=6, checkpoint_every=2, keep_checkpoints=1, save_steps=[0, 1, 3])
     assert saved_steps(tmp_path / "run") == [0, 1, 3, 6]
     initial = store.restore_params(str(tmp_path / "run" / "checkpoints" / "0"), None)
     last = store.restore_params(str(tmp_path / "run"), None)
     assert not any(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(last)))
-    run(tmp_path / "run", synthetic_source, steps=10, checkpoint_every=2, keep_checkpoints=1, save_steps=[0, 1, 3])
+    run_train(tmp_path / "run", synthetic_source, steps=10, checkpoint_every=2, keep_checkpoints=1, save_steps=[0, 1, 3])
     assert saved_steps(tmp_path / "run") == [0, 1, 3, 10]  # a resumed run keeps them too
 
 
 def test_keep_checkpoints_none_keeps_every_one(synthetic_source, tmp_path):
-    run(tmp_path / "run", synthetic_source, steps=8, checkpoint_every=2, keep_checkpoints=None)
+    run_train(tmp_path / "run", synthetic_source, steps=8, checkpoint_every=2, keep_checkpoints=None)
     assert saved_steps(tmp_path / "run") == [2, 4, 6, 8]
 
 
 def test_tensorboard_events_go_to_the_folder_given(synthetic_source, tmp_path):
-    run(tmp_path / "run", synthetic_source, steps=2, tensorboard_dir=str(tmp_path / "tb"))
+    run_train(tmp_path / "run", synthetic_source, steps=2, tensorboard_dir=str(tmp_path / "tb"))
     assert glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))
     assert not os.path.exists(tmp_path / "run" / "tensorboard")
     assert [row["step"] for row in metrics.read_rows(str(tmp_path / "run")) if "loss" in row] == [1, 2]
@@ -53,7 +53,7 @@ def test_tensorboard_events_go_to_the_folder_given(synthetic_source, tmp_path):
 ])
 def test_bad_retention_settings_are_refused(synthetic_source, tmp_path, kwargs, message):
     with pytest.raises(UserError, match=message.replace("[", r"\[")):
-        run(tmp_path / "run", synthetic_source, steps=2, **kwargs)
+        run_train(tmp_path / "run", synthetic_source, steps=2, **kwargs)
 
 
 QUICKSTART = ["quickstart.gin"]

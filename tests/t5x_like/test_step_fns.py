@@ -16,7 +16,7 @@ from t5x_like import optim, step_fns
 from t5x_like.experiment import ExperimentSettings, build_experiment
 from t5x_like.features import DECODER_LOSS_WEIGHTS
 from t5x_like.lm import LossSums
-from tests.support.trainer import CONFIG, SEQ_LEN, TOTAL_STEPS, batches, compiled_after_first_step, experiment, run
+from tests.support.training import SEQ_LEN, STEP_MODEL, TOTAL_STEPS, batches, compiled_after_first_step, run_steps, step_experiment
 
 NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_heads=8, embed_dim=64, mlp_dim=256,
                          vocab_pad_multiple=1024, dtype="float32")
@@ -26,8 +26,8 @@ NEOX_CONFIG = NeoXConfig(vocab_size=256, max_len=SEQ_LEN, num_layers=2, num_head
 def test_gradient_accumulation_equals_one_big_batch(synthetic_source):
     data = batches(synthetic_source, 3)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
-    whole, state_whole = run(mesh, "fsdp_tensor", data)
-    accumulated, state_acc = run(mesh, "fsdp_tensor", data, grad_accum_steps=4)
+    whole, state_whole = run_steps(mesh, "fsdp_tensor", data)
+    accumulated, state_acc = run_steps(mesh, "fsdp_tensor", data, grad_accum_steps=4)
     np.testing.assert_allclose([m["loss"] for m in accumulated], [m["loss"] for m in whole], rtol=1e-5)
     np.testing.assert_allclose([m["grad_norm"] for m in accumulated], [m["grad_norm"] for m in whole], rtol=1e-4)
     # atol covers parameters whose true gradient is zero (the key bias: softmax ignores it), where
@@ -44,7 +44,7 @@ def test_evaluation_in_microbatches_equals_one_batch_and_the_training_loss(synth
     mesh = make_mesh(data=2, tensor=2, devices=jax.devices()[:4])
     sums, temp_bytes = {}, {}
     for accum in (1, 4):
-        exp = experiment(mesh, "fsdp_tensor", data, grad_accum_steps=accum)
+        exp = step_experiment(mesh, "fsdp_tensor", data, grad_accum_steps=accum)
         state = exp.init_state()
         with exp.partitioner.activate():
             batch = exp.global_batch(data[0])
@@ -65,8 +65,8 @@ def test_bfloat16_compute_tracks_float32(synthetic_source):
     """bf16 compute with fp32 params and loss stays within 2% of fp32 over 6 steps."""
     data = batches(synthetic_source, 6)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
-    fp32, _ = run(mesh, "fsdp_tensor", data)
-    bf16, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="bfloat16"))
+    fp32, _ = run_steps(mesh, "fsdp_tensor", data)
+    bf16, _ = run_steps(mesh, "fsdp_tensor", data, config=dataclasses.replace(STEP_MODEL, dtype="bfloat16"))
     np.testing.assert_allclose([m["loss"] for m in bf16], [m["loss"] for m in fp32], rtol=2e-2)
 
 
@@ -132,7 +132,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(synthetic_source):
     data = batches(synthetic_source, 8)
     loss_scale = step_fns.LossScaleConfig(initial_scale_power=24, window=1000, hysteresis=1)
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
-    history, _ = run(mesh, "fsdp_tensor", data, config=dataclasses.replace(CONFIG, dtype="float16"),
+    history, _ = run_steps(mesh, "fsdp_tensor", data, config=dataclasses.replace(STEP_MODEL, dtype="float16"),
                      loss_scale=loss_scale)
     skipped = [int(m["skipped"]) for m in history]
     overflows = skipped.index(0)
@@ -158,14 +158,14 @@ def test_deepspeeds_fp16_section_skips_what_deepspeed_would(synthetic_source):
     """CPM-Pretrain's ds_config fp16 block (initial_scale_power 16, window 1000, hysteresis 2): the scale
     multiplies the mean loss as DeepSpeed's does, so a step skips exactly when DeepSpeed's would."""
     data = batches(synthetic_source, 3)
-    config = dataclasses.replace(CONFIG, dtype="float16")
+    config = dataclasses.replace(STEP_MODEL, dtype="float16")
     mesh = make_mesh(data=2, devices=jax.devices()[:2])
     loss_scale = step_fns.LossScaleConfig(initial_scale_power=16, window=1000, hysteresis=2)
-    exp = experiment(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
+    exp = step_experiment(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
     state = exp.init_state()
     batch = exp.global_batch(data[0])
     deepspeed_skips = not fp16_gradients_finite(exp, state, batch, 2.0 ** 16, mean=True)
-    history, _ = run(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
+    history, _ = run_steps(mesh, "fsdp_tensor", data, config=config, loss_scale=loss_scale)
     assert int(history[0]["skipped"]) == int(deepspeed_skips) == 0
     assert [int(m["skipped"]) for m in history] == [0, 0, 0]
     # what the old rule (scale x summed loss, 128 tokens per step) would have done: overflow
@@ -178,7 +178,7 @@ def test_an_update_that_overflows_is_not_applied(synthetic_source):
     data = batches(synthetic_source, 1)
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
     exp = build_experiment(ExperimentSettings(
-        model=CONFIG, mesh=mesh, rules="fsdp_tensor", batch_size=8, feature_lengths={"targets": SEQ_LEN},
+        model=STEP_MODEL, mesh=mesh, rules="fsdp_tensor", batch_size=8, feature_lengths={"targets": SEQ_LEN},
         optimizer=optim.OptimizerSettings(learning_rate=3e38, warmup_steps=0, weight_decay=10.0)),  # p - lr*(1 + wd*p) > float32 max
         train_steps=2)
     state = exp.init_state()
@@ -192,7 +192,7 @@ def test_an_update_that_overflows_is_not_applied(synthetic_source):
 def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(synthetic_source):
     data = batches(synthetic_source, 1)
     data[0] = dict(data[0], **{DECODER_LOSS_WEIGHTS: data[0][DECODER_LOSS_WEIGHTS] * np.float32(np.inf)})
-    exp = experiment(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
+    exp = step_experiment(make_mesh(data=1, devices=jax.devices()[:1]), "fsdp_tensor", data)
     state = exp.init_state()
     before = jax.device_get(state.params)
     with exp.partitioner.activate():
@@ -202,10 +202,10 @@ def test_a_nonfinite_step_leaves_parameters_unchanged_and_flags_each_gradient(sy
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state.params), before)
 
 
-@pytest.mark.parametrize("config", [CONFIG, NEOX_CONFIG], ids=["gpt2", "neox"])
+@pytest.mark.parametrize("config", [STEP_MODEL, NEOX_CONFIG], ids=["gpt2", "neox"])
 def test_nothing_recompiles_after_the_first_step(synthetic_source, config):
     compiled, _ = compiled_after_first_step(functools.partial(
-        run, make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5), config=config))
+        run_steps, make_mesh(data=2, fsdp=2, tensor=2), "fsdp_tensor", batches(synthetic_source, 5), config=config))
     assert compiled == []
 
 
@@ -213,8 +213,8 @@ def test_nothing_recompiles_after_the_first_step(synthetic_source, config):
 def test_offloaded_optimizer_state_lives_in_host_memory_and_trains_the_same(synthetic_source):
     data = batches(synthetic_source, 3)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    want, _ = run(mesh, "fsdp_tensor", data)
-    got, state = run(mesh, "fsdp_tensor", data, offload_optimizer_state=True)
+    want, _ = run_steps(mesh, "fsdp_tensor", data)
+    got, state = run_steps(mesh, "fsdp_tensor", data, offload_optimizer_state=True)
     assert {x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)} == {"pinned_host"}
     assert {x.sharding.memory_kind for x in jax.tree.leaves(state.params)} == {"device"}
     np.testing.assert_allclose([m["loss"] for m in got], [m["loss"] for m in want], rtol=1e-6)

@@ -1,9 +1,9 @@
 """Faults of one process in a two-process train job (real processes, gloo over 127.0.0.1): every process
 stops within seconds, and its last line names the process and the fault (t5x_like/cluster/agreement.py).
 
-The multi-process cases of the bad-input sweep (tests/t5x_like/test_bad_input.py holds the single-process
+The multi-process cases of the bad-input sweep (tests/t5x_like/test_errors_every_cli.py holds the single-process
 ones): a configuration error on one process, processes given different settings, a process that never
-starts (either one), a killed process (either one). tests/t5x_like/test_distributed.py adds a hung process
+starts (either one), a killed process (either one). tests/t5x_like/cluster/test_processes.py adds a hung process
 (SIGSTOP) and kills in the middle of a collective without the trainer.
 """
 import os
