@@ -1,4 +1,6 @@
-# Two entry points: `make demo` and `make test`. Both create .venv on first use.
+# Two entry points: `make demo` and `make test`. Both create .venv on first use. --no-compile: Python compiles
+# the modules a run imports when it first imports them, instead of pip compiling every file of torch and
+# transformers at install (about half the install's CPU time).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +15,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,torch]'
+	$(PY) -m pip install --quiet --no-compile -e '.[test,torch]'
 	touch $(STAMP)
 
 demo: $(STAMP)

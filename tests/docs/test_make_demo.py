@@ -17,7 +17,7 @@ from tests.docs.doc_commands import REPO, SMALL_GIN, command_env
 
 pytestmark = pytest.mark.system
 
-TRAIN_STEPS = 100
+TRAIN_STEPS = 40  # the first run is stopped after checkpoint 10, the second finishes
 DEMO_GIN = f"""{SMALL_GIN.read_text()}
 TRAIN_STEPS = {TRAIN_STEPS}
 CHECKPOINT_EVERY = 10
