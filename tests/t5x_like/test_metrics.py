@@ -48,3 +48,18 @@ def test_throughput_counts_the_rows_each_step_trains_on(monkeypatch):
     throughput.step_done(2)
     throughput.step_done(6)
     assert throughput.measure() == {"step_time": 1.0, "tokens_per_sec": 64.0, "tflops_per_device": 1.0, "mfu": 2.0}
+
+
+@pytest.mark.system
+def test_the_writer_does_not_import_torch_and_writes_tensorboard_events(tmp_path):
+    """tensorboardX imports torch where it is installed; MetricsWriter keeps that 1.6 s of CPU out of every training
+    process (a fresh one: the suite's workers have imported torch already)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from t5x_like import metrics; w = metrics.MetricsWriter(sys.argv[1]); "
+            "w.write(1, {'loss': 2.0}); w.close(); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
