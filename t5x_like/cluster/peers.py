@@ -16,7 +16,8 @@ key-value store of jax's coordination service (the one `jax.distributed.initiali
   seconds for the others to read it before it goes.
 - t5x_like/cluster/agreement.py compares every process's resolved settings with process 0's before step 1.
 
-Every exit on these paths is `os._exit(1)` after flushing (a normal exit waits 300 s in jax's shutdown barrier).
+Every exit on these paths is `os._exit(1)` after flushing (a normal exit waits 300 s in jax's shutdown barrier),
+with the clean-ups registered by `clean_up_on_stop` (the run lock) run first when the main thread could not.
 """
 from __future__ import annotations
 
@@ -209,6 +210,7 @@ class Cluster(Liveness):
         """Print `error: <line>`, tell the others this process has read the failure, and exit 1 without
         jax's shutdown barrier; process 0 first waits (up to ACK_WAIT_S) until the others have read it."""
         self.stopping.set()
+        run_clean_ups()
         logging.flush()
         sys.stderr.flush()
         log = os.dup(2)  # the dying jax client writes to fd 2 at any moment: silence it, then write ours last
@@ -249,6 +251,32 @@ class Cluster(Liveness):
             self.client.key_value_set(ALIVE_DIR + str(self.me), DONE, allow_overwrite=True)
         for thread in self.threads:
             thread.join(timeout=self.poll_s + 2)
+
+
+_clean_ups: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def clean_up_on_stop(callback: Callable[[], None]):
+    """Within: a stop of this process runs `callback` before it exits. The main thread's own clean-up (its
+    `with` blocks) runs when it stops on an exception; a watching thread that stops the process while the main
+    thread waits in native code (a compilation, a collective) cannot reach those, and runs these instead."""
+    _clean_ups.append(callback)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            _clean_ups.remove(callback)
+
+
+def run_clean_ups() -> None:
+    """The clean-ups still registered (the innermost first); one that fails does not keep the others from running."""
+    while _clean_ups:
+        callback = _clean_ups.pop()
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 (the process is stopping: what is left is best effort)
+            logging.exception("clean-up before stopping failed")
 
 
 def _raise_in_main_thread() -> None:

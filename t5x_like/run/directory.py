@@ -7,19 +7,21 @@ import os
 from typing import Callable, Sequence
 
 from t5x_like.checkpoint import storage, store
-from t5x_like.cluster import processes
+from t5x_like.cluster import peers, processes
 from t5x_like.run import lock
 
 
 def open_model_dir(run: contextlib.ExitStack, model_dir: str, keep: int | None,
                    save_steps: Sequence[int] = ()) -> store.Checkpointer:
     """MODEL_DIR opened for this run (released by `run`): storage errors as one line, the run lock and the
-    clean-up of a failed start (process 0), and its checkpoints, keeping the last `keep` (None: all) and those
+    clean-up of a failed start (process 0; also when another process's failure stops this one wherever its main
+    thread waits), and its checkpoints, keeping the last `keep` (None: all) and those
     of `save_steps`."""
     run.enter_context(storage.one_line_errors(model_dir))  # a full disk: one line, not orbax's tracebacks
     if processes.is_primary():
-        run.push(no_empty_folders_after_failure(model_dir))  # runs last, after the lock is released
-        run.enter_context(lock.RunLock(model_dir))
+        no_empty_folders = run.push(no_empty_folders_after_failure(model_dir))  # runs last, after the lock's release
+        held = run.enter_context(lock.RunLock(model_dir))
+        run.enter_context(peers.clean_up_on_stop(lambda: (held.release(), no_empty_folders(peers.PeerFailed))))
     ckpt = store.Checkpointer(model_dir, keep=keep, preserve=save_steps)
     run.callback(ckpt.close)
     return ckpt

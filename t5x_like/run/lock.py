@@ -9,6 +9,7 @@ naming the holder and how to clear a stale lock.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -67,12 +68,13 @@ class RunLock:
     def release(self) -> None:
         """Stop the heartbeat and remove the lock if it is still ours."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
         holder, _ = self._read()
         if holder == self._holder:
-            os.unlink(self.path)
+            with contextlib.suppress(FileNotFoundError):  # released by two threads at once (cluster/peers.py)
+                os.unlink(self.path)
 
     def _create(self) -> bool:
         try:
