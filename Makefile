@@ -25,7 +25,10 @@ demo: $(STAMP)
 # A worker that dies (a fatal signal in native code) is not replaced: pytest-xdist 3.8's loadfile scheduling can
 # wait forever after replacing one (pytest-dev/pytest-xdist#1378); the run ends at once, naming the test instead.
 PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0
-NO_TESTS_IS_AN_ERROR := rc=$$?; if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+# The shell's `times` after pytest: its second line is the CPU time of every process the recipe started (user,
+# system), the number the suite's budget counts (docs/testing.md), printed on every machine that runs it, CI's too.
+NO_TESTS_IS_AN_ERROR := rc=$$?; echo "CPU time (user, system) of the shell, then of every process it started:"; times; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # BYTECODE: the project's modules compiled once, before the hundreds of processes the suite starts import them
 # (where PYTHONDONTWRITEBYTECODE is set, as on these machines, each process would compile them again).

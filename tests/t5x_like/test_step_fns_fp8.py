@@ -29,14 +29,17 @@ pytestmark = pytest.mark.integration
 # 256-token vocabulary, in bfloat16 as on a GPU.
 QUICKSTART = GPT2Config(vocab_size=256, max_len=64, num_layers=4, num_heads=4, embed_dim=256, mlp_dim=1024,
                         dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16")
+STEPS = 20
+"""Steps of each run (bf16, then fp8, the same batches): the loss falls from 5.6 to about 4.5 (to 4.0 by step 30,
+which the test ran until 2026-12-08: fp8's steps cost 1.5 s each on CPU)."""
 FP8_STEP_ATOL = 0.3
-"""Largest |loss(fp8) - loss(bf16)| of one step over 30 steps (nats; the loss falls from 5.6 to ~4.0 and a
-step's batch moves it by ~0.3 either way, so one step may differ by that much). Measured: 0.149 when written,
-0.210 with the packages of setup.cfg on 2026-11-26 (same code: the trajectories are chaotic)."""
+"""Largest |loss(fp8) - loss(bf16)| of one step (nats; a step's batch moves the loss by ~0.3 either way, so one step
+may differ by that much). Measured over 30 steps: 0.149 when written, 0.210 with the packages of setup.cfg on
+2026-11-26 (same code: the trajectories are chaotic); over 20 steps 0.132 (2026-12-08)."""
 FP8_LAST_10_ATOL = 0.1
-"""|mean(fp8) - mean(bf16)| of the last 10 steps' losses (both fall from 5.6 to about 4.3). Measured: 0.018 when
-written; 0.066 on an AMD EPYC with AVX-512 (2026-11-28), where XLA's CPU kernels sum in another order and the chaotic
-trajectories part further."""
+"""|mean(fp8) - mean(bf16)| of the last 10 steps' losses. Measured over 30 steps: 0.018 when written; 0.066 on an AMD
+EPYC with AVX-512 (2026-11-28), where XLA's CPU kernels sum in another order and the chaotic trajectories part
+further; over 20 steps 0.034 (2026-12-08)."""
 MESH_RTOL = 1e-5
 """Loss agreement between meshes (float32 compute: only reduction orders differ). Measured: 1.7e-7."""
 FP8_STATE_RTOL = 1e-3
@@ -56,12 +59,12 @@ def newest_amax(state):
 
 
 def test_fp8_tracks_bf16_and_its_state_moves(synthetic_source):
-    data = batches(synthetic_source, 30)
+    data = batches(synthetic_source, STEPS)
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
     bf16, _ = run_steps(mesh, "fsdp_tensor", data, config=QUICKSTART, feature_lengths={"targets": 16})
     with_fp8, state = run_steps(mesh, "fsdp_tensor", data, config=fp8(QUICKSTART), feature_lengths={"targets": 16})
     want, got = np.array([m["loss"] for m in bf16]), np.array([m["loss"] for m in with_fp8])
-    assert want[-1] < want[0] - 1.0 and got[-1] < got[0] - 1.0  # both learn
+    assert want[-1] < want[0] - 0.8 and got[-1] < got[0] - 0.8  # both learn (measured: 1.08 nats each)
     np.testing.assert_allclose(got, want, atol=FP8_STEP_ATOL, rtol=0)
     assert abs(got[-10:].mean() - want[-10:].mean()) < FP8_LAST_10_ATOL
     assert not np.array_equal(got, want)  # the matmuls did run quantised

@@ -81,11 +81,13 @@ def test_resume_continues_exactly(tmp_path):
 
 @pytest.mark.system
 def test_cli_quickstart_t5_learns(tmp_path):
+    """12 steps (compiling costs most of the run): the loss logged at step 12 is a nat below step 2's (measured
+    8.32 -> 6.55; at step 30 it is 5.8)."""
     model_dir = tmp_path / "qs"
     cmd = [sys.executable, "-m", "t5x_like.train", "--gin_file=quickstart_t5.gin", f"--gin.MODEL_DIR='{model_dir}'",
-           "--gin.TRAIN_STEPS=30", "--gin.WARMUP_STEPS=5", "--gin.BATCH_SIZE=8",
-           "--gin.FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "--gin.EVAL_EVERY=30", "--gin.EVAL_STEPS=1",
-           "--gin.CHECKPOINT_EVERY=30", "--gin.train.log_every=5"]
+           "--gin.TRAIN_STEPS=12", "--gin.WARMUP_STEPS=2", "--gin.BATCH_SIZE=8",
+           "--gin.FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "--gin.EVAL_EVERY=12", "--gin.EVAL_STEPS=1",
+           "--gin.CHECKPOINT_EVERY=12", "--gin.train.log_every=2"]
     env = cpu_env(2, optimized=True)
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
