@@ -17,15 +17,19 @@ machine (`python -m t5x_like.compile --topology=v5p:...`) compiles what a TPU wo
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from models.kernels import flash_attention_tuning as attention_tuning
-from models.kernels import splash_attention as splash
-from models.kernels.flash_attention import check_window, flash_attention
 from models.kernels.sharding import active_mesh, axes_size, mesh_axes
+from models.kernels.window import check_window
+
+if TYPE_CHECKING:  # the kernels import Pallas (0.2 s a process): loaded by the calls that run them
+    from models.kernels import splash_attention as splash
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "splash")
 
@@ -176,6 +180,8 @@ def repeat_kv_heads(key, value, num_heads: int, shards: int):
 
 def pallas_attention(query, key, value, *, causal, segment_ids, scale=None, window=None):
     """Our Pallas flash attention (models/kernels/flash_attention.py); per shard under a mesh."""
+    from models.kernels.flash_attention import flash_attention
+
     def kernel(q, k, v, segments):
         return flash_attention(q, k, v, segments, causal=causal, scale=scale, window=window)
 
@@ -186,6 +192,8 @@ def splash_attention(query, key, value, *, causal, segment_ids, scale=None, bloc
     """jax's TPU splash-attention kernels (models/kernels/splash_attention.py); per shard under a
     mesh. Off TPU they run interpreted (slow, exact). Block sizes default to
     `splash.block_sizes_for` the lengths; a `splash.BlockSizes` overrides them."""
+    from models.kernels import splash_attention as splash
+
     interpret = target_platform() != "tpu"
 
     def kernel(q, k, v, segments):
@@ -207,6 +215,8 @@ _LOGGED_FALLBACKS: set[str] = set()
 
 def splash_or_fallback(query, key, kv_segment_ids) -> str:
     """'splash' when the kernels serve these shapes, else 'xla', logging each reason once."""
+    from models.kernels import splash_attention as splash
+
     reason = splash.unsupported_reason(query.shape[1], key.shape[1],
                                        has_kv_segment_ids=kv_segment_ids is not None)
     if reason is None:

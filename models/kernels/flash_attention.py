@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from typing import NamedTuple
 
 import jax
@@ -30,6 +29,7 @@ from jax.experimental import pallas as pl
 
 from models.kernels.flash_attention_kernels import Config, dkv_kernel, dq_kernel, forward_kernel
 from models.kernels.flash_attention_tuning import Tuning, tuning_for
+from models.kernels.window import check_window
 
 try:  # Deprecated since jax 0.11 in favour of Mosaic GPU; without it GPU 'pallas' raises.
     from jax.experimental.pallas import triton as pl_triton
@@ -209,20 +209,6 @@ def pad_length(x, length: int, axis: int):
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, length - x.shape[axis])
     return jnp.pad(x, widths)
-
-
-def check_window(window: int | None, causal: bool) -> int | None:
-    """The window as an int, after checking that it is a positive integer on causal attention (every
-    attention path, models.attention's included, checks it here)."""
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise ValueError(f"attention window {window!r} must be a positive int (keys per query, itself "
-                         "included), or None for no window.")
-    if not causal:
-        raise ValueError(f"attention window {window} needs causal=True: a sliding window is causal "
-                         "(each query sees its last `window` keys).")
-    return int(window)
 
 
 def kernel_configs(tuning: Tuning, *, q_len: int, kv_len: int, head_dim: int, has_segments: bool,

@@ -30,7 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
-from models.kernels.flash_attention import check_window
+from models.kernels.window import check_window
 
 BlockSizes = splash.BlockSizes
 
