@@ -28,7 +28,7 @@ from models.kernels import flash_attention_tuning as attention_tuning
 from models.kernels.sharding import active_mesh, axes_size, mesh_axes
 from models.kernels.window import check_window
 
-if TYPE_CHECKING:  # the kernels import Pallas (0.2 s a process): loaded by the calls that run them
+if TYPE_CHECKING:  # the kernels import Pallas (0.5 s of CPU a process): loaded by the calls that run them
     from models.kernels import splash_attention as splash
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "splash")
